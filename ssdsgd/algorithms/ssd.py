@@ -1,0 +1,229 @@
+"""Round-based client: SSD-SGD (warm-up, then steps delay with GLU) and compressed SSGD.
+
+Talks to the round service of ssdsgd.server through three keys per fused buffer (see fusion.py):
+  mailbox  every step: [round, rank, payload] (dense gradient, or sparse pieces from a compressor);
+  weight   the global weights of the buffer plus their version (rounds applied) in the last slot;
+  clock    the version alone, one float: polled cheaply while waiting for a round.
+The KVStore is dist_async, so a push is acknowledged as soon as the server has filed it and never
+blocks on the other workers; the rounds are synchronous on the server side.
+
+Per step t (after backward):
+  warm-up (t < T_w): push, wait until round t is applied (version t+1), pull: plain synchronous SGD.
+  delay stage:       land the pull issued at t-1 if any (refresh local weights, GLU snapshot);
+                     if the next step would compute on weights more than S rounds old, wait for
+                     fresher ones (logged); local update with this worker's gradient; push; every
+                     k steps issue an asynchronous pull that overlaps the next step's compute.
+When S = k (the default) or in strict mode, a pull is issued only once the round it asks for is
+applied (cheap clock polls), so every refresh carries exactly the round its pull was issued for (it
+cannot be newer: this worker has not pushed the next round yet). That is the bound the original
+implementation got from dist_sync's push acknowledgement, and it makes runs reproducible step by
+step. With S > k the pull goes out at once and may land a round or more behind, within the bound.
+"""
+import os
+import time
+
+import mxnet as mx
+
+from ssdsgd import commands
+from ssdsgd.commands import num_servers
+from ssdsgd.compression.fusion import make_plan
+from ssdsgd.glu import GLU
+
+
+class RoundClient:
+    name = "rounds"
+
+    def __init__(self, kv, params, cfg, schedule, log, total_steps, encoder_factory=None):
+        self.kv = kv
+        self.params = params
+        self.cfg = cfg
+        self.schedule = schedule
+        self.log = log
+        alg = cfg.algorithm
+        self.synchronous = alg.type == "ssgd"
+        self.warmup = total_steps if self.synchronous else alg.warmup_iters
+        self.k = alg.delay
+        self.S = alg.max_staleness
+        self.strict = alg.strict
+        comp = cfg.compression
+        shapes = [p.shape for p in params]
+        if encoder_factory is None:
+            from ssdsgd.compression.encoders import make_encoders
+            encoder_factory = make_encoders
+        self.buffers, self.encoders = encoder_factory(shapes, num_servers(kv), comp, kv.rank)
+        self.pull_bufs = [mx.nd.zeros(b.size + 1) for b in self.buffers]
+        self.clock_bufs = [mx.nd.zeros(1) for b in self.buffers]
+        self.versions = [0] * len(self.buffers)     # version of the global weights under w_loc
+        self.pending_pull = None                    # step at which the in-flight pull was issued
+        self.local_opt, self.local_states = self._make_local_optimizer()
+        self.pull_bytes = 0
+
+    # ---- setup -------------------------------------------------------------------------------
+    def _make_local_optimizer(self):
+        alg, train = self.cfg.algorithm, self.cfg.train
+        scale = 1.0 / (self.kv.num_workers * train.batch_size)
+        local_sched = self.schedule.scaled(alg.local.lr / train.lr if alg.local.lr else alg.local.lr_scale)
+        if alg.local.optimizer == "glu":
+            opt = GLU(c=alg.local.c, learning_rate=local_sched.base_lr, wd=train.wd,
+                      rescale_grad=scale, lr_scheduler=local_sched)
+        else:
+            opt = mx.optimizer.SGD(learning_rate=local_sched.base_lr, momentum=0.0, wd=train.wd,
+                                   rescale_grad=scale, lr_scheduler=local_sched)
+        states = [opt.create_state(i, p.data()) for i, p in enumerate(self.params)]
+        return opt, states
+
+    @staticmethod
+    def kvstore_type(cfg):
+        # Large buffers must reach one server whole (their keys were placed there on purpose).
+        os.environ["MXNET_KVSTORE_BIGARRAY_BOUND"] = str(1 << 30)
+        return "dist_async"
+
+    def setup(self):
+        kv, train = self.kv, self.cfg.train
+        if kv.rank == 0:
+            commands.send(kv, {
+                "op": "round_plan", "num_workers": kv.num_workers, "batch_size": train.batch_size,
+                "momentum": train.momentum, "wd": train.wd, "schedule": self.schedule.to_dict(),
+                "buffers": [b.to_dict() for b in self.buffers]})
+        keys, vals = [], []
+        for b in self.buffers:
+            flat = self._flatten([self.params[i].data() for i in b.params])
+            keys += [b.weight_key, b.mailbox_key, b.clock_key]
+            vals += [mx.nd.concat(flat, mx.nd.zeros(1), dim=0), mx.nd.zeros(b.mailbox_len), mx.nd.zeros(1)]
+        kv.init(keys, vals)               # rank 0's values count; ends with a barrier
+        if kv.rank == 0:
+            # Bind pushes: hand the server's updater the stored weight and clock arrays once.
+            for b in self.buffers:
+                kv.push(b.weight_key, mx.nd.zeros(b.size + 1))
+                kv.push(b.clock_key, mx.nd.zeros(1))
+            mx.nd.waitall()
+        kv._barrier()
+        for bi in range(len(self.buffers)):
+            self._pull_weights(bi)
+            self._apply_pull(bi)
+        mx.nd.waitall()
+
+    @staticmethod
+    def _flatten(arrays):
+        return mx.nd.concat(*[a.reshape(-1) for a in arrays], dim=0) if len(arrays) > 1 else arrays[0].reshape(-1)
+
+    # ---- communication pieces ------------------------------------------------------------------
+    def _pull_weights(self, bi):
+        b = self.buffers[bi]
+        self.kv.pull(b.weight_key, out=self.pull_bufs[bi], priority=-b.params[-1])
+        self.pull_bytes += 4 * (b.size + 1)
+
+    def _apply_pull(self, bi):
+        """Copy a landed weight pull into the parameters; returns its version."""
+        b, buf = self.buffers[bi], self.pull_bufs[bi]
+        version = int(buf[b.size].asscalar())           # waits for the pull to land
+        for i, off, n in zip(b.params, b.offsets, b.sizes):
+            p = self.params[i].data()
+            buf[off:off + n].reshape(p.shape).copyto(p)
+            if isinstance(self.local_opt, GLU):
+                GLU.snapshot(self.local_states[i], p)
+        self.versions[bi] = version
+        return version
+
+    def _poll_clock(self, bi, version):
+        """Poll the clock key until the buffer's global version is at least `version`."""
+        b, clock = self.buffers[bi], self.clock_bufs[bi]
+        delay = 0.0005
+        while True:
+            self.kv.pull(b.clock_key, out=clock)
+            self.pull_bytes += 4
+            if int(clock.asscalar()) >= version:
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 0.01)
+
+    def _wait_for_version(self, bi, version):
+        """Wait until round `version - 1` is applied, then pull the weights into the parameters."""
+        self._poll_clock(bi, version)
+        self._pull_weights(bi)
+        got = self._apply_pull(bi)
+        if got < version:
+            raise RuntimeError(f"buffer {bi}: clock said version {version} but weights are version {got}")
+        return got
+
+    def _push(self, step):
+        pushed = 0
+        for b, enc in zip(self.buffers, self.encoders):
+            grads = [self.params[i].grad() for i in b.params]
+            header = mx.nd.array([step, self.kv.rank])
+            msg = mx.nd.concat(header, enc.encode(grads, step), dim=0)
+            self.kv.push(b.mailbox_key, msg, priority=-b.params[-1])
+            pushed += 4 * b.mailbox_len
+        return pushed
+
+    # ---- one step --------------------------------------------------------------------------------
+    def after_backward(self, step):
+        self.pull_bytes = 0
+        staleness = step - min(self.versions)          # rounds missing from the weights just used
+        wait = 0.0
+        if step < self.warmup:
+            pushed = self._push(step)
+            t0 = time.perf_counter()
+            for bi in range(len(self.buffers)):
+                self._wait_for_version(bi, step + 1)
+            wait += time.perf_counter() - t0
+            return self._record(pushed, staleness, wait)
+
+        if self.pending_pull is not None:
+            t0 = time.perf_counter()
+            issued = self.pending_pull
+            self.pending_pull = None
+            for bi in range(len(self.buffers)):
+                got = self._apply_pull(bi)
+                if self.strict and got != issued + 1:
+                    raise RuntimeError(f"strict mode: pull issued for version {issued + 1} got {got}")
+            wait += time.perf_counter() - t0
+        # The next step computes on these weights: enforce the staleness bound before it.
+        need = step + 1 - self.S
+        stale = [bi for bi, v in enumerate(self.versions) if v < need]
+        if stale:
+            t0 = time.perf_counter()
+            for bi in stale:
+                self._wait_for_version(bi, need)
+            waited = time.perf_counter() - t0
+            wait += waited
+            self.log.write(event="staleness_wait", step=step, need_version=need, seconds=round(waited, 6))
+        for i, p in enumerate(self.params):
+            self.local_opt.update(i, p.data(), p.grad(), self.local_states[i])
+        pushed = self._push(step)
+        if (step - self.warmup + 1) % self.k == 0:
+            if self.strict or self.S <= self.k:
+                # The refresh must carry round `step` itself, or the weights it lands would be too
+                # old before the next refresh. Wait (cheap clock polls) until every worker's push of
+                # this round is in, as the stock dist_sync push acknowledgement did in the original
+                # implementation; the weight pull itself still overlaps the next step's compute.
+                t0 = time.perf_counter()
+                for bi in range(len(self.buffers)):
+                    self._poll_clock(bi, step + 1)
+                wait += time.perf_counter() - t0
+            for bi in range(len(self.buffers)):
+                self._pull_weights(bi)
+            self.pending_pull = step
+        return self._record(pushed, staleness, wait)
+
+    def _record(self, pushed, staleness, wait):
+        return {"push_bytes": pushed, "pull_bytes": self.pull_bytes, "staleness": staleness,
+                "wait_seconds": wait}
+
+    def global_weights(self, steps_done):
+        """Global weights after all workers' first `steps_done` rounds, per parameter (for eval).
+
+        Pulled into fresh arrays, so the local weights and the GLU snapshots stay untouched."""
+        self.pull_bytes = 0
+        out = [None] * len(self.params)
+        for bi, b in enumerate(self.buffers):
+            self._poll_clock(bi, steps_done)
+            tmp = mx.nd.zeros(b.size + 1)
+            self.kv.pull(b.weight_key, out=tmp)
+            self.pull_bytes += 4 * (b.size + 1)
+            for i, off, n in zip(b.params, b.offsets, b.sizes):
+                out[i] = tmp[off:off + n].reshape(self.params[i].shape).copy()
+        return out, self.pull_bytes
+
+    def finish(self):
+        mx.nd.waitall()

@@ -1,0 +1,63 @@
+"""Baselines on MXNet's stock KVStore: SSGD (dist_sync) and ASGD (dist_async), optionally 2-bit.
+
+Per step and per parameter: push the gradient, pull the weights, highest priority for the first
+layers (needed first by the next forward). The servers run MXNet's own momentum SGD, built from a
+signed `stock_optimizer` command (data, not a pickle) with rescale_grad = 1/(N*B): in dist_sync the
+server sums the N gradients of a round before one update; in dist_async every push is applied on
+its own, so N pushes of g/(N*B) make one synchronous step's worth of progress.
+"""
+import mxnet as mx
+
+from ssdsgd import commands
+
+
+class StockClient:
+    name = "stock"
+
+    def __init__(self, kv, params, cfg, schedule, log):
+        self.kv = kv
+        self.params = params
+        self.cfg = cfg
+        self.schedule = schedule
+        self.log = log
+        self.keys = list(range(len(params)))
+        comp = cfg.compression
+        self.two_bit = comp.type == "2bit"
+        n = sum(p.data().size for p in params)
+        # 2-bit packs 16 gradient values into one float32 on the wire (MXNet's GradientCompression).
+        self.push_bytes_per_step = sum(-(-p.data().size // 16) * 4 for p in params) if self.two_bit else 4 * n
+        self.pull_bytes_per_step = 4 * n
+
+    @staticmethod
+    def kvstore_type(cfg):
+        return "dist_sync" if cfg.algorithm.type == "ssgd" else "dist_async"
+
+    def setup(self):
+        kv, cfg = self.kv, self.cfg
+        if self.two_bit:
+            kv.set_gradient_compression({"type": "2bit", "threshold": cfg.compression.threshold})
+        if kv.rank == 0:
+            commands.send(kv, {
+                "op": "stock_optimizer", "lr": cfg.train.lr, "momentum": cfg.train.momentum,
+                "wd": cfg.train.wd, "rescale_grad": 1.0 / (kv.num_workers * cfg.train.batch_size),
+                "schedule": self.schedule.to_dict()})
+        # Only rank 0's values count; kv.init ends with a barrier, so the optimizer is in place
+        # before any worker pushes. Copies, not the parameter arrays (see DESIGN: oneDNN layouts).
+        kv.init(self.keys, [p.data().copy() for p in self.params])
+        kv.pull(self.keys, out=[p.data() for p in self.params])
+        mx.nd.waitall()
+
+    def after_backward(self, step):
+        for i, p in zip(self.keys, self.params):
+            self.kv.push(i, p.grad(), priority=-i)
+            self.kv.pull(i, out=p.data(), priority=-i)
+        return {"push_bytes": self.push_bytes_per_step, "pull_bytes": self.pull_bytes_per_step,
+                "staleness": 0 if self.cfg.algorithm.type == "ssgd" else None, "wait_seconds": None}
+
+    def global_weights(self, steps_done):
+        """The weights to evaluate: after the step's pulls, the parameters are the global ones."""
+        mx.nd.waitall()
+        return None, 0
+
+    def finish(self):
+        mx.nd.waitall()

@@ -1,0 +1,143 @@
+"""Buffer plan: which parameters are fused into which buffer, on which server, under which keys.
+
+Every worker computes the plan from the parameter shapes alone, so all workers get the identical
+plan (same buffers, same mailbox sizes: the inter-worker alignment SAFusion relies on) without
+exchanging it. Buffers group consecutive parameters in backward order (last layer first), so the
+first buffer is complete earliest and its push overlaps the rest of backward.
+
+MXNet's client sends a key to server (key * 9973) % S as long as the key is below
+MXNET_KVSTORE_BIGARRAY_BOUND elements (the round-based client raises the bound so buffers are never
+split), and the server's updater can only write arrays it stores. So a buffer's weight, mailbox and
+clock keys are chosen to land on the same server.
+"""
+from dataclasses import dataclass, field
+
+from ssdsgd.compression.codec import MAX_BUFFER_ELEMENTS, payload_length
+
+KEY_HASH = 9973  # ps-lite key placement in MXNet's KVStoreDist
+
+
+@dataclass
+class Buffer:
+    id: int
+    params: list                  # parameter indices (forward order numbering), in backward order
+    offsets: list                 # element offset of each parameter inside the buffer
+    sizes: list                   # element count of each parameter
+    counts: list                  # values sent per parameter (k_i; equal to sizes when dense)
+    server: int = 0
+    weight_key: int = -1
+    mailbox_key: int = -1
+    clock_key: int = -1
+    codec: str = "dense"
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def size(self):
+        return sum(self.sizes)
+
+    @property
+    def k(self):
+        return sum(self.counts)
+
+    @property
+    def mailbox_len(self):
+        return 2 + payload_length(self.codec, self.size, self.k)
+
+    def to_dict(self):
+        return {"id": self.id, "size": self.size, "codec": self.codec, "k": self.k,
+                "weight_key": self.weight_key, "mailbox_key": self.mailbox_key,
+                "clock_key": self.clock_key, "server": self.server}
+
+
+def group_fixed(sizes_backward, max_elements):
+    """Consecutive groups (of positions in backward order) of at most max_elements each."""
+    groups, cur, cur_n = [], [], 0
+    for pos, n in enumerate(sizes_backward):
+        if cur and cur_n + n > max_elements:
+            groups.append(cur)
+            cur, cur_n = [], 0
+        cur.append(pos)
+        cur_n += n
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def group_even(sizes_backward, parts):
+    """`parts` consecutive groups of roughly equal element counts (one buffer per server)."""
+    total = sum(sizes_backward)
+    parts = max(1, min(parts, len(sizes_backward)))
+    groups, cur, acc = [], [], 0
+    for pos, n in enumerate(sizes_backward):
+        cur.append(pos)
+        acc += n
+        remaining_groups = parts - len(groups) - 1
+        if remaining_groups > 0 and acc >= total * (len(groups) + 1) / parts \
+                and len(sizes_backward) - pos - 1 >= remaining_groups:
+            groups.append(cur)
+            cur = []
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def assign_keys(buffers, num_servers):
+    """Least-loaded server per buffer (largest first), then keys that hash to that server."""
+    load = [0] * num_servers
+    for buf in sorted(buffers, key=lambda b: -b.size):
+        buf.server = min(range(num_servers), key=lambda s: (load[s], s))
+        load[buf.server] += buf.size
+    next_key = [0]
+
+    def key_on(server):
+        k = next_key[0]
+        while (k * KEY_HASH) % num_servers != server:
+            k += 1
+        next_key[0] = k + 1
+        return k
+
+    for buf in buffers:
+        buf.weight_key = key_on(buf.server)
+        buf.mailbox_key = key_on(buf.server)
+        buf.clock_key = key_on(buf.server)
+
+
+def make_plan(shapes, num_servers, *, mode="one", buffer_bytes=4 << 20, counts=None, codec="dense"):
+    """shapes: parameter shapes in forward order. counts: values sent per parameter (None = dense).
+
+    mode 'one': one buffer per server (the whole model when S = 1); 'fixed': buffers of at most
+    buffer_bytes of parameters. Returns a list of Buffer in the order they become ready.
+    """
+    sizes = [int(_numel(s)) for s in shapes]
+    counts = sizes if counts is None else list(counts)
+    order = list(range(len(shapes)))[::-1]                   # backward order
+    sizes_bwd = [sizes[i] for i in order]
+    cap = min(MAX_BUFFER_ELEMENTS, max(1, buffer_bytes // 4))
+    if mode == "one":
+        groups = group_even(sizes_bwd, num_servers)
+    elif mode == "fixed":
+        groups = group_fixed(sizes_bwd, cap)
+    else:
+        raise ValueError(f"unknown buffer mode {mode!r}")
+    buffers = []
+    for b, group in enumerate(groups):
+        params = [order[pos] for pos in group]
+        psizes = [sizes[i] for i in params]
+        if sum(psizes) > MAX_BUFFER_ELEMENTS:
+            raise ValueError(f"buffer {b} has {sum(psizes)} elements, more than {MAX_BUFFER_ELEMENTS}; "
+                             f"use compression.buffers: fixed with a smaller buffer_bytes")
+        offsets, off = [], 0
+        for n in psizes:
+            offsets.append(off)
+            off += n
+        buffers.append(Buffer(id=b, params=params, offsets=offsets, sizes=psizes,
+                              counts=[counts[i] for i in params], codec=codec))
+    assign_keys(buffers, num_servers)
+    return buffers
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n

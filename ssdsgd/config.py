@@ -1,0 +1,272 @@
+"""Experiment configuration: one YAML file per run, validated against SCHEMA.
+
+Every key a run can use is declared here with its type, default and allowed range, so a typo or a
+wrong value stops the job before any process starts (ConfigError names the key path; the CLIs exit 2).
+`--set a.b=value` overrides use the same validation; values are parsed as YAML scalars/lists.
+"""
+import copy
+import os
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """Invalid configuration. `str(err)` starts with the offending key path."""
+
+
+class Field:
+    """One leaf of the schema: allowed types, default, and optional range/choices."""
+
+    def __init__(self, types, default, *, choices=None, min=None, max=None, gt=None,
+                 nullable=False, doc=""):
+        self.types = types if isinstance(types, tuple) else (types,)
+        self.default = default
+        self.choices = choices
+        self.min, self.max, self.gt = min, max, gt
+        self.nullable = nullable
+        self.doc = doc
+
+    def check(self, path, value):
+        if value is None:
+            if self.nullable:
+                return None
+            raise ConfigError(f"{path}: must be set (got null)")
+        # YAML gives ints where floats are meant ("lr: 1"); bools are not numbers here.
+        if float in self.types and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if isinstance(value, bool) and bool not in self.types:
+            raise ConfigError(f"{path}: expected {self._type_names()}, got {value!r}")
+        if not isinstance(value, self.types):
+            raise ConfigError(f"{path}: expected {self._type_names()}, got {value!r}")
+        if self.choices is not None and value not in self.choices:
+            raise ConfigError(f"{path}: must be one of {', '.join(map(str, self.choices))}; got {value!r}")
+        if self.min is not None and value < self.min:
+            raise ConfigError(f"{path}: must be >= {self.min}; got {value!r}")
+        if self.max is not None and value > self.max:
+            raise ConfigError(f"{path}: must be <= {self.max}; got {value!r}")
+        if self.gt is not None and value <= self.gt:
+            raise ConfigError(f"{path}: must be > {self.gt}; got {value!r}")
+        return value
+
+    def _type_names(self):
+        return " or ".join(t.__name__ for t in self.types)
+
+
+def _int_list(path, value):
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ConfigError(f"{path}: expected a list of integers, got {value!r}")
+    return value
+
+
+class ListField(Field):
+    def __init__(self, default, *, nullable=False, length=None, doc=""):
+        super().__init__(list, default, nullable=nullable, doc=doc)
+        self.length = length
+
+    def check(self, path, value):
+        if value is None and self.nullable:
+            return None
+        value = _int_list(path, value)
+        if self.length is not None and len(value) != self.length:
+            raise ConfigError(f"{path}: expected {self.length} integers, got {value!r}")
+        if any(v <= 0 for v in value):
+            raise ConfigError(f"{path}: values must be positive, got {value!r}")
+        return value
+
+
+ALGORITHMS = ("ssgd", "asgd", "ssd")
+COMPRESSORS = ("none", "topk", "randomk", "dgc", "2bit")
+
+SCHEMA = {
+    "name": Field(str, None, nullable=True, doc="run name; default: the config file name"),
+    "seed": Field(int, 0, min=0),
+    "cluster": {
+        "workers": Field(int, 2, min=1, max=64),
+        "servers": Field(int, 1, min=1, max=64),
+        "launcher": Field(str, "local", choices=("local", "ssh")),
+        "hostfile": Field(str, None, nullable=True),
+        "interface": Field(str, None, nullable=True, doc="network interface for ssh runs"),
+        "timeout": Field(float, 3600.0, gt=0, doc="global job timeout, seconds"),
+        "stall_timeout": Field(float, 300.0, gt=0, doc="a worker silent this long fails the job"),
+    },
+    "data": {
+        "dataset": Field(str, "digits", choices=("digits", "cifar10", "imagenet", "synthetic")),
+        "root": Field(str, None, nullable=True),
+        "shape": ListField(None, nullable=True, length=3, doc="[C, H, W]"),
+        "num_classes": Field(int, None, nullable=True, min=2),
+        "synthetic_samples": Field(int, 1024, min=1),
+        "augment": Field(bool, True),
+        "preprocess_threads": Field(int, 2, min=1),
+    },
+    "model": {
+        "name": Field(str, "small_cnn"),
+        "hybridize": Field(bool, True),
+    },
+    "train": {
+        "epochs": Field(int, 10, min=1),
+        "batch_size": Field(int, 32, min=1, doc="per worker"),
+        "lr": Field(float, 0.1, gt=0, doc="global (server) learning rate"),
+        "momentum": Field(float, 0.9, min=0, max=1),
+        "wd": Field(float, 1e-4, min=0),
+        "lr_schedule": {
+            "type": Field(str, "constant", choices=("constant", "step", "cosine", "poly")),
+            "milestones": ListField([], doc="epochs at which a step schedule multiplies by factor"),
+            "factor": Field(float, 0.1, gt=0),
+            "power": Field(float, 2.0, gt=0),
+            "final_lr": Field(float, 0.0, min=0),
+            "warmup_epochs": Field(float, 0.0, min=0),
+        },
+        "max_steps": Field(int, None, nullable=True, min=1, doc="stop after this many steps"),
+        "eval_every_epochs": Field(int, 1, min=1),
+    },
+    "algorithm": {
+        "type": Field(str, "ssgd", choices=ALGORITHMS),
+        "warmup_iters": Field(int, 500, min=0, doc="synchronous steps before the delay stage"),
+        "delay": Field(int, 5, min=1, doc="k: pull the global weights every k steps"),
+        "max_staleness": Field(int, None, nullable=True, min=1, doc="S; default k"),
+        "strict": Field(bool, False),
+        "local": {
+            "optimizer": Field(str, "glu", choices=("glu", "sgd")),
+            "lr": Field(float, None, nullable=True, gt=0),
+            "lr_scale": Field(float, 4.0, gt=0, doc="local lr = lr_scale * global lr (if lr unset)"),
+            "c": Field(float, 0.5, min=0, doc="GLU compensation coefficient"),
+        },
+    },
+    "compression": {
+        "type": Field(str, "none", choices=COMPRESSORS),
+        "density": Field(float, 0.01, gt=0, max=1),
+        "error_feedback": Field(bool, True),
+        "momentum_correction": Field(bool, False),
+        "fp16_values": Field(bool, False),
+        "min_dense_bytes": Field(int, 0, min=0, doc="tensors smaller than this are sent dense"),
+        "fusion": Field(str, "ahead", choices=("ahead", "behind")),
+        "buffers": Field(str, "one", choices=("one", "fixed", "cost_model")),
+        "buffer_bytes": Field(int, 4 << 20, min=1024),
+        "threshold": Field(float, 0.5, gt=0, doc="2bit threshold"),
+        "warmup_epochs": Field(float, 0.0, min=0, doc="density ramps from 1 to density over these"),
+    },
+    "checkpoint": {
+        "dir": Field(str, None, nullable=True),
+        "every_epochs": Field(int, 0, min=0),
+    },
+    "log": {
+        "dir": Field(str, "runs"),
+        "every_steps": Field(int, 10, min=1),
+    },
+}
+
+
+class Config:
+    """Read-only attribute view of a validated config dict: cfg.train.lr."""
+
+    def __init__(self, data):
+        object.__setattr__(self, "_data", data)
+
+    def __getattr__(self, key):
+        try:
+            value = self._data[key]
+        except KeyError:
+            raise AttributeError(key) from None
+        return Config(value) if isinstance(value, dict) else value
+
+    def __setattr__(self, key, value):
+        raise AttributeError("Config is read-only; use --set on the command line")
+
+    def to_dict(self):
+        return copy.deepcopy(self._data)
+
+
+def _defaults(schema):
+    return {k: _defaults(v) if isinstance(v, dict) else copy.deepcopy(v.default) for k, v in schema.items()}
+
+
+def _validate(schema, user, path=""):
+    if not isinstance(user, dict):
+        raise ConfigError(f"{path or '<top level>'}: expected a mapping, got {user!r}")
+    out = _defaults(schema)
+    for key, value in user.items():
+        full = f"{path}.{key}" if path else str(key)
+        if key not in schema:
+            known = ", ".join(sorted(schema))
+            raise ConfigError(f"{full}: unknown key (known here: {known})")
+        spec = schema[key]
+        out[key] = _validate(spec, value, full) if isinstance(spec, dict) else spec.check(full, value)
+    return out
+
+
+def _check_consistency(c):
+    alg, comp = c["algorithm"], c["compression"]
+    if alg["max_staleness"] is not None and alg["max_staleness"] < alg["delay"]:
+        raise ConfigError(
+            f"algorithm.max_staleness: must be >= algorithm.delay ({alg['delay']}), since the local "
+            f"weights are refreshed only every delay steps; got {alg['max_staleness']}")
+    if comp["type"] == "2bit" and alg["type"] == "ssd":
+        raise ConfigError("compression.type: 2bit is MXNet's native compression and only works on the "
+                          "stock KVStore path (algorithm.type ssgd or asgd); use topk/randomk/dgc with ssd")
+    if comp["type"] not in ("none", "2bit") and alg["type"] == "asgd":
+        raise ConfigError(f"compression.type: {comp['type']} needs the round-based server "
+                          "(algorithm.type ssd or ssgd); asgd supports none or 2bit")
+    if comp["fp16_values"] and comp["type"] == "none":
+        raise ConfigError("compression.fp16_values: only applies to sparsifying compressors")
+    cl = c["cluster"]
+    if cl["launcher"] == "ssh" and not cl["hostfile"]:
+        raise ConfigError("cluster.hostfile: required when cluster.launcher is ssh")
+    if c["data"]["dataset"] in ("cifar10", "imagenet") and not c["data"]["root"]:
+        raise ConfigError(f"data.root: required for dataset {c['data']['dataset']} "
+                          "(the local folder holding the dataset files; nothing is downloaded)")
+
+
+def parse_override(text):
+    """'a.b=value' -> (['a', 'b'], parsed value)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected KEY.PATH=VALUE")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{key}: cannot parse value {raw!r}: {err}") from None
+    return key.strip().split("."), value
+
+
+def apply_override(raw, keys, value):
+    node, schema = raw, SCHEMA
+    for i, key in enumerate(keys):
+        path = ".".join(keys[: i + 1])
+        if not isinstance(schema, dict) or key not in schema:
+            raise ConfigError(f"{path}: unknown key")
+        schema = schema[key]
+        if i == len(keys) - 1:
+            if isinstance(schema, dict):
+                raise ConfigError(f"{path}: is a section; set one of its keys ({', '.join(schema)})")
+            node[key] = value
+        else:
+            if node.get(key) is None:
+                node[key] = {}
+            node = node[key]
+
+
+def load_config(path, overrides=()):
+    """Read, override, validate. Raises ConfigError with the key path on any problem."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"--config: file not found: {path}")
+    with open(path) as f:
+        try:
+            raw = yaml.safe_load(f) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    for text in overrides:
+        apply_override(raw, *parse_override(text))
+    data = _validate(SCHEMA, raw)
+    _check_consistency(data)
+    if data["name"] is None:
+        data["name"] = os.path.splitext(os.path.basename(path))[0]
+    if data["algorithm"]["max_staleness"] is None:
+        data["algorithm"]["max_staleness"] = data["algorithm"]["delay"]
+    return Config(data)
+
+
+def dump_config(cfg, path):
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)

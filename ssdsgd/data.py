@@ -1,0 +1,443 @@
+"""Training and test data for ssdsgd workers.
+
+`build_data` returns this worker's shard of the training set plus the full test set.
+Every worker must run the same number of steps per epoch (the parameter server waits
+for all of them at each step), so `steps_per_epoch` is derived from the whole training
+set and is identical on all ranks. Batch order and augmentation depend only on
+(seed, epoch, rank), so a run can be repeated exactly.
+
+Nothing is ever downloaded: cifar10 and imagenet must already be on local disk, and a
+missing or damaged file raises `DataError` saying what to put where.
+"""
+import os
+import pickle
+import struct
+from dataclasses import dataclass
+
+import mxnet as mx
+import numpy as np
+
+DATASETS = ("digits", "cifar10", "imagenet", "synthetic")
+
+# gluoncv's CIFAR-10 recipe (scripts/classification/cifar/train_cifar10.py).
+_CIFAR_MEAN = np.array([0.4914, 0.4822, 0.4465], np.float32).reshape(1, 3, 1, 1)
+_CIFAR_STD = np.array([0.2023, 0.1994, 0.2010], np.float32).reshape(1, 3, 1, 1)
+_CIFAR_RECORD = 1 + 3 * 32 * 32  # binary version: 1 label byte + CHW uint8 pixels
+_CIFAR_BIN_FILES = [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]
+_CIFAR_PY_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+
+# The standard ResNet ImageNet normalization, on 0..255 RGB pixels.
+_IMAGENET_NORM = dict(mean_r=123.68, mean_g=116.779, mean_b=103.939,
+                      std_r=58.393, std_g=57.12, std_b=57.375)
+_IMAGENET_FILES = ["train.rec", "train.idx", "val.rec", "val.idx"]
+
+
+class DataError(Exception):
+    """Bad or missing data; message says what to put where."""
+
+
+@dataclass
+class DataBundle:
+    train: "ShardedTrainSet | RecordTrainSet"  # this worker's shard of the training set
+    test: "TestSet | RecordTestSet"  # the full test set (evaluated on rank 0)
+    num_classes: int
+    image_shape: tuple  # (C, H, W)
+
+
+def build_data(dataset, *, batch_size, rank, num_workers, seed, root=None, shape=None,
+               num_classes=None, synthetic_samples=1024, augment=True,
+               preprocess_threads=2) -> DataBundle:
+    """Load `dataset` and return this worker's training shard and the full test set.
+
+    `root` is the data folder (cifar10, imagenet), `shape` the (C, H, W) image shape
+    (default per dataset), `num_classes` is used by imagenet and synthetic and must be
+    10 (or None) for digits and cifar10.
+    """
+    if not 0 <= rank < num_workers or batch_size < 1:
+        raise ValueError(f"need batch_size >= 1 and 0 <= rank < num_workers, got "
+                         f"batch_size={batch_size}, rank={rank}, num_workers={num_workers}")
+    shard = dict(batch_size=batch_size, rank=rank, num_workers=num_workers, seed=seed)
+    if dataset == "digits":
+        return _build_digits(shape, num_classes, shard)
+    if dataset == "cifar10":
+        return _build_cifar10(root, shape, num_classes, augment, shard)
+    if dataset == "imagenet":
+        return _build_imagenet(root, shape, num_classes, augment, preprocess_threads, shard)
+    if dataset == "synthetic":
+        return _build_synthetic(shape, num_classes, synthetic_samples, shard)
+    raise DataError(f"unknown dataset {dataset!r}; valid names: {', '.join(DATASETS)}")
+
+
+# ---------------------------------------------------------------- in-memory datasets
+
+class ShardedTrainSet:
+    """An in-memory training set, iterated as this worker's shard of each epoch.
+
+    `transform(images, rng)` turns a batch of stored images into float32 network input;
+    None means the images are stored ready to use.
+    """
+
+    def __init__(self, images, labels, *, batch_size, rank, num_workers, seed,
+                 transform=None):
+        self._images = images
+        self._labels = labels.astype(np.float32)
+        self._batch_size = batch_size
+        self._rank = rank
+        self._num_workers = num_workers
+        self._seed = seed
+        self._transform = transform
+        self.num_samples = len(labels)
+        self.steps_per_epoch = _steps_per_epoch(self.num_samples, batch_size, num_workers)
+
+    def epoch(self, epoch):
+        """Yield exactly `steps_per_epoch` (data, label) NDArray batches for `epoch`."""
+        # All workers draw the same permutation, so the strided shards are disjoint.
+        perm = np.random.RandomState(self._seed + epoch).permutation(self.num_samples)
+        shard = perm[self._rank::self._num_workers][:self.steps_per_epoch * self._batch_size]
+        rng = np.random.RandomState(_augment_seed(self._seed, epoch, self._rank))
+        for start in range(0, len(shard), self._batch_size):
+            idx = shard[start:start + self._batch_size]
+            images = self._images[idx]
+            if self._transform is not None:
+                images = self._transform(images, rng)
+            yield _to_nd(images, self._labels[idx])
+
+
+class TestSet:
+    """An in-memory test set; `transform(images)` as in ShardedTrainSet, without randomness."""
+
+    __test__ = False  # the name starts with "Test": keep pytest from collecting it
+
+    def __init__(self, images, labels, transform=None):
+        self._images = images
+        self._labels = labels.astype(np.float32)
+        self._transform = transform
+        self.num_samples = len(labels)
+
+    def batches(self, batch_size):
+        """Yield (data, label) NDArrays over the whole set once; the last batch may be smaller."""
+        for start in range(0, self.num_samples, batch_size):
+            images = self._images[start:start + batch_size]
+            if self._transform is not None:
+                images = self._transform(images)
+            yield _to_nd(images, self._labels[start:start + batch_size])
+
+
+def _steps_per_epoch(num_train, batch_size, num_workers):
+    steps = num_train // (num_workers * batch_size)
+    if steps == 0:
+        raise DataError(f"the training set has {num_train} samples, fewer than one global batch "
+                        f"(num_workers {num_workers} x batch_size {batch_size}); lower the batch "
+                        f"size or the number of workers, or use more data")
+    return steps
+
+
+def _augment_seed(seed, epoch, rank):
+    # An explicit formula rather than hash(): hash() of str is salted per process.
+    return (seed * 1000003 + epoch * 1009 + rank) % 2 ** 32
+
+
+def _to_nd(images, labels):
+    return mx.nd.array(images, dtype=np.float32), mx.nd.array(labels, dtype=np.float32)
+
+
+def _check_shape(shape):
+    shape = tuple(shape)
+    if len(shape) != 3 or not all(isinstance(d, (int, np.integer)) and d > 0 for d in shape):
+        raise DataError(f"data.shape must be three positive integers (C, H, W), got {shape}")
+    return tuple(int(d) for d in shape)
+
+
+def _check_ten_classes(dataset, num_classes):
+    if num_classes not in (None, 10):
+        raise DataError(f"{dataset} has 10 classes; data.num_classes is {num_classes}")
+
+
+# ---------------------------------------------------------------- digits
+
+def _build_digits(shape, num_classes, shard):
+    # Imported here: scikit-learn is only needed for this small test dataset.
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    _check_ten_classes("digits", num_classes)
+    shape = _check_shape(shape or (1, 8, 8))
+    channels, height, width = shape
+    scale = height // 8
+    if channels not in (1, 3) or height != width or height != 8 * scale:
+        raise DataError(f"digits supports data.shape (C, 8*m, 8*m) with C in {{1, 3}}, "
+                        f"e.g. (1, 8, 8) or (3, 32, 32); got {shape}")
+    digits = load_digits()
+    x_train, x_test, y_train, y_test = train_test_split(
+        digits.data, digits.target, test_size=0.2, random_state=0, stratify=digits.target)
+
+    def to_images(flat):
+        # Pixels are 0..16; upscale each pixel to an m x m block and repeat it per channel.
+        images = (flat / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
+        images = np.kron(images, np.ones((1, 1, scale, scale), np.float32))
+        return np.repeat(images, channels, axis=1)
+
+    return DataBundle(train=ShardedTrainSet(to_images(x_train), y_train, **shard),
+                      test=TestSet(to_images(x_test), y_test),
+                      num_classes=10, image_shape=shape)
+
+
+# ---------------------------------------------------------------- cifar10
+
+def _build_cifar10(root, shape, num_classes, augment, shard):
+    _check_ten_classes("cifar10", num_classes)
+    if shape is not None and tuple(shape) != (3, 32, 32):
+        raise DataError(f"cifar10 images are (3, 32, 32); data.shape is {tuple(shape)}")
+    folder, binary = _find_cifar10(root)
+    if binary:
+        parts = [_read_cifar_bin(os.path.join(folder, name)) for name in _CIFAR_BIN_FILES]
+    else:
+        parts = [_read_cifar_py(os.path.join(folder, name)) for name in _CIFAR_PY_FILES]
+    # Images stay uint8 (150 MB for the full train set) and are converted per batch.
+    x_train = np.concatenate([images for images, _ in parts[:5]])
+    y_train = np.concatenate([labels for _, labels in parts[:5]])
+    x_test, y_test = parts[5]
+    transform = _cifar_train_transform if augment else _cifar_eval_transform
+    return DataBundle(train=ShardedTrainSet(x_train, y_train, transform=transform, **shard),
+                      test=TestSet(x_test, y_test, transform=_cifar_normalize),
+                      num_classes=10, image_shape=(3, 32, 32))
+
+
+def _find_cifar10(root):
+    """Return (folder, is_binary) of the first complete CIFAR-10 layout under `root`."""
+    if root is not None and os.path.isdir(root):
+        for folder in (root, os.path.join(root, "cifar-10-batches-bin"),
+                       os.path.join(root, "cifar-10-batches-py")):
+            for names, binary in ((_CIFAR_BIN_FILES, True), (_CIFAR_PY_FILES, False)):
+                if all(os.path.isfile(os.path.join(folder, name)) for name in names):
+                    return folder, binary
+    where = "data.root is not set" if root is None else (
+        f"folder {root!r} does not exist" if not os.path.isdir(root)
+        else f"no complete CIFAR-10 copy found in {root!r}")
+    shown = "<data.root>" if root is None else root
+    raise DataError(
+        f"cifar10: {where}. Nothing is downloaded; put ONE of these layouts in the data "
+        f"folder (the files directly in it, or in the named subfolder):\n"
+        f"  binary version (cifar-10-binary.tar.gz): "
+        f"{os.path.join(shown, 'cifar-10-batches-bin')}/{{{', '.join(_CIFAR_BIN_FILES)}}}\n"
+        f"  python version (cifar-10-python.tar.gz): "
+        f"{os.path.join(shown, 'cifar-10-batches-py')}/{{{', '.join(_CIFAR_PY_FILES)}}}")
+
+
+def _read_cifar_bin(path):
+    raw = np.fromfile(path, dtype=np.uint8)
+    if raw.size == 0 or raw.size % _CIFAR_RECORD:
+        raise DataError(f"{path} is truncated or corrupt: {raw.size} bytes is not a positive "
+                        f"multiple of the {_CIFAR_RECORD}-byte CIFAR-10 record")
+    records = raw.reshape(-1, _CIFAR_RECORD)
+    return _check_cifar(path, records[:, 1:], records[:, 0])
+
+
+def _read_cifar_py(path):
+    try:
+        with open(path, "rb") as f:
+            # The official python version is a pickle of bytes-keyed dicts (written by
+            # Python 2), hence encoding="bytes". It comes from the user's own data folder.
+            batch = pickle.load(f, encoding="bytes")
+        images = np.asarray(batch[b"data"])
+        labels = np.asarray(batch[b"labels"])
+    except Exception as err:  # any unpickling failure means the same thing: a bad file
+        raise DataError(f"{path} is not a readable CIFAR-10 python batch "
+                        f"(a pickled dict with b'data' and b'labels'): {err!r}") from err
+    if images.dtype != np.uint8:
+        raise DataError(f"{path}: b'data' must be uint8, got {images.dtype}")
+    return _check_cifar(path, images, labels)
+
+
+def _check_cifar(path, flat_images, labels):
+    """Validate (N, 3072) pixels and N labels in 0..9; return (N, 3, 32, 32) images, labels."""
+    if flat_images.ndim != 2 or flat_images.shape[1] != 3 * 32 * 32 \
+            or labels.shape != (len(flat_images),):
+        raise DataError(f"{path}: expected data of shape (N, 3072) and N labels, got "
+                        f"{flat_images.shape} and {labels.shape}")
+    if labels.size and (labels.min() < 0 or labels.max() > 9):
+        raise DataError(f"{path}: labels must be in 0..9, found {labels.min()}..{labels.max()}")
+    return flat_images.reshape(-1, 3, 32, 32), labels.astype(np.int64)
+
+
+def _cifar_normalize(images):
+    return (images.astype(np.float32) / 255 - _CIFAR_MEAN) / _CIFAR_STD
+
+
+def _cifar_eval_transform(images, rng):  # train transform signature, without augmentation
+    return _cifar_normalize(images)
+
+
+def _cifar_train_transform(images, rng):
+    """Random 32x32 crop of the 4-pixel zero-padded image, random horizontal flip, normalize."""
+    # Padding with 0 before normalizing, as gluoncv's RandomCrop(32, pad=4) does.
+    padded = np.pad(images, ((0, 0), (0, 0), (4, 4), (4, 4)))
+    offsets = rng.randint(0, 9, size=(len(images), 2))
+    flips = rng.rand(len(images)) < 0.5
+    out = np.empty_like(images)
+    for i, ((dy, dx), flip) in enumerate(zip(offsets, flips)):
+        crop = padded[i, :, dy:dy + 32, dx:dx + 32]
+        out[i] = crop[:, :, ::-1] if flip else crop
+    return _cifar_normalize(out)
+
+
+# ---------------------------------------------------------------- imagenet (RecordIO)
+
+class RecordTrainSet:
+    """This worker's part of an im2rec RecordIO training set, decoded by ImageRecordIter."""
+
+    def __init__(self, rec, idx, num_samples, *, shape, batch_size, rank, num_workers, seed,
+                 augment, preprocess_threads):
+        self._rec, self._idx = rec, idx
+        self._shape = shape
+        self._batch_size = batch_size
+        self._rank = rank
+        self._num_workers = num_workers
+        self._seed = seed
+        self._augment = augment
+        self._preprocess_threads = preprocess_threads
+        self.num_samples = num_samples
+        self.steps_per_epoch = _steps_per_epoch(num_samples, batch_size, num_workers)
+
+    def epoch(self, epoch):
+        """Yield exactly `steps_per_epoch` (data, label) NDArray batches for `epoch`."""
+        # A fresh iterator per epoch: its shuffle and augmentation seeds then depend on
+        # (seed, epoch, rank) only, not on how many epochs this process ran before.
+        if self._augment:
+            augmentation = dict(random_resized_crop=True, min_random_area=0.08,
+                                max_random_area=1, min_aspect_ratio=3 / 4,
+                                max_aspect_ratio=4 / 3, rand_mirror=True)
+        else:
+            augmentation = dict(resize=_eval_resize(self._shape))
+        records = mx.io.ImageRecordIter(
+            path_imgrec=self._rec, path_imgidx=self._idx, data_shape=self._shape,
+            batch_size=self._batch_size, shuffle=True, seed=self._seed + epoch,
+            seed_aug=_augment_seed(self._seed, epoch, self._rank),
+            part_index=self._rank, num_parts=self._num_workers,
+            preprocess_threads=self._preprocess_threads, **augmentation, **_IMAGENET_NORM)
+        for _ in range(self.steps_per_epoch):
+            try:
+                batch = records.next()
+            except StopIteration:
+                # Parts may differ by a record; restart a short part so that every worker
+                # yields the same number of batches.
+                records.reset()
+                batch = records.next()
+            yield batch.data[0], batch.label[0]
+
+
+class RecordTestSet:
+    """An im2rec RecordIO validation set: resize, center crop, normalize."""
+
+    def __init__(self, rec, num_samples, *, shape, preprocess_threads):
+        self._rec = rec
+        self._shape = shape
+        self._preprocess_threads = preprocess_threads
+        self.num_samples = num_samples
+
+    def batches(self, batch_size):
+        """Yield (data, label) NDArrays over the whole set once; the last batch may be smaller."""
+        records = mx.io.ImageRecordIter(
+            path_imgrec=self._rec, data_shape=self._shape, batch_size=batch_size,
+            resize=_eval_resize(self._shape), round_batch=False,
+            preprocess_threads=self._preprocess_threads, **_IMAGENET_NORM)
+        # The last batch is filled up with junk and its `pad` is not reliable with
+        # round_batch=False, so cut it by counting against the number of records.
+        remaining = self.num_samples
+        for batch in records:
+            if remaining <= 0:
+                break
+            n = min(batch_size, remaining)
+            yield batch.data[0][:n], batch.label[0][:n]
+            remaining -= n
+
+
+def _eval_resize(shape):
+    # Resize the shorter side to 256/224 of the crop (256 for 224), then center crop.
+    return int(round(256 * max(shape[1:]) / 224))
+
+
+def _build_imagenet(root, shape, num_classes, augment, preprocess_threads, shard):
+    shape = _check_shape(shape or (3, 224, 224))
+    if shape[0] != 3:
+        raise DataError(f"imagenet images are RGB: data.shape must be (3, H, W), got {shape}")
+    shown = root or "<data.root>"
+    paths = {name: os.path.join(shown, name) for name in _IMAGENET_FILES}
+    missing = [path for path in paths.values() if root is None or not os.path.isfile(path)]
+    if missing:
+        # im2rec writes <prefix>.lst/.rec/.idx, so prefixes inside the data folder put the
+        # files where they belong.
+        train, val = os.path.join(shown, "train"), os.path.join(shown, "val")
+        raise DataError(
+            f"imagenet: missing {', '.join(missing)}. Nothing is downloaded; put the im2rec "
+            f"RecordIO files {', '.join(_IMAGENET_FILES)} in {shown!r}. Make them from "
+            f"folders with one sub-folder of JPEGs per class (val/ arranged like train/) "
+            f"with MXNet's im2rec (also tools/im2rec.py in the MXNet sources):\n"
+            f"  python -m mxnet.tools.im2rec --list --recursive {train} /path/to/train\n"
+            f"  python -m mxnet.tools.im2rec --resize 256 --quality 95 --num-thread 8 "
+            f"{train} /path/to/train\n"
+            f"and the same two commands with {val} /path/to/val.")
+    num_train = _check_recordio(paths["train.rec"], paths["train.idx"])
+    num_val = _check_recordio(paths["val.rec"], paths["val.idx"])
+    return DataBundle(
+        train=RecordTrainSet(paths["train.rec"], paths["train.idx"], num_train, shape=shape,
+                             augment=augment, preprocess_threads=preprocess_threads, **shard),
+        test=RecordTestSet(paths["val.rec"], num_val, shape=shape,
+                           preprocess_threads=preprocess_threads),
+        num_classes=num_classes or 1000, image_shape=shape)
+
+
+def _check_recordio(rec, idx):
+    """Cheaply validate a .rec/.idx pair and return the number of records.
+
+    ImageRecordIter would otherwise fail (or abort) deep inside a worker mid-epoch.
+    Checks that every .idx offset lies inside the .rec file and that the first and last
+    records (by offset) read and unpack.
+    """
+    try:
+        reader = mx.recordio.MXIndexedRecordIO(idx, rec, "r")
+    except (ValueError, IndexError) as err:
+        raise DataError(f"{idx} is not an im2rec index (lines of 'key<TAB>offset'): {err}") from err
+    try:
+        if not reader.keys:
+            raise DataError(f"{idx} lists no records")
+        size = os.path.getsize(rec)
+        last = max(reader.keys, key=reader.idx.get)
+        if reader.idx[last] >= size:
+            raise DataError(f"{rec} is truncated or does not belong to {idx}: {idx} points "
+                            f"at byte {reader.idx[last]} but {rec} has {size} bytes")
+        for key in (min(reader.keys, key=reader.idx.get), last):
+            try:
+                record = reader.read_idx(key)
+                if record is None:
+                    raise DataError(f"{rec} is truncated: record {key} is missing")
+                mx.recordio.unpack(record)
+            except (mx.base.MXNetError, struct.error) as err:
+                raise DataError(f"{rec} is truncated or corrupt at record {key}: "
+                                f"{str(err).strip().splitlines()[-1]}") from err
+    finally:
+        reader.close()
+    return len(reader.keys)
+
+
+# ---------------------------------------------------------------- synthetic
+
+def _build_synthetic(shape, num_classes, num_samples, shard):
+    shape = _check_shape(shape or (3, 32, 32))
+    num_classes = num_classes or 10
+    num_test = max(num_samples // 4, shard["batch_size"])
+    rng = np.random.RandomState(shard["seed"])
+
+    def draw(n):
+        # One sample at a time: a single float64 draw of the whole set would need twice
+        # the final float32 memory (GBs at ImageNet size).
+        images = np.empty((n,) + shape, np.float32)
+        for i in range(n):
+            images[i] = rng.standard_normal(shape)
+        return images, rng.randint(0, num_classes, size=n)
+
+    x_train, y_train = draw(num_samples)
+    x_test, y_test = draw(num_test)
+    return DataBundle(train=ShardedTrainSet(x_train, y_train, **shard),
+                      test=TestSet(x_test, y_test),
+                      num_classes=num_classes, image_shape=shape)

@@ -1,0 +1,56 @@
+"""Run folder outputs: metrics.jsonl lines, per-worker parts, summary.json, and progress lines."""
+import json
+import os
+import time
+
+
+def run_dir(cfg):
+    return os.path.join(cfg.log.dir, cfg.name)
+
+
+class MetricsLog:
+    """One JSON object per line. Rank 0 writes metrics.jsonl, rank r>0 metrics.rank<r>.jsonl."""
+
+    def __init__(self, directory, rank):
+        self.rank = rank
+        name = "metrics.jsonl" if rank == 0 else f"metrics.rank{rank}.jsonl"
+        self.path = os.path.join(directory, name)
+        self.file = open(self.path, "w")
+
+    def write(self, **record):
+        record.setdefault("rank", self.rank)
+        record.setdefault("time", round(time.time(), 3))
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def close(self):
+        self.file.close()
+
+
+def write_json_atomic(path, obj):
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, path)
+
+
+def human_bytes(n):
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024.0
+
+
+def summary_table(summary):
+    rows = [("algorithm", summary["algorithm"]), ("compression", summary["compression"]),
+            ("workers", summary["num_workers"]), ("epochs / steps", f"{summary['epochs']} / {summary['steps']}"),
+            ("final test acc", f"{summary['final_test_acc']:.4f}"),
+            ("best test acc", f"{summary['best_test_acc']:.4f}"),
+            ("images/s (all workers)", f"{summary['images_per_sec']:.1f}"),
+            ("wall seconds", f"{summary['wall_seconds']:.1f}"),
+            ("push / pull per step", f"{human_bytes(summary['bytes_per_step']['push'])} / "
+                                      f"{human_bytes(summary['bytes_per_step']['pull'])}"),
+            ("max staleness", summary["max_staleness"])]
+    width = max(len(r[0]) for r in rows)
+    lines = ["-" * (width + 24)] + [f"{k:<{width}}  {v}" for k, v in rows] + ["-" * (width + 24)]
+    return "\n".join(lines)

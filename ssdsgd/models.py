@@ -1,0 +1,38 @@
+"""Networks: two small ones for the embedded demo, and the gluoncv model zoo (never pretrained)."""
+from mxnet.gluon import nn
+
+SMALL_MODELS = ("mlp", "small_cnn")
+
+
+class ModelError(ValueError):
+    pass
+
+
+def _mlp(num_classes):
+    net = nn.HybridSequential()
+    net.add(nn.Flatten(), nn.Dense(128, activation="relu"), nn.Dense(64, activation="relu"),
+            nn.Dense(num_classes))
+    return net
+
+
+def _small_cnn(num_classes):
+    # Two conv blocks and a classifier: enough for digits (8x8) and small enough for 2 CPU cores.
+    net = nn.HybridSequential()
+    net.add(nn.Conv2D(32, 3, padding=1), nn.BatchNorm(), nn.Activation("relu"),
+            nn.Conv2D(64, 3, padding=1, strides=2), nn.BatchNorm(), nn.Activation("relu"),
+            nn.GlobalAvgPool2D(), nn.Dense(num_classes))
+    return net
+
+
+def build_model(name, num_classes):
+    if name == "mlp":
+        return _mlp(num_classes)
+    if name == "small_cnn":
+        return _small_cnn(num_classes)
+    from gluoncv.model_zoo import get_model, get_model_list
+    if name not in get_model_list():
+        raise ModelError(f"model.name: unknown model {name!r}; use one of {', '.join(SMALL_MODELS)} "
+                         f"or a gluoncv model zoo name such as cifar_resnet20_v1, cifar_resnet56_v1, "
+                         f"resnet50_v1")
+    # pretrained weights cannot be downloaded here, and the experiments train from scratch anyway.
+    return get_model(name, classes=num_classes, pretrained=False)

@@ -1,0 +1,139 @@
+"""Server and scheduler roles: MXNet's KVStore server loop with our controller and updater.
+
+Commands from workers travel as signed JSON data (ssdsgd.commands), never as pickles: the stock
+server would unpickle whatever arrives. The one updater installed on the server dispatches by key:
+  - keys of a round-based plan (SSD-SGD, compressed SSGD): weight / mailbox / clock keys, handled by
+    RoundService with the numpy global update of ssdsgd.rounds;
+  - any other key: the stock MXNet optimizer built from the `stock_optimizer` command, so the SSGD
+    (dist_sync) and ASGD (dist_async) baselines run with stock semantics against this same process.
+An exception inside the updater would be swallowed by MXNet's ctypes callback and leave the weights
+silently untouched; we print it and end the process, so the launcher fails the whole job.
+"""
+import os
+import sys
+import traceback
+
+import numpy as np
+
+from ssdsgd import commands
+from ssdsgd.compression.codec import make_decoder
+from ssdsgd.rounds import BufferState, schedule_from_dict
+
+
+def _die(what):
+    print(f"ssdsgd server: {what}", file=sys.stderr, flush=True)
+    traceback.print_exc()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+class RoundService:
+    """Server-side state of a round-based plan. `nd` is mxnet.ndarray (passed in for testability)."""
+
+    def __init__(self, plan, nd):
+        self.nd = nd
+        self.roles = {}        # key -> (buffer id, 'weight' | 'mailbox' | 'clock')
+        self.states = {}       # buffer id -> BufferState
+        self.stored = {}       # buffer id -> {'weight': NDArray, 'clock': NDArray}
+        schedule = schedule_from_dict(plan["schedule"])
+        for buf in plan["buffers"]:
+            b = buf["id"]
+            self.roles[buf["weight_key"]] = (b, "weight")
+            self.roles[buf["mailbox_key"]] = (b, "mailbox")
+            self.roles[buf["clock_key"]] = (b, "clock")
+            self.states[b] = BufferState(
+                buf["size"], plan["num_workers"], plan["batch_size"], plan["momentum"], plan["wd"],
+                schedule, make_decoder(buf["codec"], buf["size"], buf.get("k")))
+            self.stored[b] = {}
+
+    def owns(self, key):
+        return key in self.roles
+
+    def push(self, key, recv, stored):
+        b, role = self.roles[key]
+        state = self.stored[b]
+        if role in ("weight", "clock"):
+            # A "bind" push: keep a reference to the stored array so the mailbox handler can write
+            # the global update into it (the updater is only ever handed the array of its own key).
+            if role not in state:
+                state[role] = stored
+                if role == "weight":
+                    w = stored.asnumpy()
+                    self.states[b].bind(w[:-1], version=int(w[-1]))
+            return
+        if "weight" not in state or "clock" not in state:
+            raise RuntimeError(f"buffer {b}: mailbox push before its weight and clock keys were bound")
+        applied = self.states[b].receive(recv.asnumpy())
+        if applied:
+            st = self.states[b]
+            # The version rides in the last element of the weight buffer, so one pull gives the
+            # weights and exactly which round they are.
+            state["weight"][:] = np.append(st.weights, np.float32(st.version))
+            state["clock"][:] = np.float32(st.version)
+            state["weight"].wait_to_read()
+            state["clock"].wait_to_read()
+
+
+def run_server():
+    role = os.environ["DMLC_ROLE"]
+    # `import mxnet` with DMLC_ROLE=server|scheduler would enter the stock server loop inside the
+    # import; pretend to be a worker until mxnet is fully imported, then restore the real role
+    # (ps-lite reads it again at kv.create).
+    os.environ["DMLC_ROLE"] = "worker"
+    import mxnet as mx
+    from mxnet.kvstore.kvstore_server import KVStoreServer
+    os.environ["DMLC_ROLE"] = role
+
+    secret = os.environ.get("SSDSGD_JOB_SECRET", "")
+
+    class SSDServer(KVStoreServer):
+        def __init__(self, kvstore):
+            super().__init__(kvstore)
+            self.rounds = None
+            self.stock = None
+            self.updater_installed = False
+
+        def _update(self, key, recv, stored):
+            try:
+                if self.rounds is not None and self.rounds.owns(key):
+                    self.rounds.push(key, recv, stored)
+                elif self.stock is not None:
+                    self.stock(key, recv, stored)
+                    stored.wait_to_read()   # async mode frees recv as soon as we return
+                else:
+                    raise RuntimeError(f"push to key {key} but no optimizer or plan was set up")
+            except BaseException:
+                _die(f"updater failed on key {key}")
+
+        def _controller(self):
+            def ctl(cmd_id, body, _):
+                try:
+                    msg = commands.verify(body, secret)
+                except commands.CommandError as err:
+                    print(f"ssdsgd server: refused command (head {cmd_id}): {err}", file=sys.stderr,
+                          flush=True)
+                    return
+                try:
+                    self._handle(msg)
+                except BaseException:
+                    _die(f"command {msg.get('op')!r} failed")
+            return ctl
+
+        def _handle(self, msg):
+            if not self.updater_installed:
+                # The C++ server object exists only once run() has started, i.e. from the first
+                # command on; commands always precede the first push.
+                self.kvstore._set_updater(self._update)
+                self.updater_installed = True
+            op = msg["op"]
+            if op == "stock_optimizer":
+                sched = schedule_from_dict(msg["schedule"])
+                opt = mx.optimizer.SGD(learning_rate=msg["lr"], momentum=msg["momentum"], wd=msg["wd"],
+                                       rescale_grad=msg["rescale_grad"], lr_scheduler=sched)
+                self.stock = mx.optimizer.get_updater(opt)
+            elif op == "round_plan":
+                self.rounds = RoundService(msg, mx.nd)
+            else:
+                raise ValueError(f"unknown command op {op!r}")
+
+    SSDServer(mx.kv.create("dist")).run()

@@ -1,0 +1,55 @@
+"""`python -m ssdsgd.train --config FILE [--set k=v ...]`: the command every role runs under the launcher.
+
+The scheduler and servers enter our server loop (ssdsgd.server); workers train (ssdsgd.worker).
+A worker that raises prints its traceback and exits hard with status 1: a normal exit would wait
+forever in ps-lite's finalize barrier for the other workers, hanging the job instead of failing it.
+"""
+import argparse
+import os
+import sys
+import traceback
+
+from ssdsgd.config import ConfigError, load_config
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m ssdsgd.train", description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True, help="experiment YAML file")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
+                    help="override a config key (repeatable), e.g. --set train.epochs=3")
+    return ap.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.set)
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        return 2
+    role = os.environ.get("DMLC_ROLE")
+    if role in ("server", "scheduler"):
+        from ssdsgd.server import run_server
+        run_server()
+        return 0
+    if role != "worker":
+        print("ssdsgd.train runs under the launcher (DMLC_ROLE is not set). Use\n"
+              f"  python -m ssdsgd.run --config {args.config}\n"
+              "or python launch/launch.py -n WORKERS -s SERVERS python -m ssdsgd.train --config ...",
+              file=sys.stderr)
+        return 2
+    try:
+        from ssdsgd.worker import run_worker
+        run_worker(cfg)
+    except BaseException:
+        name = os.environ.get("SSDSGD_ROLE_NAME", "worker")
+        print(f"{name} failed:", file=sys.stderr)
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

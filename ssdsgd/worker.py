@@ -1,0 +1,212 @@
+"""Worker role: data, model, the training loop, evaluation on rank 0, metrics and the summary.
+
+The communication of each algorithm lives in a client (ssdsgd/algorithms): StockClient for the
+stock-KVStore baselines, RoundClient for SSD-SGD and compressed SSGD. The loop is the same for all:
+forward/backward, then `client.after_backward(step)` pushes, pulls and updates the local weights.
+"""
+import json
+import os
+import socket
+import time
+
+import numpy as np
+
+
+def _touch(path):
+    if path:
+        with open(path, "a"):
+            os.utime(path, None)
+
+
+def evaluate(net, test_set, batch_size):
+    import mxnet as mx
+    correct, total = 0, 0
+    for data, label in test_set.batches(batch_size):
+        pred = net(data).argmax(axis=1)
+        correct += int((pred == label.astype(pred.dtype)).sum().asscalar())
+        total += data.shape[0]
+    mx.nd.waitall()
+    return correct / max(1, total)
+
+
+def run_worker(cfg):
+    import mxnet as mx
+    from mxnet import autograd, gluon
+
+    from ssdsgd.data import build_data
+    from ssdsgd.metrics import MetricsLog, human_bytes, run_dir, summary_table, write_json_atomic
+    from ssdsgd.models import build_model
+    from ssdsgd.schedule import schedule_from_config
+    from ssdsgd.commands import num_servers
+    from ssdsgd.config import dump_config
+
+    # The kvstore must exist before we know our rank; its type depends only on the config.
+    from ssdsgd.algorithms.ssd import RoundClient
+    from ssdsgd.algorithms.stock import StockClient
+    round_based = cfg.algorithm.type == "ssd" or cfg.compression.type not in ("none", "2bit")
+    kv = mx.kv.create((RoundClient if round_based else StockClient).kvstore_type(cfg))
+    rank, nworkers = kv.rank, kv.num_workers
+    if nworkers != cfg.cluster.workers:
+        raise RuntimeError(f"cluster.workers is {cfg.cluster.workers} but the job has {nworkers} workers")
+
+    out_dir = run_dir(cfg)
+    os.makedirs(out_dir, exist_ok=True)
+    if rank == 0:
+        for stale in ("summary.json",):
+            if os.path.exists(os.path.join(out_dir, stale)):
+                os.remove(os.path.join(out_dir, stale))   # a failed rerun must not look finished
+        dump_config(cfg, os.path.join(out_dir, "config.yaml"))
+    log = MetricsLog(out_dir, rank)
+
+    mx.random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    d = cfg.data
+    data = build_data(d.dataset, batch_size=cfg.train.batch_size, rank=rank, num_workers=nworkers,
+                      seed=cfg.seed, root=d.root, shape=tuple(d.shape) if d.shape else None,
+                      num_classes=d.num_classes, synthetic_samples=d.synthetic_samples,
+                      augment=d.augment, preprocess_threads=d.preprocess_threads)
+    steps_per_epoch = data.train.steps_per_epoch
+    total_steps = cfg.train.epochs * steps_per_epoch
+    if cfg.train.max_steps is not None:
+        total_steps = min(total_steps, cfg.train.max_steps)
+
+    net = build_model(cfg.model.name, data.num_classes)
+    net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2))
+    # Materialise parameter shapes with a recorded forward (an inference-mode forward leaves oneDNN
+    # layouts that kv.init cannot read).
+    with autograd.record():
+        net(mx.nd.zeros((2,) + tuple(data.image_shape)))
+    if cfg.model.hybridize:
+        net.hybridize(static_alloc=True, static_shape=True)
+    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    schedule = schedule_from_config(cfg.train, steps_per_epoch)
+    if round_based:
+        client = RoundClient(kv, params, cfg, schedule, log, total_steps)
+    else:
+        client = StockClient(kv, params, cfg, schedule, log)
+    client.setup()
+    if rank == 0:
+        print(f"{cfg.name}: {cfg.algorithm.type} + compression {cfg.compression.type}, {nworkers} workers, "
+              f"{num_servers(kv)} servers, {steps_per_epoch} steps/epoch, {total_steps} steps, "
+              f"{sum(p.data().size for p in params)} parameters", flush=True)
+
+    heartbeat = os.environ.get("SSDSGD_HEARTBEAT_FILE")
+    bsz = cfg.train.batch_size
+    totals = {"push_bytes": 0, "pull_bytes": 0, "wait_seconds": 0.0, "images": 0, "train_seconds": 0.0,
+              "eval_pull_bytes": 0}
+    staleness = []
+    best_acc, final_acc, history = 0.0, 0.0, []
+    step = 0
+    t_start = time.perf_counter()
+    window = {"t": time.perf_counter(), "images": 0, "push": 0, "pull": 0, "loss": 0.0, "n": 0}
+    epochs_run = 0
+    for epoch in range(cfg.train.epochs):
+        if step >= total_steps:
+            break
+        t_epoch = time.perf_counter()
+        for data_batch, label in data.train.epoch(epoch):
+            if step >= total_steps:
+                break
+            with autograd.record():
+                loss = loss_fn(net(data_batch), label)
+            loss.backward()
+            rec = client.after_backward(step)
+            totals["push_bytes"] += rec["push_bytes"]
+            totals["pull_bytes"] += rec["pull_bytes"]
+            if rec["wait_seconds"] is not None:
+                totals["wait_seconds"] += rec["wait_seconds"]
+            if rec["staleness"] is not None:
+                staleness.append(rec["staleness"])
+            step += 1
+            window["images"] += bsz
+            window["push"] += rec["push_bytes"]
+            window["pull"] += rec["pull_bytes"]
+            window["n"] += 1
+            _touch(heartbeat)
+            if step % cfg.log.every_steps == 0 or step == total_steps:
+                window["loss"] = float(loss.mean().asscalar())        # syncs the step
+                now = time.perf_counter()
+                ips = window["images"] / max(1e-9, now - window["t"])
+                log.write(epoch=epoch, step=step, loss=window["loss"], images_per_sec=ips,
+                          push_bytes=window["push"] / window["n"], pull_bytes=window["pull"] / window["n"],
+                          staleness=rec["staleness"], wait_seconds=rec["wait_seconds"],
+                          lr=schedule(step))
+                if rank == 0:
+                    print(f"epoch {epoch} step {step}/{total_steps} loss {window['loss']:.4f} "
+                          f"{ips:.1f} img/s push {human_bytes(window['push'] / window['n'])}/step "
+                          f"pull {human_bytes(window['pull'] / window['n'])}/step "
+                          f"staleness {rec['staleness']}", flush=True)
+                window = {"t": now, "images": 0, "push": 0, "pull": 0, "loss": 0.0, "n": 0}
+        mx.nd.waitall()
+        epoch_seconds = time.perf_counter() - t_epoch
+        totals["train_seconds"] += epoch_seconds
+        epochs_run = epoch + 1
+        last = step >= total_steps or epoch == cfg.train.epochs - 1
+        if rank == 0 and ((epoch + 1) % cfg.train.eval_every_epochs == 0 or last):
+            acc, pulled = _evaluate_global(net, params, client, data.test, bsz, step)
+            totals["eval_pull_bytes"] += pulled
+            best_acc, final_acc = max(best_acc, acc), acc
+            history.append({"epoch": epoch, "test_acc": acc})
+            log.write(epoch=epoch, step=step, test_acc=acc, epoch_seconds=epoch_seconds)
+            print(f"epoch {epoch} test accuracy {acc:.4f} ({epoch_seconds:.1f} s)", flush=True)
+    totals["images"] = step * bsz
+    client.finish()
+
+    checkpoint = None
+    if rank == 0:
+        checkpoint = os.path.join(out_dir, "final.params")
+        weights, _ = client.global_weights(step)
+        _with_weights(params, weights, lambda: net.save_parameters(checkpoint))
+    part = {"rank": rank, "host": socket.gethostname(), "steps": step, "images": totals["images"],
+            "train_seconds": totals["train_seconds"], "push_bytes": totals["push_bytes"],
+            "pull_bytes": totals["pull_bytes"], "wait_seconds": totals["wait_seconds"],
+            "max_staleness": max(staleness) if staleness else None,
+            "mean_staleness": float(np.mean(staleness)) if staleness else None}
+    write_json_atomic(os.path.join(out_dir, f"worker{rank}.json"), part)
+    log.close()
+    kv._barrier()                      # every worker's part file is written
+    if rank == 0:
+        parts = [json.load(open(os.path.join(out_dir, f"worker{r}.json"))) for r in range(nworkers)]
+        stal = [p["max_staleness"] for p in parts if p["max_staleness"] is not None]
+        summary = {
+            "name": cfg.name, "algorithm": cfg.algorithm.type, "compression": cfg.compression.type,
+            "num_workers": nworkers, "num_servers": num_servers(kv), "epochs": epochs_run, "steps": step,
+            "final_test_acc": final_acc, "best_test_acc": best_acc, "test_acc_history": history,
+            "images_per_sec": sum(p["images"] / max(1e-9, p["train_seconds"]) for p in parts),
+            "wall_seconds": time.perf_counter() - t_start,
+            "push_bytes": totals["push_bytes"], "pull_bytes": totals["pull_bytes"],
+            "bytes_per_step": {"push": totals["push_bytes"] / max(1, step),
+                               "pull": totals["pull_bytes"] / max(1, step)},
+            "eval_pull_bytes": totals["eval_pull_bytes"],
+            "wait_seconds": totals["wait_seconds"],
+            "max_staleness": max(stal) if stal else None,
+            "mean_staleness": float(np.mean([p["mean_staleness"] for p in parts
+                                             if p["mean_staleness"] is not None])) if stal else None,
+            "workers": parts, "checkpoint": checkpoint,
+            "note": "push_bytes/pull_bytes are rank 0's own traffic; per-worker figures under 'workers'",
+        }
+        write_json_atomic(os.path.join(out_dir, "summary.json"), summary)
+        print(summary_table(summary), flush=True)
+        print(f"run folder: {out_dir}", flush=True)
+
+
+def _with_weights(params, weights, fn):
+    """Run fn with the given weights loaded into params, then restore the local weights."""
+    if weights is None:
+        return fn()
+    saved = [p.data().copy() for p in params]
+    for p, w in zip(params, weights):
+        w.copyto(p.data())
+    try:
+        return fn()
+    finally:
+        for p, s in zip(params, saved):
+            s.copyto(p.data())
+
+
+def _evaluate_global(net, params, client, test_set, batch_size, steps_done):
+    weights, pulled = client.global_weights(steps_done)
+    acc = _with_weights(params, weights, lambda: evaluate(net, test_set, batch_size))
+    return acc, pulled

@@ -54,3 +54,16 @@ def summary_table(summary):
     width = max(len(r[0]) for r in rows)
     lines = ["-" * (width + 24)] + [f"{k:<{width}}  {v}" for k, v in rows] + ["-" * (width + 24)]
     return "\n".join(lines)
+
+
+def comparison_table(summaries):
+    """Side-by-side rows of several runs' summary.json dicts (the demo's and benchmarks' output)."""
+    head = f"{'run':<28} {'algorithm':<9} {'compr.':<7} {'final acc':>9} {'img/s':>9} " \
+           f"{'push/step':>11} {'pull/step':>11} {'staleness':>9}"
+    lines = [head, "-" * len(head)]
+    for s in summaries:
+        bps = s["bytes_per_step"]
+        lines.append(f"{s['name']:<28} {s['algorithm']:<9} {s['compression']:<7} {s['final_test_acc']:>9.4f} "
+                     f"{s['images_per_sec']:>9.1f} {human_bytes(bps['push']):>11} {human_bytes(bps['pull']):>11} "
+                     f"{str(s['max_staleness']):>9}")
+    return "\n".join(lines)

@@ -18,6 +18,28 @@ def _touch(path):
             os.utime(path, None)
 
 
+def build_net(cfg, num_classes, image_shape):
+    """The model with its seeded initial weights, and its trainable parameters in a fixed order.
+
+    Every worker builds the same weights from cfg.seed (only rank 0's reach the servers anyway)."""
+    import mxnet as mx
+    from mxnet import autograd
+
+    from ssdsgd.models import build_model
+    mx.random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    net = build_model(cfg.model.name, num_classes)
+    net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2))
+    # Materialise parameter shapes with a recorded forward (an inference-mode forward leaves oneDNN
+    # layouts that kv.init cannot read).
+    with autograd.record():
+        net(mx.nd.zeros((2,) + tuple(image_shape)))
+    if cfg.model.hybridize:
+        net.hybridize(static_alloc=True, static_shape=True)
+    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
+    return net, params
+
+
 def evaluate(net, test_set, batch_size):
     import mxnet as mx
     correct, total = 0, 0
@@ -34,8 +56,8 @@ def run_worker(cfg):
     from mxnet import autograd, gluon
 
     from ssdsgd.data import build_data
+    from ssdsgd.faults import FaultPlan
     from ssdsgd.metrics import MetricsLog, human_bytes, run_dir, summary_table, write_json_atomic
-    from ssdsgd.models import build_model
     from ssdsgd.schedule import schedule_from_config
     from ssdsgd.commands import num_servers
     from ssdsgd.config import dump_config
@@ -58,8 +80,6 @@ def run_worker(cfg):
         dump_config(cfg, os.path.join(out_dir, "config.yaml"))
     log = MetricsLog(out_dir, rank)
 
-    mx.random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
     d = cfg.data
     data = build_data(d.dataset, batch_size=cfg.train.batch_size, rank=rank, num_workers=nworkers,
                       seed=cfg.seed, root=d.root, shape=tuple(d.shape) if d.shape else None,
@@ -70,15 +90,7 @@ def run_worker(cfg):
     if cfg.train.max_steps is not None:
         total_steps = min(total_steps, cfg.train.max_steps)
 
-    net = build_model(cfg.model.name, data.num_classes)
-    net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2))
-    # Materialise parameter shapes with a recorded forward (an inference-mode forward leaves oneDNN
-    # layouts that kv.init cannot read).
-    with autograd.record():
-        net(mx.nd.zeros((2,) + tuple(data.image_shape)))
-    if cfg.model.hybridize:
-        net.hybridize(static_alloc=True, static_shape=True)
-    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
+    net, params = build_net(cfg, data.num_classes, data.image_shape)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
     schedule = schedule_from_config(cfg.train, steps_per_epoch)
@@ -93,6 +105,7 @@ def run_worker(cfg):
               f"{sum(p.data().size for p in params)} parameters", flush=True)
 
     heartbeat = os.environ.get("SSDSGD_HEARTBEAT_FILE")
+    faults = FaultPlan(rank)
     bsz = cfg.train.batch_size
     totals = {"push_bytes": 0, "pull_bytes": 0, "wait_seconds": 0.0, "images": 0, "train_seconds": 0.0,
               "eval_pull_bytes": 0}
@@ -109,6 +122,7 @@ def run_worker(cfg):
         for data_batch, label in data.train.epoch(epoch):
             if step >= total_steps:
                 break
+            faults.at_step(step)
             with autograd.record():
                 loss = loss_fn(net(data_batch), label)
             loss.backward()

@@ -1,0 +1,57 @@
+"""Helpers for tests that run real multi-process jobs (scheduler + servers + workers) on loopback."""
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class Job:
+    rc: int
+    output: str
+    run_dir: str
+    marker: str
+
+    def summary(self):
+        with open(os.path.join(self.run_dir, "summary.json")) as f:
+            return json.load(f)
+
+    def metrics(self, rank=0):
+        name = "metrics.jsonl" if rank == 0 else f"metrics.rank{rank}.jsonl"
+        with open(os.path.join(self.run_dir, name)) as f:
+            return [json.loads(line) for line in f]
+
+
+def run_job(tmp_path, config, *sets, name="job", env=None, timeout=240):
+    """Run `python -m ssdsgd.run` with the given overrides; the run folder lives under tmp_path."""
+    log_dir = os.path.join(str(tmp_path), "runs")
+    cmd = [sys.executable, "-m", "ssdsgd.run", "--config", os.path.join(ROOT, config),
+           "--set", f"log.dir={log_dir}", "--set", f"name={name}"]
+    for s in sets:
+        cmd += ["--set", s]
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    full_env.update(env or {})
+    proc = subprocess.run(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=timeout, start_new_session=True)
+    return Job(proc.returncode, proc.stdout, os.path.join(log_dir, name), log_dir)
+
+
+def processes_with(marker):
+    """PIDs of live processes whose command line contains `marker` (a test's unique tmp path)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmdline and state != "Z":
+            found.append(int(pid))
+    return found

@@ -1,0 +1,165 @@
+"""Real multi-process jobs on loopback: 1 scheduler + servers + 2 workers, through the launcher."""
+import os
+import time
+
+import numpy as np
+import pytest
+
+from jobs import ROOT, processes_with, run_job
+
+SSGD = "configs/demo_digits_ssgd.yaml"
+SSD = "configs/demo_digits_ssd.yaml"
+
+
+def load_params(path):
+    import mxnet as mx
+    return {k: v.asnumpy() for k, v in mx.nd.load(path).items()}
+
+
+@pytest.mark.timeout(240)
+def test_ssgd_digits_job_trains_and_leaves_no_process(tmp_path):
+    job = run_job(tmp_path, SSGD, "train.epochs=6", name="ssgd")
+    assert job.rc == 0, job.output
+    s = job.summary()
+    assert s["algorithm"] == "ssgd" and s["num_workers"] == 2 and s["steps"] == 6 * 22
+    assert s["final_test_acc"] >= 0.9
+    # Stock SSGD pushes every gradient and pulls every weight each step: 4 bytes per parameter.
+    assert s["bytes_per_step"]["push"] == s["bytes_per_step"]["pull"] > 0
+    assert s["max_staleness"] == 0
+    assert processes_with(job.marker) == []
+    for name in ("config.yaml", "metrics.jsonl", "metrics.rank1.jsonl", "final.params"):
+        assert os.path.exists(os.path.join(job.run_dir, name)), name
+
+
+@pytest.mark.timeout(240)
+def test_crashing_worker_fails_the_job_fast_and_cleanly(tmp_path):
+    t0 = time.time()
+    job = run_job(tmp_path, SSGD, "train.epochs=50", name="crash",
+                  env={"SSDSGD_TEST_FAULT": "raise:1:5"})
+    elapsed = time.time() - t0
+    assert job.rc != 0
+    assert "injected fault at step 5" in job.output
+    assert "launch: worker" in job.output
+    assert elapsed < 60
+    assert not os.path.exists(os.path.join(job.run_dir, "summary.json"))
+    assert processes_with(job.marker) == []
+
+
+@pytest.mark.timeout(300)
+def test_ssd_with_full_warmup_reproduces_ssgd_weights(tmp_path):
+    """SSD-SGD whose warm-up covers the whole run is synchronous SGD on our round server; it must
+    give the stock dist_sync baseline's weights (same seed, same data order) to float tolerance."""
+    common = ["train.epochs=2", "model.name=mlp"]
+    a = run_job(tmp_path, SSGD, *common, name="ssgd")
+    b = run_job(tmp_path, SSD, *common, "algorithm.warmup_iters=100000", name="ssd_warm")
+    assert a.rc == 0, a.output
+    assert b.rc == 0, b.output
+    wa, wb = load_params(a.summary()["checkpoint"]), load_params(b.summary()["checkpoint"])
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        np.testing.assert_allclose(wb[k], wa[k], rtol=1e-4, atol=1e-5, err_msg=k)
+    assert b.summary()["max_staleness"] == 0
+
+
+def _simulate_strict_ssd(cfg, num_workers, total_steps):
+    """Independent numpy simulation of strict SSD-SGD on softmax regression (model 'linear')."""
+    from ssdsgd.data import build_data
+    from ssdsgd.worker import build_net
+
+    B = cfg.train.batch_size
+    sets = [build_data("digits", batch_size=B, rank=r, num_workers=num_workers, seed=cfg.seed).train
+            for r in range(num_workers)]
+    batches = [[(x.asnumpy().reshape(B, -1).astype(np.float64), y.asnumpy().astype(int))
+                for e in range(cfg.train.epochs) for x, y in s.epoch(e)][:total_steps] for s in sets]
+    _, params = build_net(cfg, 10, (1, 8, 8))
+    W0, b0 = (p.data().asnumpy().astype(np.float64) for p in params)
+
+    def grad(W, b, x, y):
+        z = x @ W.T + b
+        z -= z.max(axis=1, keepdims=True)
+        p = np.exp(z)
+        p /= p.sum(axis=1, keepdims=True)
+        p[np.arange(len(y)), y] -= 1.0          # d(sum of CE)/dz
+        return p.T @ x, p.sum(axis=0)
+
+    alg, tr = cfg.algorithm, cfg.train
+    lr, mu, wd, N = tr.lr, tr.momentum, tr.wd, num_workers
+    lr_loc, c, k, Tw = tr.lr * alg.local.lr_scale, alg.local.c, alg.delay, alg.warmup_iters
+    glob = [np.concatenate([W0.ravel(), b0])]          # glob[v] = global weights at version v
+    vel = np.zeros_like(glob[0])
+    split = W0.size
+    loc = [glob[0].copy() for _ in range(N)]
+    snap = [glob[0].copy() for _ in range(N)]
+    pending = None
+    for t in range(total_steps):
+        grads = []
+        for r in range(N):
+            gW, gb = grad(loc[r][:split].reshape(W0.shape), loc[r][split:], *batches[r][t])
+            grads.append(np.concatenate([gW.ravel(), gb]))
+        G = sum(grads)
+        vel = mu * vel - lr * (G / (N * B) + wd * glob[-1])
+        glob.append(glob[-1] + vel)                      # round t applied: version t+1
+        if t < Tw:                                       # synchronous: every step is a refresh
+            loc = [glob[t + 1].copy() for _ in range(N)]
+            snap = [glob[t + 1].copy() for _ in range(N)]
+            continue
+        for r in range(N):
+            if pending is not None:
+                loc[r] = glob[pending + 1].copy()
+                snap[r] = loc[r].copy()
+            loc[r] = loc[r] - lr_loc * (grads[r] / (N * B) + wd * loc[r] + c * (snap[r] - loc[r]))
+        pending = t if (t - Tw + 1) % k == 0 else None
+    return glob[total_steps][:split].reshape(W0.shape), glob[total_steps][split:]
+
+
+@pytest.mark.timeout(240)
+def test_strict_ssd_matches_numpy_simulation(tmp_path):
+    from ssdsgd.config import load_config
+    sets = ["model.name=linear", "model.hybridize=false", "train.epochs=2", "train.batch_size=16",
+            "train.lr=0.05", "train.lr_schedule.type=constant", "algorithm.warmup_iters=5",
+            "algorithm.delay=3", "algorithm.strict=true"]
+    job = run_job(tmp_path, SSD, *sets, name="strict")
+    assert job.rc == 0, job.output
+    s = job.summary()
+    cfg = load_config(os.path.join(ROOT, SSD), sets)
+    W, b = _simulate_strict_ssd(cfg, 2, s["steps"])
+    got = load_params(s["checkpoint"])
+    gw = next(v for v in got.values() if v.ndim == 2)
+    gb = next(v for v in got.values() if v.ndim == 1)
+    np.testing.assert_allclose(gw, W, rtol=1e-3, atol=2e-5)
+    np.testing.assert_allclose(gb, b, rtol=1e-3, atol=2e-5)
+    # The delayed schedule matters: plain synchronous SGD ends far outside that tolerance.
+    sync = load_config(os.path.join(ROOT, SSD), sets + ["algorithm.warmup_iters=100000"])
+    W_sync, _ = _simulate_strict_ssd(sync, 2, s["steps"])
+    assert np.abs(W_sync - W).max() > 100 * 2e-5
+    assert s["max_staleness"] == 3
+
+
+@pytest.mark.timeout(300)
+def test_slow_worker_never_exceeds_staleness_bound(tmp_path):
+    """Worker 1 sleeps every step; with k=2, S=3 the fast worker must wait instead of running ahead."""
+    job = run_job(tmp_path, SSD, "train.epochs=2", "algorithm.warmup_iters=4", "algorithm.delay=2",
+                  "algorithm.max_staleness=3", name="slow", env={"SSDSGD_TEST_FAULT": "slow:1:0.03"})
+    assert job.rc == 0, job.output
+    s = job.summary()
+    assert s["max_staleness"] <= 3
+    for rank in (0, 1):
+        steps = [m for m in job.metrics(rank) if "staleness" in m and m["staleness"] is not None]
+        assert steps and max(m["staleness"] for m in steps) <= 3
+    waited = sum(w["wait_seconds"] for w in s["workers"])
+    assert waited > 0.5          # 88 steps x 30 ms of straggling had to be absorbed by waiting
+
+
+@pytest.mark.timeout(300)
+def test_ssd_pull_traffic_is_one_kth_of_ssgd(tmp_path):
+    k = 4
+    a = run_job(tmp_path, SSGD, "train.epochs=2", name="ssgd")
+    b = run_job(tmp_path, SSD, "train.epochs=2", "algorithm.warmup_iters=0", f"algorithm.delay={k}",
+                name="ssd")
+    assert a.rc == 0 and b.rc == 0, a.output + b.output
+    sa, sb = a.summary(), b.summary()
+    assert sa["steps"] == sb["steps"]
+    ratio = sb["pull_bytes"] / sa["pull_bytes"]
+    assert 0.9 / k <= ratio <= 1.3 / k, ratio
+    # pushes stay dense and every step: mailbox header of 2 floats on top of the gradient
+    assert sb["bytes_per_step"]["push"] == pytest.approx(sa["bytes_per_step"]["push"] + 8, rel=1e-6)

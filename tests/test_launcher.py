@@ -1,0 +1,330 @@
+"""Tests for ssdsgd.launcher with a toy job (plain Python children, no mxnet)."""
+import glob
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ssdsgd.launcher import build_ssh_commands, read_hostfile, run_job
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCH = os.path.join(REPO, 'launch', 'launch.py')
+
+# Every role runs this, like a real ps-lite job: scheduler and servers stay up until all workers
+# are done, workers do the work. TOY_MODE makes workers misbehave; in those modes worker 0 also
+# starts a grandchild, to check that cleanup reaches whole process groups.
+TOY = r'''
+import glob, json, os, signal, subprocess, sys, time
+role, task = os.environ['DMLC_ROLE'], os.environ['DMLC_TASK_ID']
+out, mode = os.environ['TOY_DIR'], os.environ.get('TOY_MODE', 'ok')
+n_workers, n_servers = int(os.environ['DMLC_NUM_WORKER']), int(os.environ['DMLC_NUM_SERVER'])
+me = role + task
+with open(os.path.join(out, 'env.' + me + '.json'), 'w') as f:
+    json.dump({k: v for k, v in os.environ.items() if k.startswith(('DMLC_', 'SSDSGD_', 'OMP_', 'TOY_'))}, f)
+with open(os.path.join(out, 'pid.' + me), 'w') as f:
+    f.write(str(os.getpid()))
+print(me + ' started', flush=True)
+
+if role != 'worker':
+    while not all(os.path.exists(os.path.join(out, 'done.%d' % i)) for i in range(n_workers)):
+        time.sleep(0.05)
+    sys.exit(0)
+
+hb = os.environ['SSDSGD_HEARTBEAT_FILE']
+def step(i):
+    with open(hb, 'a'):
+        os.utime(hb)
+    print('step %d' % i, flush=True)
+    time.sleep(0.1)
+
+if mode == 'ok':
+    for i in range(3):
+        step(i)
+    open(os.path.join(out, 'done.' + task), 'w').close()
+    sys.exit(0)
+
+if task == '0':
+    if os.environ.get('TOY_IGNORE_TERM'):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    grandchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)  # toy grandchild'])
+    with open(os.path.join(out, 'pid.grandchild'), 'w') as f:
+        f.write(str(grandchild.pid))
+# Misbehave only once every process of the job is up, so the tests see all of them.
+while len(glob.glob(os.path.join(out, 'pid.*'))) < 1 + n_servers + n_workers + 1:
+    time.sleep(0.05)
+if mode == 'fail' and task == '1':
+    print('worker 1 is about to fail', flush=True)
+    sys.exit(3)
+if mode == 'sigkill' and task == '0':
+    os.kill(os.getpid(), signal.SIGKILL)
+if mode == 'stall-later':
+    for i in range(15):
+        step(i)
+time.sleep(600)  # hang: fail, sigkill, hang and stall modes
+'''
+TOY_CMD = [sys.executable, '-c', TOY]
+
+
+def _is_gone(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().rsplit(')', 1)[1].split()[0] == 'Z'  # a zombie waiting for its reaper
+    except FileNotFoundError:
+        return True
+
+
+def _recorded_pids(toy_dir):
+    pids = {}
+    for path in glob.glob(os.path.join(toy_dir, 'pid.*')):
+        with open(path) as f:
+            pids[os.path.basename(path)[4:]] = int(f.read())
+    return pids
+
+
+def _assert_all_gone(toy_dir, expected):
+    pids = _recorded_pids(toy_dir)
+    assert sorted(pids) == sorted(expected)
+    deadline = time.monotonic() + 5  # orphaned grandchildren are reaped by init asynchronously
+    while not all(_is_gone(p) for p in pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert {name: pid for name, pid in pids.items() if not _is_gone(pid)} == {}
+
+
+@pytest.fixture
+def toy_dir(tmp_path):
+    """Directory for the toy's files; kills leftover toy processes if a test fails half-way."""
+    d = tmp_path / 'toy'
+    d.mkdir()
+    yield str(d)
+    for pid in _recorded_pids(str(d)).values():
+        try:
+            with open(f'/proc/{pid}/cmdline', 'rb') as f:
+                if b'toy' in f.read():  # guard against a recycled PID
+                    os.kill(pid, signal.SIGKILL)
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+
+
+ALL_ROLES = ['scheduler0', 'server0', 'server1', 'worker0', 'worker1']
+
+
+@pytest.mark.timeout(30)
+def test_success_and_environment(toy_dir, capsys, monkeypatch):
+    monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
+    assert run_job(TOY_CMD, 2, 2, env={'TOY_DIR': toy_dir}) == 0
+    out, err = capsys.readouterr()
+
+    envs = {}
+    for name in ALL_ROLES:
+        with open(os.path.join(toy_dir, f'env.{name}.json')) as f:
+            envs[name] = json.load(f)
+    port = envs['scheduler0']['DMLC_PS_ROOT_PORT']
+    assert 1 <= int(port) <= 65535
+    secret = envs['scheduler0']['SSDSGD_JOB_SECRET']
+    assert re.fullmatch(r'[0-9a-f]{64}', secret)
+    for name, env in envs.items():
+        role, task = name[:-1], name[-1]
+        assert env['DMLC_ROLE'] == role
+        assert env['DMLC_TASK_ID'] == task
+        assert env['SSDSGD_ROLE_NAME'] == (role if role == 'scheduler' else f'{role} {task}')
+        assert env['DMLC_PS_ROOT_URI'] == '127.0.0.1'
+        assert env['DMLC_PS_ROOT_PORT'] == port
+        assert env['DMLC_NUM_WORKER'] == '2'
+        assert env['DMLC_NUM_SERVER'] == '2'
+        assert env['DMLC_NODE_HOST'] == '127.0.0.1'
+        assert env['DMLC_INTERFACE'] == 'lo'
+        assert env['OMP_NUM_THREADS'] == '1'
+        assert env['TOY_DIR'] == toy_dir
+        assert env['SSDSGD_JOB_SECRET'] == secret
+        if role == 'worker':
+            assert os.path.basename(env['SSDSGD_HEARTBEAT_FILE']) == f'worker{task}.hb'
+        else:
+            assert 'SSDSGD_HEARTBEAT_FILE' not in env
+    heartbeat_dir = os.path.dirname(envs['worker0']['SSDSGD_HEARTBEAT_FILE'])
+    assert not os.path.exists(heartbeat_dir)
+
+    assert '[scheduler] scheduler0 started\n' in out
+    assert '[worker 1] step 2\n' in out
+    assert secret not in out + err
+    _assert_all_gone(toy_dir, ALL_ROLES)
+
+
+@pytest.mark.timeout(30)
+def test_user_omp_num_threads_is_kept(toy_dir):
+    assert run_job(TOY_CMD, 1, 1, env={'TOY_DIR': toy_dir, 'OMP_NUM_THREADS': '4'}) == 0
+    with open(os.path.join(toy_dir, 'env.worker0.json')) as f:
+        assert json.load(f)['OMP_NUM_THREADS'] == '4'
+
+
+@pytest.mark.timeout(30)
+def test_failing_worker_stops_everything(toy_dir, capsys):
+    start = time.monotonic()
+    assert run_job(TOY_CMD, 2, 2, env={'TOY_DIR': toy_dir, 'TOY_MODE': 'fail'}) == 1
+    assert time.monotonic() - start < 10
+    err = capsys.readouterr().err
+    assert 'launch: worker 1 exited with code 3' in err
+    assert 'worker 1 is about to fail' in err
+    _assert_all_gone(toy_dir, ALL_ROLES + ['grandchild'])
+
+
+@pytest.mark.timeout(30)
+def test_worker_killed_by_signal(toy_dir, capsys):
+    assert run_job(TOY_CMD, 2, 1, env={'TOY_DIR': toy_dir, 'TOY_MODE': 'sigkill'}) == 1
+    assert 'launch: worker 0 killed by SIGKILL' in capsys.readouterr().err
+    _assert_all_gone(toy_dir, ['scheduler0', 'server0', 'worker0', 'worker1', 'grandchild'])
+
+
+@pytest.mark.timeout(30)
+def test_timeout_kills_even_processes_ignoring_sigterm(toy_dir, capsys):
+    start = time.monotonic()
+    env = {'TOY_DIR': toy_dir, 'TOY_MODE': 'hang', 'TOY_IGNORE_TERM': '1'}
+    assert run_job(TOY_CMD, 2, 2, env=env, timeout=3) == 124
+    assert time.monotonic() - start < 12  # 3 s timeout + 3 s SIGTERM grace + slack
+    assert 'launch: timeout after 3 s' in capsys.readouterr().err
+    _assert_all_gone(toy_dir, ALL_ROLES + ['grandchild'])
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize('mode, min_seconds', [('stall', 2), ('stall-later', 3)])
+def test_stalled_worker(toy_dir, capsys, mode, min_seconds):
+    """'stall' never touches the heartbeat; 'stall-later' touches it for ~1.5 s, then stops."""
+    start = time.monotonic()
+    assert run_job(TOY_CMD, 2, 1, env={'TOY_DIR': toy_dir, 'TOY_MODE': mode}, stall_timeout=2) == 1
+    assert min_seconds <= time.monotonic() - start < 15
+    assert re.search(r'launch: worker [01] made no progress for 2 s', capsys.readouterr().err)
+    _assert_all_gone(toy_dir, ['scheduler0', 'server0', 'worker0', 'worker1', 'grandchild'])
+
+
+@pytest.mark.timeout(30)
+def test_sigterm_to_launcher_cli(toy_dir, tmp_path):
+    cmd = [sys.executable, LAUNCH, '-n', '2', '-s', '1', '--env', f'TOY_DIR={toy_dir}',
+           '--env', 'TOY_MODE=hang', '--'] + TOY_CMD
+    # Run from an unrelated directory: launch.py must find the package by itself.
+    launcher = subprocess.Popen(cmd, cwd=str(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 15
+        while len(_recorded_pids(toy_dir)) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(_recorded_pids(toy_dir)) == 5
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=10) == 143
+        assert b'received SIGTERM' in launcher.stderr.read()
+        _assert_all_gone(toy_dir, ['scheduler0', 'server0', 'worker0', 'worker1', 'grandchild'])
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+        launcher.stderr.close()
+
+
+@pytest.mark.timeout(30)
+def test_children_die_with_sigkilled_launcher(toy_dir):
+    launcher = subprocess.Popen([sys.executable, LAUNCH, '-n', '2', '-s', '1', '--env', f'TOY_DIR={toy_dir}',
+                                 '--env', 'TOY_MODE=hang'] + TOY_CMD, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 15
+        while len(_recorded_pids(toy_dir)) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(_recorded_pids(toy_dir)) == 5
+    finally:
+        launcher.kill()
+        launcher.wait()
+    # PR_SET_PDEATHSIG covers the launcher's direct children only; the toy fixture kills the
+    # grandchild, whose parent (worker 0) died and cannot clean it up.
+    pids = _recorded_pids(toy_dir)
+    del pids['grandchild']
+    deadline = time.monotonic() + 5
+    while not all(_is_gone(p) for p in pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert {name: pid for name, pid in pids.items() if not _is_gone(pid)} == {}
+
+
+@pytest.mark.timeout(30)
+def test_port_in_use(capsys):
+    with socket.socket() as busy:
+        busy.bind(('127.0.0.1', 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert run_job(['true'], 1, 1, port=port) == 2
+    assert f'port {port} is already in use' in capsys.readouterr().err
+
+
+@pytest.mark.timeout(30)
+def test_bad_counts():
+    result = subprocess.run([sys.executable, LAUNCH, '-n', '0', '-s', '1', 'true'], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert 'need at least 1 worker and 1 server' in result.stderr
+    assert run_job(['true'], 1, 0) == 2
+
+
+@pytest.mark.timeout(30)
+def test_build_ssh_commands(tmp_path):
+    secret = 'ab' * 32
+    cwd = tmp_path / "work dir with 'quotes'"
+    cwd.mkdir()
+    tricky = 'it\'s "quoted" $HOME `id` ; echo pwned'
+    env = {'DMLC_PS_ROOT_URI': '10.0.0.1', 'DMLC_PS_ROOT_PORT': '9091', 'DMLC_NUM_WORKER': '3',
+           'DMLC_NUM_SERVER': '2', 'SSDSGD_JOB_SECRET': secret, 'TRICKY': tricky}
+    dump = ('import json, os; print(json.dumps({"cwd": os.getcwd(), '
+            '**{k: v for k, v in os.environ.items() if k.startswith(("DMLC_", "SSDSGD_", "TRICKY"))}}))')
+    planned = build_ssh_commands([sys.executable, '-c', dump], [('alpha', 22), ('beta', 2222)], 3, 2, env, str(cwd))
+
+    assert [(name, argv[-2], argv[-3]) for name, argv, _ in planned] == [
+        ('server 0', 'alpha', '22'), ('server 1', 'beta', '2222'),
+        ('worker 0', 'alpha', '22'), ('worker 1', 'beta', '2222'), ('worker 2', 'alpha', '22')]
+    for name, argv, script in planned:
+        assert argv == ['ssh', '-o', 'StrictHostKeyChecking=no', '-o', 'BatchMode=yes',
+                        '-p', argv[-3], argv[-2], 'bash -s']
+        assert secret not in ' '.join(argv)
+        # What the remote `bash -s` does with the script, run locally instead of through ssh.
+        result = subprocess.run(['bash', '-s'], input=script, capture_output=True, text=True, timeout=20, check=True)
+        seen = json.loads(result.stdout)
+        role, task = name.split()
+        assert seen == {**env, 'cwd': str(cwd), 'DMLC_ROLE': role, 'DMLC_TASK_ID': task, 'SSDSGD_ROLE_NAME': name}
+
+
+def test_read_hostfile(tmp_path):
+    hostfile = tmp_path / 'hosts'
+    hostfile.write_text('# cluster\nalpha\n\n  beta:2222  # second\nuser@gamma\n')
+    assert read_hostfile(str(hostfile)) == [('alpha', 22), ('beta', 2222), ('user@gamma', 22)]
+
+
+def test_ssh_usage_errors(tmp_path, capsys):
+    missing = str(tmp_path / 'no-such-hostfile')
+    assert run_job(['true'], 1, 1, launcher='ssh', hostfile=missing, interface='lo') == 2
+    assert missing in capsys.readouterr().err
+    empty = tmp_path / 'empty'
+    empty.write_text('# nobody\n\n')
+    assert run_job(['true'], 1, 1, launcher='ssh', hostfile=str(empty), interface='lo') == 2
+    assert str(empty) in capsys.readouterr().err
+    empty.write_text('alpha\n')
+    assert run_job(['true'], 1, 1, launcher='ssh', hostfile=str(empty), interface='nosuchif0') == 2
+    assert 'nosuchif0' in capsys.readouterr().err
+
+
+@pytest.mark.timeout(30)
+def test_ssh_dry_run(tmp_path):
+    hostfile = tmp_path / 'hosts'
+    hostfile.write_text('alpha\nbeta:2222\n')
+    result = subprocess.run([sys.executable, LAUNCH, '-n', '2', '-s', '1', '--launcher', 'ssh', '-H', str(hostfile),
+                             '--interface', 'lo', '--dry-run', '--', 'python', '-m', 'ssdsgd.train'],
+                            capture_output=True, text=True, timeout=20)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert 'scheduler on localhost: python -m ssdsgd.train' in out
+    assert "server 0 on alpha: ssh -o StrictHostKeyChecking=no -o BatchMode=yes -p 22 alpha 'bash -s'" in out
+    assert 'worker 0 on beta:' in out and 'worker 1 on alpha:' in out
+    assert 'DMLC_PS_ROOT_URI=127.0.0.1' in out
+    assert out.count('SSDSGD_JOB_SECRET=<redacted>') == 4
+    assert not re.search(r'[0-9a-f]{64}', out)

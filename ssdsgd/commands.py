@@ -39,7 +39,7 @@ def verify(raw, secret):
     if not sep:
         raise CommandError("malformed command")
     want = hmac.new(_secret_bytes(secret), body.encode(), hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(mac, want):
+    if not hmac.compare_digest(mac.encode("utf-8", "replace"), want.encode()):
         raise CommandError("bad signature")
     msg = json.loads(body)
     if not isinstance(msg, dict) or "op" not in msg:

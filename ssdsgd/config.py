@@ -6,8 +6,23 @@ wrong value stops the job before any process starts (ConfigError names the key p
 """
 import copy
 import os
+import re
 
 import yaml
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads `1e-3` as a string (it wants a dot); learning rates are written that way."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def _yaml_load(text):
+    return yaml.load(text, Loader=_Loader)
 
 
 class ConfigError(ValueError):
@@ -222,7 +237,7 @@ def parse_override(text):
         raise ConfigError(f"--set {text!r}: expected KEY.PATH=VALUE")
     key, raw = text.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw != "" else None
+        value = _yaml_load(raw) if raw != "" else None
     except yaml.YAMLError as err:
         raise ConfigError(f"{key}: cannot parse value {raw!r}: {err}") from None
     return key.strip().split("."), value
@@ -251,7 +266,7 @@ def load_config(path, overrides=()):
         raise ConfigError(f"--config: file not found: {path}")
     with open(path) as f:
         try:
-            raw = yaml.safe_load(f) or {}
+            raw = _yaml_load(f) or {}
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(raw, dict):

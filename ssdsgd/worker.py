@@ -95,7 +95,9 @@ def run_worker(cfg):
 
     schedule = schedule_from_config(cfg.train, steps_per_epoch)
     if round_based:
-        client = RoundClient(kv, params, cfg, schedule, log, total_steps)
+        def measure_backward():
+            return _time_backward(net, loss_fn, data.train, params)
+        client = RoundClient(kv, params, cfg, schedule, log, total_steps, measure_backward)
     else:
         client = StockClient(kv, params, cfg, schedule, log)
     client.setup()
@@ -146,7 +148,7 @@ def run_worker(cfg):
                 log.write(epoch=epoch, step=step, loss=window["loss"], images_per_sec=ips,
                           push_bytes=window["push"] / window["n"], pull_bytes=window["pull"] / window["n"],
                           staleness=rec["staleness"], wait_seconds=rec["wait_seconds"],
-                          lr=schedule(step))
+                          lr=schedule(step), residual_norm=client.residual_norm())
                 if rank == 0:
                     print(f"epoch {epoch} step {step}/{total_steps} loss {window['loss']:.4f} "
                           f"{ips:.1f} img/s push {human_bytes(window['push'] / window['n'])}/step "
@@ -198,12 +200,35 @@ def run_worker(cfg):
             "max_staleness": max(stal) if stal else None,
             "mean_staleness": float(np.mean([p["mean_staleness"] for p in parts
                                              if p["mean_staleness"] is not None])) if stal else None,
-            "workers": parts, "checkpoint": checkpoint,
+            "workers": parts, "checkpoint": checkpoint, "client": getattr(client, "stats", {}),
             "note": "push_bytes/pull_bytes are rank 0's own traffic; per-worker figures under 'workers'",
         }
         write_json_atomic(os.path.join(out_dir, "summary.json"), summary)
         print(summary_table(summary), flush=True)
         print(f"run folder: {out_dir}", flush=True)
+
+
+def _time_backward(net, loss_fn, train_set, params, repeats=3):
+    """Median seconds of one backward pass on a real batch (for the fusion cost model).
+
+    BatchNorm running statistics are restored afterwards, so the probe leaves no trace."""
+    import mxnet as mx
+    from mxnet import autograd
+    aux = [p for p in net.collect_params().values() if p.grad_req == "null"]
+    saved = [p.data().copy() for p in aux]
+    data, label = next(iter(train_set.epoch(0)))
+    times = []
+    for _ in range(repeats):
+        with autograd.record():
+            loss = loss_fn(net(data), label)
+        mx.nd.waitall()
+        t0 = time.perf_counter()
+        loss.backward()
+        mx.nd.waitall()
+        times.append(time.perf_counter() - t0)
+    for p, s in zip(aux, saved):
+        s.copyto(p.data())
+    return float(np.median(times))
 
 
 def _with_weights(params, weights, fn):

@@ -26,14 +26,45 @@ import mxnet as mx
 
 from ssdsgd import commands
 from ssdsgd.commands import num_servers
-from ssdsgd.compression.fusion import make_plan
+from ssdsgd.compression.encoders import make_encoders, time_encoding
 from ssdsgd.glu import GLU
+
+PROBE_KEYS = (1 << 20, (1 << 20) + 1, (1 << 20) + 2)   # far above any plan key
+PROBE_ELEMENTS = 1 << 18
+
+
+def probe_costs(kv, measure_backward, repeats=5):
+    """alpha (s per message) and beta (s per byte) from timed pulls, plus the backward time.
+
+    Every worker measures, then the measurements go through kv.init, where only rank 0's value
+    counts, and are pulled back: all workers plan from identical numbers, hence identical plans."""
+    small, big, shared = PROBE_KEYS
+    kv.init([small, big], [mx.nd.zeros(1), mx.nd.zeros(PROBE_ELEMENTS)])
+    a, b = mx.nd.zeros(1), mx.nd.zeros(PROBE_ELEMENTS)
+
+    def timed(key, out):
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            kv.pull(key, out=out)
+            out.wait_to_read()
+            times.append(time.perf_counter() - t0)
+        return sorted(times)[repeats // 2]
+
+    t_small, t_big = timed(small, a), timed(big, b)
+    backward = measure_backward() if measure_backward else 0.0
+    mine = mx.nd.array([t_small, max(t_big - t_small, 1e-12) / (4 * PROBE_ELEMENTS), backward])
+    kv.init(shared, mine)
+    agreed = mx.nd.zeros(3)
+    kv.pull(shared, out=agreed)
+    alpha, beta, backward = (float(v) for v in agreed.asnumpy())
+    return {"alpha": alpha, "beta": beta, "backward": backward}
 
 
 class RoundClient:
     name = "rounds"
 
-    def __init__(self, kv, params, cfg, schedule, log, total_steps, encoder_factory=None):
+    def __init__(self, kv, params, cfg, schedule, log, total_steps, measure_backward=None):
         self.kv = kv
         self.params = params
         self.cfg = cfg
@@ -45,18 +76,15 @@ class RoundClient:
         self.k = alg.delay
         self.S = alg.max_staleness
         self.strict = alg.strict
-        comp = cfg.compression
-        shapes = [p.shape for p in params]
-        if encoder_factory is None:
-            from ssdsgd.compression.encoders import make_encoders
-            encoder_factory = make_encoders
-        self.buffers, self.encoders = encoder_factory(shapes, num_servers(kv), comp, kv.rank)
-        self.pull_bufs = [mx.nd.zeros(b.size + 1) for b in self.buffers]
-        self.clock_bufs = [mx.nd.zeros(1) for b in self.buffers]
-        self.versions = [0] * len(self.buffers)     # version of the global weights under w_loc
+        self.measure_backward = measure_backward
+        # DGC momentum correction moves the momentum to the workers; the servers then run plain SGD.
+        self.server_momentum = 0.0 if cfg.compression.momentum_correction else cfg.train.momentum
+        self.buffers = self.encoders = None         # planned in setup() (may need a link probe)
+        self.versions = []                          # version of the global weights under w_loc
         self.pending_pull = None                    # step at which the in-flight pull was issued
         self.local_opt, self.local_states = self._make_local_optimizer()
         self.pull_bytes = 0
+        self.stats = {}
 
     # ---- setup -------------------------------------------------------------------------------
     def _make_local_optimizer(self):
@@ -78,12 +106,32 @@ class RoundClient:
         os.environ["MXNET_KVSTORE_BIGARRAY_BOUND"] = str(1 << 30)
         return "dist_async"
 
+    def _plan(self):
+        comp, kv = self.cfg.compression, self.kv
+        cost = None
+        if comp.buffers == "cost_model":
+            cost = probe_costs(kv, self.measure_backward)
+            self.stats["cost_model"] = cost
+        shapes = [p.shape for p in self.params]
+        self.buffers, self.encoders = make_encoders(
+            shapes, num_servers(kv), comp, kv.rank, momentum=self.cfg.train.momentum, cost=cost,
+            seed=self.cfg.seed)
+        total = sum(b.size for b in self.buffers)
+        self.stats.update(buffers=len(self.buffers), buffer_sizes=[b.size for b in self.buffers],
+                          density_sent=sum(b.k for b in self.buffers) / total)
+        if comp.type != "none":
+            self.stats["compress_seconds_per_step"] = time_encoding(self.buffers, self.encoders, shapes)
+        self.pull_bufs = [mx.nd.zeros(b.size + 1) for b in self.buffers]
+        self.clock_bufs = [mx.nd.zeros(1) for b in self.buffers]
+        self.versions = [0] * len(self.buffers)
+
     def setup(self):
         kv, train = self.kv, self.cfg.train
+        self._plan()
         if kv.rank == 0:
             commands.send(kv, {
                 "op": "round_plan", "num_workers": kv.num_workers, "batch_size": train.batch_size,
-                "momentum": train.momentum, "wd": train.wd, "schedule": self.schedule.to_dict(),
+                "momentum": self.server_momentum, "wd": train.wd, "schedule": self.schedule.to_dict(),
                 "buffers": [b.to_dict() for b in self.buffers]})
         keys, vals = [], []
         for b in self.buffers:
@@ -224,6 +272,11 @@ class RoundClient:
             for i, off, n in zip(b.params, b.offsets, b.sizes):
                 out[i] = tmp[off:off + n].reshape(self.params[i].shape).copy()
         return out, self.pull_bytes
+
+    def residual_norm(self):
+        """L2 norm of the error-feedback residuals (None without a sparsifier). Synchronises."""
+        memory = getattr(self.encoders[0], "memory", None)
+        return memory.residual_norm() if memory is not None else None
 
     def finish(self):
         mx.nd.waitall()

@@ -66,14 +66,17 @@ def group_fixed(sizes_backward, max_elements):
 def group_even(sizes_backward, parts):
     """`parts` consecutive groups of roughly equal element counts (one buffer per server)."""
     total = sum(sizes_backward)
-    parts = max(1, min(parts, len(sizes_backward)))
+    count = len(sizes_backward)
+    parts = max(1, min(parts, count))
     groups, cur, acc = [], [], 0
     for pos, n in enumerate(sizes_backward):
         cur.append(pos)
         acc += n
         remaining_groups = parts - len(groups) - 1
-        if remaining_groups > 0 and acc >= total * (len(groups) + 1) / parts \
-                and len(sizes_backward) - pos - 1 >= remaining_groups:
+        left = count - pos - 1
+        # Split at the even-share point, or when every remaining group needs one of the rest.
+        if remaining_groups > 0 and (left == remaining_groups or
+                                     (acc >= total * (len(groups) + 1) / parts and left >= remaining_groups)):
             groups.append(cur)
             cur = []
     if cur:
@@ -102,23 +105,65 @@ def assign_keys(buffers, num_servers):
         buf.clock_key = key_on(buf.server)
 
 
-def make_plan(shapes, num_servers, *, mode="one", buffer_bytes=4 << 20, counts=None, codec="dense"):
+def plan_cost_model(sizes, counts, sparse, alpha, beta, backward):
+    """Groups (positions in backward order) minimising when the last buffer's push ends.
+
+    Model (SAFusion's, with the constants measured at job start instead of fitted offline):
+    tensor i's gradient is ready after backward * (elements so far) / (all elements); a buffer
+    can go once its last gradient is ready and the previous buffer has left; sending it costs
+    alpha + beta * bytes. Fusing saves alpha per buffer but delays the send until the whole buffer
+    is ready; dynamic programming over the split points finds the best trade-off.
+    """
+    n = len(sizes)
+    sizes_bwd, counts_bwd = sizes[::-1], counts[::-1]
+    total = float(sum(sizes))
+    ready, acc = [], 0
+    for s in sizes_bwd:
+        acc += s
+        ready.append(backward * acc / total)
+
+    def cost(j, i):          # send tensors j..i-1 as one buffer
+        values = sum(counts_bwd[j:i])
+        return alpha + beta * 4 * (2 + (2 * values if sparse else values))
+
+    best = [0.0] + [float("inf")] * n
+    cut = [0] * (n + 1)
+    for i in range(1, n + 1):
+        elements = 0
+        for j in range(i - 1, -1, -1):
+            elements += sizes_bwd[j]
+            if elements > MAX_BUFFER_ELEMENTS:
+                break
+            end = max(ready[i - 1], best[j]) + cost(j, i)
+            if end < best[i]:
+                best[i], cut[i] = end, j
+    groups, i = [], n
+    while i > 0:
+        groups.append(list(range(cut[i], i)))
+        i = cut[i]
+    return groups[::-1]
+
+
+def make_plan(shapes, num_servers, *, mode="one", buffer_bytes=4 << 20, counts=None, codec="dense",
+              groups=None):
     """shapes: parameter shapes in forward order. counts: values sent per parameter (None = dense).
 
     mode 'one': one buffer per server (the whole model when S = 1); 'fixed': buffers of at most
-    buffer_bytes of parameters. Returns a list of Buffer in the order they become ready.
+    buffer_bytes of parameters; or explicit `groups` of positions in backward order (cost model).
+    Returns a list of Buffer in the order they become ready.
     """
     sizes = [int(_numel(s)) for s in shapes]
     counts = sizes if counts is None else list(counts)
     order = list(range(len(shapes)))[::-1]                   # backward order
     sizes_bwd = [sizes[i] for i in order]
     cap = min(MAX_BUFFER_ELEMENTS, max(1, buffer_bytes // 4))
-    if mode == "one":
-        groups = group_even(sizes_bwd, num_servers)
-    elif mode == "fixed":
-        groups = group_fixed(sizes_bwd, cap)
-    else:
-        raise ValueError(f"unknown buffer mode {mode!r}")
+    if groups is None:
+        if mode == "one":
+            groups = group_even(sizes_bwd, num_servers)
+        elif mode == "fixed":
+            groups = group_fixed(sizes_bwd, cap)
+        else:
+            raise ValueError(f"unknown buffer mode {mode!r}")
     buffers = []
     for b, group in enumerate(groups):
         params = [order[pos] for pos in group]

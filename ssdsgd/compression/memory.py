@@ -1,0 +1,43 @@
+"""Error feedback (residual memory) and DGC-style momentum correction, per tensor.
+
+Error feedback: what was not sent is added to the next gradient, so nothing is lost, only delayed:
+    acc = residual + g;  send acc[idx];  residual = acc with acc[idx] = 0.
+Momentum correction (DGC): the momentum is accumulated on the worker before sparsification,
+    u = mu*u + g;  acc = residual + u;  after sending, u and residual are zeroed at idx
+(the servers then run plain SGD, see RoundClient), so delayed coordinates keep their momentum.
+"""
+import mxnet as mx
+
+
+class Memory:
+    def __init__(self, error_feedback=True, momentum=0.0):
+        self.error_feedback = error_feedback
+        self.momentum = momentum
+        self.residual = {}
+        self.velocity = {}
+
+    def accumulate(self, key, g):
+        """The vector to sparsify for this step."""
+        if self.momentum:
+            u = self.velocity.get(key)
+            u = g.copy() if u is None else self.momentum * u + g
+            self.velocity[key] = u
+            g = u
+        if self.error_feedback and key in self.residual:
+            return self.residual[key] + g
+        return g
+
+    def update(self, key, acc, idx):
+        """Forget what was sent: zero the sent positions of the residual (and of the momentum)."""
+        if not (self.error_feedback or self.momentum):
+            return
+        keep = 1 - mx.nd.scatter_nd(mx.nd.ones(idx.shape[0]), idx.reshape(1, -1), shape=acc.shape)
+        if self.error_feedback:
+            self.residual[key] = acc * keep
+        if self.momentum:
+            self.velocity[key] = self.velocity[key] * keep
+
+    def residual_norm(self):
+        if not self.residual:
+            return 0.0
+        return float(sum((r * r).sum() for r in self.residual.values()).sqrt().asscalar())

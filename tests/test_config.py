@@ -1,0 +1,435 @@
+"""Tests for ssdsgd.config (schema validation, --set overrides, CLI exit codes) and ssdsgd.commands."""
+import glob
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from ssdsgd import commands
+from ssdsgd.commands import CommandError
+from ssdsgd.config import ConfigError, load_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = sorted(glob.glob(os.path.join(REPO, "configs", "*.yaml")))
+SSGD = os.path.join(REPO, "configs", "demo_digits_ssgd.yaml")
+SSD = os.path.join(REPO, "configs", "demo_digits_ssd.yaml")
+
+
+def write_yaml(tmp_path, data, name="exp.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def config_error(path, overrides=()):
+    with pytest.raises(ConfigError) as info:
+        load_config(path, list(overrides))
+    return str(info.value)
+
+
+# ---------------------------------------------------------------- shipped configs and defaults
+
+def test_configs_are_shipped():
+    names = {os.path.basename(p) for p in CONFIGS}
+    assert {"demo_digits_ssd.yaml", "demo_digits_ssgd.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
+def test_every_shipped_config_loads(path):
+    with open(path) as f:
+        raw = yaml.safe_load(f)
+    cfg = load_config(path)
+    # Every value written in the file is kept as written.
+    def walk(section, view, prefix):
+        for key, value in section.items():
+            if isinstance(value, dict):
+                walk(value, getattr(view, key), f"{prefix}{key}.")
+            else:
+                assert getattr(view, key) == value, f"{prefix}{key}"
+    walk(raw, cfg, "")
+    assert cfg.name == os.path.splitext(os.path.basename(path))[0]
+    assert cfg.algorithm.max_staleness == cfg.algorithm.delay
+
+
+def test_defaults_are_filled():
+    cfg = load_config(SSD)
+    assert cfg.name == "demo_digits_ssd"
+    assert cfg.algorithm.type == "ssd"
+    assert cfg.algorithm.delay == 4
+    assert cfg.algorithm.max_staleness == 4          # defaults to delay
+    assert cfg.algorithm.strict is False
+    assert cfg.algorithm.local.lr is None
+    assert cfg.compression.type == "none"
+    assert cfg.compression.density == 0.01
+    assert cfg.compression.buffer_bytes == 4 << 20
+    assert cfg.train.lr_schedule.type == "cosine"
+    assert cfg.train.lr_schedule.milestones == []
+    assert cfg.train.lr_schedule.factor == 0.1
+    assert cfg.train.max_steps is None
+    assert cfg.seed == 0
+    assert cfg.cluster.launcher == "local"
+    assert cfg.cluster.timeout == 600.0 and isinstance(cfg.cluster.timeout, float)
+    assert cfg.checkpoint.dir is None
+
+
+def test_minimal_file_gets_all_defaults_and_name_from_stem(tmp_path):
+    cfg = load_config(write_yaml(tmp_path, {}, name="my_run.yaml"))
+    assert cfg.name == "my_run"
+    assert cfg.cluster.workers == 2
+    assert cfg.train.epochs == 10
+    assert cfg.train.lr == 0.1
+    assert cfg.algorithm.delay == 5
+    assert cfg.algorithm.max_staleness == 5
+
+
+def test_empty_file_loads(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    assert load_config(str(path)).name == "empty"
+
+
+def test_explicit_name_and_max_staleness_are_kept(tmp_path):
+    path = write_yaml(tmp_path, {"name": "custom", "algorithm": {"delay": 3, "max_staleness": 7}})
+    cfg = load_config(path)
+    assert cfg.name == "custom"
+    assert cfg.algorithm.delay == 3
+    assert cfg.algorithm.max_staleness == 7
+
+
+def test_config_is_read_only_and_to_dict_is_a_copy():
+    cfg = load_config(SSGD)
+    with pytest.raises(AttributeError):
+        cfg.seed = 3
+    with pytest.raises(AttributeError):
+        cfg.train.no_such_key
+    d = cfg.to_dict()
+    d["train"]["epochs"] = 999
+    assert cfg.train.epochs == 12
+
+
+# ---------------------------------------------------------------- unknown keys
+
+def test_unknown_top_level_key(tmp_path):
+    msg = config_error(write_yaml(tmp_path, {"epochz": 3}))
+    assert msg.startswith("epochz")
+    assert "unknown key" in msg
+
+
+def test_unknown_nested_key(tmp_path):
+    msg = config_error(write_yaml(tmp_path, {"train": {"epochz": 3}}))
+    assert msg.startswith("train.epochz")
+    msg = config_error(write_yaml(tmp_path, {"train": {"lr_schedule": {"kind": "step"}}}))
+    assert msg.startswith("train.lr_schedule.kind")
+
+
+def test_unknown_key_in_override():
+    assert config_error(SSGD, ["train.epochz=3"]).startswith("train.epochz")
+    assert config_error(SSGD, ["trian.epochs=3"]).startswith("trian")
+    assert config_error(SSGD, ["algorithm.local.cc=1"]).startswith("algorithm.local.cc")
+
+
+def test_section_given_a_scalar(tmp_path):
+    assert config_error(write_yaml(tmp_path, {"train": 3})).startswith("train")
+
+
+# ---------------------------------------------------------------- types
+
+def test_wrong_type_string_for_int():
+    msg = config_error(SSGD, ["train.epochs=oops"])
+    assert msg.startswith("train.epochs")
+
+
+@pytest.mark.parametrize("value", ["true", "false", "2.5", "[3]"])
+def test_wrong_type_in_override_names_the_key(value):
+    assert config_error(SSGD, [f"train.epochs={value}"]).startswith("train.epochs")
+
+
+def test_bool_where_int_expected_in_file(tmp_path):
+    msg = config_error(write_yaml(tmp_path, {"train": {"epochs": True}}))
+    assert msg.startswith("train.epochs")
+
+
+def test_bool_where_float_expected():
+    assert config_error(SSGD, ["train.lr=true"]).startswith("train.lr")
+
+
+def test_non_bool_where_bool_expected():
+    assert config_error(SSGD, ["algorithm.strict=1"]).startswith("algorithm.strict")
+
+
+def test_wrong_choice():
+    msg = config_error(SSGD, ["algorithm.type=sgd"])
+    assert msg.startswith("algorithm.type")
+    assert config_error(SSGD, ["train.lr_schedule.type=exp"]).startswith("train.lr_schedule.type")
+
+
+def test_bad_milestones():
+    assert config_error(SSGD, ["train.lr_schedule.milestones=[2, 2.5]"]).startswith(
+        "train.lr_schedule.milestones")
+    assert config_error(SSGD, ["train.lr_schedule.milestones=3"]).startswith(
+        "train.lr_schedule.milestones")
+    assert config_error(SSGD, ["train.lr_schedule.milestones=[0, 2]"]).startswith(
+        "train.lr_schedule.milestones")
+
+
+def test_data_shape_length():
+    assert config_error(SSGD, ["data.shape=[3, 32]"]).startswith("data.shape")
+    cfg = load_config(SSGD, ["data.shape=[3, 32, 32]"])
+    assert cfg.data.shape == [3, 32, 32]
+
+
+def test_null_for_non_nullable():
+    assert config_error(SSGD, ["train.epochs="]).startswith("train.epochs")
+    assert config_error(SSGD, ["train.lr=null"]).startswith("train.lr")
+
+
+# ---------------------------------------------------------------- ranges
+
+@pytest.mark.parametrize("override, key", [
+    ("compression.density=0", "compression.density"),
+    ("compression.density=0.0", "compression.density"),
+    ("compression.density=1.5", "compression.density"),
+    ("algorithm.delay=0", "algorithm.delay"),
+    ("cluster.workers=0", "cluster.workers"),
+    ("cluster.workers=65", "cluster.workers"),
+    ("train.lr=0", "train.lr"),
+    ("train.lr=-0.1", "train.lr"),
+    ("train.momentum=1.5", "train.momentum"),
+    ("seed=-1", "seed"),
+])
+def test_out_of_range(override, key):
+    assert config_error(SSGD, [override]).startswith(key)
+
+
+@pytest.mark.parametrize("override, key, value", [
+    ("compression.density=1", "density", 1.0),
+    ("compression.density=0.001", "density", 0.001),
+    ("cluster.workers=64", "workers", 64),
+    ("cluster.workers=1", "workers", 1),
+])
+def test_range_boundaries_accepted(override, key, value):
+    cfg = load_config(SSGD, [override])
+    section = getattr(cfg, override.split(".")[0])
+    assert getattr(section, key) == value
+
+
+# ---------------------------------------------------------------- overrides
+
+def test_overrides_take_effect_with_types():
+    cfg = load_config(SSGD, ["train.epochs=3", "train.lr_schedule.milestones=[2,4]", "train.lr=0.05",
+                             "train.momentum=0", "algorithm.strict=true", "name=short"])
+    assert cfg.train.epochs == 3 and type(cfg.train.epochs) is int
+    assert cfg.train.lr_schedule.milestones == [2, 4]
+    assert isinstance(cfg.train.lr_schedule.milestones, list)
+    assert cfg.train.lr == 0.05 and type(cfg.train.lr) is float
+    assert cfg.train.momentum == 0.0 and type(cfg.train.momentum) is float   # int -> float
+    assert cfg.algorithm.strict is True
+    assert cfg.name == "short"
+    # untouched values stay as in the file
+    assert cfg.train.batch_size == 32
+    assert cfg.train.lr_schedule.type == "cosine"
+
+
+def test_later_override_wins():
+    cfg = load_config(SSGD, ["train.epochs=3", "train.epochs=5"])
+    assert cfg.train.epochs == 5
+
+
+def test_override_creates_missing_section(tmp_path):
+    path = write_yaml(tmp_path, {"cluster": {"workers": 3}})
+    cfg = load_config(path, ["compression.density=0.5", "algorithm.local.c=0"])
+    assert cfg.compression.density == 0.5
+    assert cfg.algorithm.local.c == 0.0
+    assert cfg.cluster.workers == 3
+
+
+def test_override_float_in_scientific_notation(tmp_path):
+    # lr / wd are routinely written as 1e-3; these must not be rejected as strings.
+    cfg = load_config(SSGD, ["train.lr=1e-3", "train.wd=5e-4"])
+    assert cfg.train.lr == pytest.approx(1e-3) and isinstance(cfg.train.lr, float)
+    assert cfg.train.wd == pytest.approx(5e-4)
+    path = tmp_path / "sci.yaml"
+    path.write_text("train:\n  lr: 1e-2\n  wd: 1e-4\n")
+    cfg = load_config(str(path))
+    assert cfg.train.lr == pytest.approx(1e-2)
+    assert cfg.train.wd == pytest.approx(1e-4)
+
+
+def test_override_does_not_touch_the_file():
+    with open(SSGD) as f:
+        before = f.read()
+    load_config(SSGD, ["train.epochs=3"])
+    with open(SSGD) as f:
+        assert f.read() == before
+
+
+def test_override_of_a_section_is_an_error():
+    assert config_error(SSGD, ["train=3"]).startswith("train")
+    assert "section" in config_error(SSGD, ["train=3"])
+    assert config_error(SSGD, ["train.lr_schedule=3"]).startswith("train.lr_schedule")
+
+
+def test_override_without_equals_sign():
+    with pytest.raises(ConfigError):
+        load_config(SSGD, ["train.epochs"])
+
+
+# ---------------------------------------------------------------- cross-field checks
+
+def test_max_staleness_below_delay():
+    msg = config_error(SSD, ["algorithm.delay=4", "algorithm.max_staleness=3"])
+    assert msg.startswith("algorithm.max_staleness")
+    cfg = load_config(SSD, ["algorithm.delay=4", "algorithm.max_staleness=4"])
+    assert cfg.algorithm.max_staleness == 4
+
+
+def test_2bit_with_ssd():
+    assert config_error(SSD, ["compression.type=2bit"]).startswith("compression.type")
+    assert load_config(SSGD, ["compression.type=2bit"]).compression.type == "2bit"
+
+
+def test_topk_with_asgd():
+    assert config_error(SSGD, ["algorithm.type=asgd", "compression.type=topk"]).startswith(
+        "compression.type")
+    cfg = load_config(SSGD, ["algorithm.type=asgd", "compression.type=2bit"])
+    assert cfg.algorithm.type == "asgd"
+
+
+def test_cifar10_without_root(tmp_path):
+    assert config_error(SSGD, ["data.dataset=cifar10"]).startswith("data.root")
+    cfg = load_config(SSGD, ["data.dataset=cifar10", f"data.root={tmp_path}"])
+    assert cfg.data.root == str(tmp_path)
+
+
+def test_ssh_without_hostfile():
+    assert config_error(SSGD, ["cluster.launcher=ssh"]).startswith("cluster.hostfile")
+
+
+def test_fp16_values_without_compression():
+    assert config_error(SSGD, ["compression.fp16_values=true"]).startswith("compression.fp16_values")
+
+
+def test_missing_file(tmp_path):
+    missing = str(tmp_path / "nope.yaml")
+    msg = config_error(missing)
+    assert missing in msg
+
+
+def test_invalid_yaml(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("train: [1, 2\n")
+    assert str(path) in config_error(str(path))
+
+
+def test_top_level_not_a_mapping(tmp_path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError):
+        load_config(str(path))
+
+
+# ---------------------------------------------------------------- CLI
+
+def run_cli(module, *args):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("module", ["ssdsgd.run", "ssdsgd.train"])
+def test_cli_bad_override_exits_2(module):
+    res = run_cli(module, "--config", "configs/demo_digits_ssgd.yaml", "--set", "train.epochs=oops")
+    assert res.returncode == 2, res.stderr
+    assert "train.epochs" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("module", ["ssdsgd.run", "ssdsgd.train"])
+def test_cli_missing_config_exits_2(module):
+    res = run_cli(module, "--config", "configs/does_not_exist.yaml")
+    assert res.returncode == 2, res.stderr
+    assert "configs/does_not_exist.yaml" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+# ---------------------------------------------------------------- commands
+
+SECRET = "s3cret-for-tests"
+
+
+def test_sign_verify_round_trip():
+    msg = {"op": "round_plan", "num_workers": 2, "momentum": 0.9, "buffers": [{"id": 0, "size": 10}]}
+    raw = commands.sign(msg, SECRET)
+    assert raw.startswith("SSDSGD1:")
+    assert commands.verify(raw, SECRET) == msg
+    assert commands.verify(raw.encode(), SECRET) == msg        # bytes as the server receives them
+
+
+def test_sign_uses_env_secret(monkeypatch):
+    monkeypatch.setenv("SSDSGD_JOB_SECRET", SECRET)
+    raw = commands.sign({"op": "x"})
+    assert commands.verify(raw, SECRET) == {"op": "x"}
+    monkeypatch.delenv("SSDSGD_JOB_SECRET")
+    with pytest.raises(CommandError):
+        commands.sign({"op": "x"})
+
+
+def test_tampered_body_refused():
+    raw = commands.sign({"op": "stock_optimizer", "lr": 0.1}, SECRET)
+    tampered = raw.replace('"lr":0.1', '"lr":100.0')
+    assert tampered != raw
+    with pytest.raises(CommandError):
+        commands.verify(tampered, SECRET)
+
+
+def test_tampered_mac_refused():
+    raw = commands.sign({"op": "x"}, SECRET)
+    head, mac, body = raw.split(":", 2)
+    flipped = ("0" if mac[0] != "0" else "1") + mac[1:]
+    with pytest.raises(CommandError):
+        commands.verify(f"{head}:{flipped}:{body}", SECRET)
+
+
+def test_non_ascii_mac_refused():
+    # Garbage from the network must be refused with CommandError, not crash the controller.
+    with pytest.raises(CommandError):
+        commands.verify(b"SSDSGD1:\xff\xfe:{\"op\": \"x\"}", SECRET)
+
+
+def test_wrong_secret_refused():
+    raw = commands.sign({"op": "x"}, SECRET)
+    with pytest.raises(CommandError):
+        commands.verify(raw, SECRET + "x")
+
+
+def test_pickle_body_refused():
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+    raw = pickle.dumps(Evil())
+    with pytest.raises(CommandError):
+        commands.verify(raw, SECRET)
+    with pytest.raises(CommandError):
+        commands.verify(pickle.dumps({"op": "x"}), SECRET)
+
+
+def test_empty_secret_refused():
+    with pytest.raises(CommandError):
+        commands.sign({"op": "x"}, "")
+    raw = commands.sign({"op": "x"}, SECRET)
+    with pytest.raises(CommandError):
+        commands.verify(raw, "")
+    with pytest.raises(CommandError):
+        commands.verify(raw, None)
+
+
+def test_malformed_and_opless_commands_refused():
+    with pytest.raises(CommandError):
+        commands.verify("SSDSGD1:nocolon", SECRET)
+    with pytest.raises(CommandError):
+        commands.verify(commands.sign({"no_op": 1}, SECRET), SECRET)
+    with pytest.raises(CommandError):
+        commands.verify(commands.sign([1, 2], SECRET), SECRET)

@@ -1,0 +1,519 @@
+"""Tests for the round-based global update (ssdsgd.rounds), the server's RoundService, the mailbox
+codecs and the buffer plan (ssdsgd.compression.fusion.make_plan), against numpy references."""
+import pickle
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from ssdsgd import commands
+from ssdsgd.compression.codec import make_decoder, payload_length
+from ssdsgd.compression.fusion import KEY_HASH, make_plan
+from ssdsgd.rounds import BufferState, RoundError
+from ssdsgd.schedule import LRSchedule
+from ssdsgd.server import RoundService
+
+N, B, SIZE = 3, 4, 7
+MU, WD = 0.9, 1e-2
+ROUNDS = 6
+
+
+def step_lr(t):
+    """Reference for LRSchedule('step', base_lr=0.5, milestones=[2, 4], factor=0.5)."""
+    return 0.5 * 0.5 ** sum(1 for m in (2, 4) if t > m)
+
+
+def make_schedule():
+    return LRSchedule("step", base_lr=0.5, total_updates=ROUNDS, milestones=[2, 4], factor=0.5)
+
+
+def make_state(size=SIZE, codec="dense", k=None, num_workers=N, schedule=None):
+    return BufferState(size, num_workers, B, MU, WD, schedule or make_schedule(),
+                       make_decoder(codec, size, k))
+
+
+def make_grads(rng, rounds=ROUNDS, workers=N, size=SIZE):
+    return rng.standard_normal((rounds, workers, size)).astype(np.float32) * 3
+
+
+def reference(w0, grads, lr_of, version0=0, mu=MU, wd=WD, n=N, b=B):
+    """Weights after 0..R rounds: momentum SGD on the summed gradient, in float64."""
+    w = w0.astype(np.float64)
+    v = np.zeros_like(w)
+    out = [w.copy()]
+    for r in range(grads.shape[0]):
+        G = grads[r].astype(np.float64).sum(axis=0)
+        lr = lr_of(version0 + r + 1)
+        v = mu * v - lr * (G / (n * b) + wd * w)
+        w = w + v
+        out.append(w.copy())
+    return out
+
+
+def message(rnd, rank, payload):
+    return np.concatenate([np.array([rnd, rank], np.float32), np.asarray(payload, np.float32)])
+
+
+def complete_prefix(pushed, rounds, workers):
+    """Number of leading rounds all of whose workers have pushed."""
+    n = 0
+    while n < rounds and all((n, r) in pushed for r in range(workers)):
+        n += 1
+    return n
+
+
+def check_order(order, grads, w0, state=None):
+    ref = reference(w0, grads, step_lr)
+    st = state or make_state()
+    st.bind(w0)
+    pushed = set()
+    for rnd, rank in order:
+        before = complete_prefix(pushed, ROUNDS, N)
+        applied = st.receive(message(rnd, rank, grads[rnd, rank]))
+        pushed.add((rnd, rank))
+        after = complete_prefix(pushed, ROUNDS, N)
+        assert applied == after - before, (rnd, rank)
+        assert st.version == after
+        np.testing.assert_allclose(st.weights, ref[after], rtol=1e-5, atol=1e-6)
+        assert st.weights.dtype == np.float32
+    assert st.version == ROUNDS
+    assert st.pending == {}
+    return st
+
+
+# ---------------------------------------------------------------- BufferState, dense
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_random_order_matches_reference(seed):
+    rng = np.random.RandomState(seed)
+    grads = make_grads(rng)
+    w0 = rng.standard_normal(SIZE).astype(np.float32)
+    order = [(r, k) for r in range(ROUNDS) for k in range(N)]
+    rng.shuffle(order)
+    check_order(order, grads, w0)
+
+
+def test_fast_worker_several_rounds_ahead():
+    rng = np.random.RandomState(10)
+    grads = make_grads(rng)
+    w0 = rng.standard_normal(SIZE).astype(np.float32)
+    # rank 2 runs 4 rounds ahead, ranks 0 and 1 catch up alternately, then rank 2 finishes.
+    order = [(r, 2) for r in range(4)]
+    for r in range(ROUNDS):
+        order += [(r, 1), (r, 0)] if r % 2 else [(r, 0), (r, 1)]
+    order += [(r, 2) for r in range(4, ROUNDS)]
+    st = check_order(order, grads, w0)
+    assert st.version == ROUNDS
+
+
+def test_catching_up_applies_several_rounds_at_once():
+    rng = np.random.RandomState(11)
+    grads = make_grads(rng)
+    w0 = rng.standard_normal(SIZE).astype(np.float32)
+    ref = reference(w0, grads, step_lr)
+    st = make_state()
+    st.bind(w0)
+    # everything of rounds 0..3 except rank 1's round 0
+    for r in range(4):
+        for k in range(N):
+            if (r, k) != (0, 1):
+                assert st.receive(message(r, k, grads[r, k])) == 0
+    assert st.version == 0
+    np.testing.assert_array_equal(st.weights, w0)
+    assert sorted(st.pending) == [0, 1, 2, 3]
+    assert st.receive(message(0, 1, grads[0, 1])) == 4
+    assert st.version == 4
+    np.testing.assert_allclose(st.weights, ref[4], rtol=1e-5, atol=1e-6)
+
+
+def test_complete_later_round_waits_for_earlier():
+    rng = np.random.RandomState(12)
+    grads = make_grads(rng)
+    w0 = rng.standard_normal(SIZE).astype(np.float32)
+    ref = reference(w0, grads, step_lr)
+    st = make_state()
+    st.bind(w0)
+    for k in range(N):
+        assert st.receive(message(0, k, grads[0, k])) == (1 if k == N - 1 else 0)
+    assert st.version == 1
+    for k in range(N):                         # round 2 complete, round 1 not started
+        assert st.receive(message(2, k, grads[2, k])) == 0
+    assert st.version == 1
+    np.testing.assert_allclose(st.weights, ref[1], rtol=1e-5, atol=1e-6)
+    assert st.receive(message(1, 0, grads[1, 0])) == 0
+    assert st.receive(message(1, 2, grads[1, 2])) == 0
+    assert st.version == 1
+    assert st.receive(message(1, 1, grads[1, 1])) == 2
+    assert st.version == 3
+    np.testing.assert_allclose(st.weights, ref[3], rtol=1e-5, atol=1e-6)
+
+
+def test_lr_uses_version_plus_one():
+    # With zero gradient and wd, a round moves w by -lr*wd*w; round r uses lr(r+1), not lr(r).
+    lrs = {1: 1.0, 2: 0.25}
+    sched = LRSchedule("step", base_lr=1.0, milestones=[1], factor=0.25)
+    st = BufferState(1, 1, 1, 0.0, 0.5, sched, make_decoder("dense", 1))
+    st.bind(np.array([2.0], np.float32))
+    st.receive(message(0, 0, [0.0]))
+    assert st.weights[0] == pytest.approx(2.0 * (1 - lrs[1] * 0.5))
+    st.receive(message(1, 0, [0.0]))
+    assert st.weights[0] == pytest.approx(2.0 * (1 - lrs[1] * 0.5) * (1 - lrs[2] * 0.5))
+
+
+def test_bind_with_version_resumes_schedule():
+    rng = np.random.RandomState(13)
+    grads = make_grads(rng, rounds=2)
+    w0 = rng.standard_normal(SIZE).astype(np.float32)
+    ref = reference(w0, grads, step_lr, version0=3)
+    st = make_state()
+    st.bind(w0, version=3)
+    with pytest.raises(RoundError):
+        st.receive(message(2, 0, grads[0, 0]))
+    for r in range(2):
+        for k in range(N):
+            st.receive(message(3 + r, k, grads[r, k]))
+    assert st.version == 5
+    np.testing.assert_allclose(st.weights, ref[2], rtol=1e-5, atol=1e-6)
+
+
+def test_bind_copies_weights():
+    w0 = np.arange(SIZE, dtype=np.float32)
+    st = make_state()
+    st.bind(w0)
+    w0[:] = 100
+    np.testing.assert_array_equal(st.weights, np.arange(SIZE, dtype=np.float32))
+
+
+def test_bind_wrong_size():
+    with pytest.raises(RoundError):
+        make_state().bind(np.zeros(SIZE + 1, np.float32))
+
+
+def test_push_before_bind():
+    with pytest.raises(RoundError):
+        make_state().receive(message(0, 0, np.zeros(SIZE)))
+
+
+def test_duplicate_round_rank_is_refused_and_not_counted():
+    rng = np.random.RandomState(14)
+    grads = make_grads(rng, rounds=1)
+    w0 = rng.standard_normal(SIZE).astype(np.float32)
+    ref = reference(w0, grads, step_lr)
+    st = make_state()
+    st.bind(w0)
+    st.receive(message(0, 1, grads[0, 1]))
+    with pytest.raises(RoundError):
+        st.receive(message(0, 1, grads[0, 1] * 7))
+    st.receive(message(0, 0, grads[0, 0]))
+    assert st.receive(message(0, 2, grads[0, 2])) == 1
+    np.testing.assert_allclose(st.weights, ref[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("rank", [N, N + 5, -1])
+def test_rank_out_of_range(rank):
+    st = make_state()
+    st.bind(np.zeros(SIZE, np.float32))
+    with pytest.raises(RoundError):
+        st.receive(message(0, rank, np.ones(SIZE)))
+    assert st.pending.get(0, [None, set()])[1] == set()
+
+
+def test_round_already_applied():
+    st = make_state(num_workers=1)
+    st.bind(np.zeros(SIZE, np.float32))
+    assert st.receive(message(0, 0, np.ones(SIZE))) == 1
+    with pytest.raises(RoundError):
+        st.receive(message(0, 0, np.ones(SIZE)))
+    with pytest.raises(RoundError):
+        st.receive(message(-1, 0, np.ones(SIZE)))
+    assert st.version == 1
+
+
+@pytest.mark.parametrize("length", [SIZE - 1, SIZE + 1, 0])
+def test_wrong_payload_length(length):
+    rng = np.random.RandomState(15)
+    grads = make_grads(rng, rounds=1)
+    w0 = rng.standard_normal(SIZE).astype(np.float32)
+    ref = reference(w0, grads, step_lr)
+    st = make_state()
+    st.bind(w0)
+    with pytest.raises(ValueError):
+        st.receive(message(0, 0, np.ones(length)))
+    # the refused message did not count: the proper one from the same rank is accepted
+    for k in range(N):
+        st.receive(message(0, k, grads[0, k]))
+    assert st.version == 1
+    np.testing.assert_allclose(st.weights, ref[1], rtol=1e-5, atol=1e-6)
+
+
+def test_state_dict_round_trip_continues_identically():
+    rng = np.random.RandomState(16)
+    grads = make_grads(rng)
+    w0 = rng.standard_normal(SIZE).astype(np.float32)
+    ref = reference(w0, grads, step_lr)
+    order = [(r, k) for r in range(ROUNDS) for k in range(N)]
+    rng.shuffle(order)
+    a = make_state()
+    a.bind(w0)
+    first, rest = order[:10], order[10:]
+    for rnd, rank in first:
+        a.receive(message(rnd, rank, grads[rnd, rank]))
+    assert a.pending                    # some partial rounds travel in the checkpoint
+    saved = pickle.loads(pickle.dumps(a.state_dict()))
+    b = make_state()
+    b.load_state_dict(saved)
+    assert b.version == a.version
+    np.testing.assert_array_equal(b.weights, a.weights)
+    np.testing.assert_array_equal(b.mom, a.mom)
+    assert {r: sorted(v[1]) for r, v in b.pending.items()} == {r: sorted(v[1]) for r, v in a.pending.items()}
+    for rnd, rank in rest:
+        na = a.receive(message(rnd, rank, grads[rnd, rank]))
+        nb = b.receive(message(rnd, rank, grads[rnd, rank]))
+        assert na == nb
+        np.testing.assert_array_equal(a.weights, b.weights)
+        np.testing.assert_array_equal(a.mom, b.mom)
+    assert b.version == ROUNDS
+    np.testing.assert_allclose(b.weights, ref[ROUNDS], rtol=1e-5, atol=1e-6)
+    # a duplicate of a rank recorded only in the checkpoint is still refused after loading
+    c = make_state()
+    c.load_state_dict(saved)
+    rnd, rank = next((r, k) for r, (s, ranks) in saved["pending"].items() for k in ranks)
+    with pytest.raises(RoundError):
+        c.receive(message(rnd, rank, grads[rnd, rank]))
+
+
+# ---------------------------------------------------------------- sparse codec
+
+def test_sparse_decoder_scatter_adds():
+    dec = make_decoder("sparse", 6, k=4)
+    payload = np.array([1, 4, 1, 0, 2.5, -1.0, 0.5, 3.0], np.float32)
+    np.testing.assert_array_equal(dec(payload), np.array([3.0, 3.0, 0, 0, -1.0, 0], np.float32))
+    assert payload_length("sparse", 6, 4) == 8
+    assert payload_length("dense", 6) == 6
+
+
+def test_sparse_decoder_random_against_loop():
+    rng = np.random.RandomState(17)
+    size, k = 50, 30
+    idx = rng.randint(0, size, k)                  # repeats likely
+    vals = rng.standard_normal(k).astype(np.float32)
+    want = np.zeros(size, np.float64)
+    for i, v in zip(idx, vals):
+        want[i] += v
+    got = make_decoder("sparse", size, k)(np.concatenate([idx.astype(np.float32), vals]))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [6, 7, -1])
+def test_sparse_decoder_index_out_of_range(bad):
+    dec = make_decoder("sparse", 6, k=2)
+    with pytest.raises(ValueError):
+        dec(np.array([0, bad, 1.0, 1.0], np.float32))
+
+
+def test_sparse_decoder_wrong_length_and_unknown_codec():
+    with pytest.raises(ValueError):
+        make_decoder("sparse", 6, k=2)(np.zeros(5, np.float32))
+    with pytest.raises(ValueError):
+        make_decoder("zip", 6)
+
+
+def test_sparse_rounds_against_reference():
+    size, k = 9, 3
+    rng = np.random.RandomState(18)
+    w0 = rng.standard_normal(size).astype(np.float32)
+    st = make_state(size=size, codec="sparse", k=k)
+    st.bind(w0)
+    dense = np.zeros((ROUNDS, N, size), np.float32)
+    msgs = []
+    for r in range(ROUNDS):
+        for rank in range(N):
+            idx = rng.randint(0, size, k)
+            vals = rng.standard_normal(k).astype(np.float32)
+            for i, v in zip(idx, vals):
+                dense[r, rank, i] += v
+            msgs.append(message(r, rank, np.concatenate([idx, vals])))
+    rng.shuffle(msgs)
+    for m in msgs:
+        st.receive(m)
+    ref = reference(w0, dense, step_lr)
+    assert st.version == ROUNDS
+    np.testing.assert_allclose(st.weights, ref[ROUNDS], rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- RoundService (server side)
+
+def cosine_lr(t, base=0.1, total=4, final=0.01):
+    frac = min(1.0, max(0.0, t / total))
+    return final + (base - final) * 0.5 * (1 + np.cos(np.pi * frac))
+
+
+def make_service_plan(shapes, workers, batch, **plan_kw):
+    buffers = make_plan(shapes, 1, **plan_kw)
+    plan = {"op": "round_plan", "num_workers": workers, "batch_size": batch, "momentum": MU, "wd": WD,
+            "schedule": LRSchedule("cosine", base_lr=0.1, total_updates=4, final_lr=0.01).to_dict(),
+            "buffers": [b.to_dict() for b in buffers]}
+    # the plan travels as a signed JSON command
+    return buffers, commands.verify(commands.sign(plan, "secret"), "secret")
+
+
+def bind(svc, buf, w0, version=0):
+    stored_w = mx.nd.array(np.append(w0, np.float32(version)))
+    stored_c = mx.nd.array([version])
+    svc.push(buf.weight_key, mx.nd.zeros(buf.size + 1), stored_w)
+    svc.push(buf.clock_key, mx.nd.zeros(1), stored_c)
+    return stored_w, stored_c
+
+
+def test_round_service_two_workers_two_buffers():
+    shapes = [(3, 4), (4,), (5,), (2, 3)]
+    workers, batch, rounds = 2, 5, 4
+    buffers, plan = make_service_plan(shapes, workers, batch, mode="fixed", buffer_bytes=4 * 12)
+    assert len(buffers) >= 2
+    svc = RoundService(plan, mx.nd)
+    rng = np.random.RandomState(19)
+    stores, refs, grads = {}, {}, {}
+    for buf in buffers:
+        assert svc.owns(buf.weight_key) and svc.owns(buf.mailbox_key) and svc.owns(buf.clock_key)
+        w0 = rng.standard_normal(buf.size).astype(np.float32)
+        grads[buf.id] = make_grads(rng, rounds=rounds, workers=workers, size=buf.size)
+        refs[buf.id] = reference(w0, grads[buf.id], cosine_lr, n=workers, b=batch)
+        with pytest.raises(RuntimeError):       # mailbox before the bind pushes
+            svc.push(buf.mailbox_key, mx.nd.array(message(0, 0, grads[buf.id][0, 0])),
+                     mx.nd.zeros(buf.mailbox_len))
+        stores[buf.id] = bind(svc, buf, w0)
+    assert not svc.owns(max(max(b.weight_key, b.mailbox_key, b.clock_key) for b in buffers) + 1)
+    # worker 1 runs two rounds ahead on every buffer, then worker 0 catches up
+    order = [(0, 1), (1, 1), (0, 0), (2, 1), (1, 0), (3, 1), (2, 0), (3, 0)]
+    pushed = set()
+    for rnd, rank in order:
+        pushed.add((rnd, rank))
+        version = complete_prefix(pushed, rounds, workers)
+        for buf in buffers:
+            stored_w, stored_c = stores[buf.id]
+            msg = mx.nd.array(message(rnd, rank, grads[buf.id][rnd, rank]))
+            svc.push(buf.mailbox_key, msg, mx.nd.zeros(buf.mailbox_len))
+            got = stored_w.asnumpy()
+            assert got.shape == (buf.size + 1,)
+            assert got[-1] == version
+            assert stored_c.asnumpy()[0] == version
+            np.testing.assert_allclose(got[:-1], refs[buf.id][version], rtol=1e-5, atol=1e-6)
+    assert all(svc.states[b.id].version == rounds for b in buffers)
+
+
+def test_round_service_rebind_is_ignored_and_resume_version():
+    shapes = [(6,)]
+    buffers, plan = make_service_plan(shapes, 1, 2)
+    (buf,) = buffers
+    svc = RoundService(plan, mx.nd)
+    w0 = np.linspace(-1, 1, 6).astype(np.float32)
+    stored_w, stored_c = bind(svc, buf, w0, version=2)
+    assert svc.states[buf.id].version == 2
+    # a later push to the weight key neither rebinds nor resets the state
+    other = mx.nd.zeros(buf.size + 1)
+    svc.push(buf.weight_key, mx.nd.ones(buf.size + 1), other)
+    assert svc.states[buf.id].version == 2
+    g = np.arange(6, dtype=np.float32)
+    svc.push(buf.mailbox_key, mx.nd.array(message(2, 0, g)), mx.nd.zeros(buf.mailbox_len))
+    ref = reference(w0, g[None, None, :], cosine_lr, version0=2, n=1, b=2)
+    got = stored_w.asnumpy()
+    assert got[-1] == 3 and stored_c.asnumpy()[0] == 3
+    np.testing.assert_allclose(got[:-1], ref[1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(other.asnumpy(), np.zeros(buf.size + 1))
+
+
+# ---------------------------------------------------------------- make_plan
+
+SHAPES = [(8, 3, 3, 3), (8,), (16, 8, 3, 3), (16,), (32, 64), (32,), (10, 32), (10,)]
+
+
+def numel(shape):
+    return int(np.prod(shape))
+
+
+def check_plan(buffers, shapes):
+    n = len(shapes)
+    params = [i for b in buffers for i in b.params]
+    assert sorted(params) == list(range(n))                 # every parameter exactly once
+    assert params == list(range(n))[::-1]                   # buffers and params in backward order
+    for bi, b in enumerate(buffers):
+        assert b.id == bi
+        assert b.sizes == [numel(shapes[i]) for i in b.params]
+        assert b.offsets == [int(x) for x in np.concatenate([[0], np.cumsum(b.sizes)[:-1]])]
+        assert b.size == sum(numel(shapes[i]) for i in b.params)
+        assert b.counts == b.sizes and b.k == b.size
+        assert b.mailbox_len == 2 + b.size
+
+
+@pytest.mark.parametrize("servers", [1, 2, 3])
+@pytest.mark.parametrize("mode", ["one", "fixed"])
+def test_plan_covers_all_params_and_places_keys(servers, mode):
+    buffers = make_plan(SHAPES, servers, mode=mode, buffer_bytes=4 * 700)
+    check_plan(buffers, SHAPES)
+    keys = [k for b in buffers for k in (b.weight_key, b.mailbox_key, b.clock_key)]
+    assert len(set(keys)) == len(keys)
+    assert all(k >= 0 for k in keys)
+    for b in buffers:
+        assert 0 <= b.server < servers
+        for key in (b.weight_key, b.mailbox_key, b.clock_key):
+            assert (key * 9973) % servers == b.server
+    assert KEY_HASH == 9973
+
+
+@pytest.mark.parametrize("servers", [1, 2, 3])
+def test_mode_one_gives_one_buffer_per_server(servers):
+    buffers = make_plan(SHAPES, servers, mode="one")
+    assert len(buffers) == servers
+    assert sorted(b.server for b in buffers) == list(range(servers))
+
+
+def test_mode_one_one_buffer_per_server_when_first_layer_is_largest():
+    # Backward order puts the largest parameter last; two servers must still get a buffer each.
+    shapes = [(100,), (1,), (1,), (1,)]
+    buffers = make_plan(shapes, 2, mode="one")
+    check_plan(buffers, shapes)
+    assert len(buffers) == 2
+    assert sorted(b.server for b in buffers) == [0, 1]
+
+
+def test_fixed_mode_respects_cap():
+    cap = 700
+    buffers = make_plan(SHAPES, 1, mode="fixed", buffer_bytes=4 * cap)
+    check_plan(buffers, SHAPES)
+    assert len(buffers) > 1
+    for b in buffers:
+        assert b.size <= cap or len(b.params) == 1          # only a single oversized param may exceed
+    # greedy: the next buffer's first parameter would not have fitted
+    for b, nxt in zip(buffers, buffers[1:]):
+        assert b.size + nxt.sizes[0] > cap
+    big = make_plan([(10,), (5000,), (10,)], 1, mode="fixed", buffer_bytes=4 * 100)
+    assert [b.params for b in big] == [[2], [1], [0]]
+
+
+def test_fixed_mode_large_cap_is_one_buffer():
+    buffers = make_plan(SHAPES, 1, mode="fixed", buffer_bytes=1 << 30)
+    assert len(buffers) == 1
+    assert buffers[0].size == sum(numel(s) for s in SHAPES)
+
+
+@pytest.mark.parametrize("servers", [1, 2, 3])
+def test_plan_is_deterministic(servers):
+    a = make_plan(SHAPES, servers, mode="fixed", buffer_bytes=4 * 500)
+    b = make_plan([tuple(s) for s in SHAPES], servers, mode="fixed", buffer_bytes=4 * 500)
+    assert a == b
+    assert [x.to_dict() for x in a] == [x.to_dict() for x in b]
+
+
+def test_plan_sparse_counts():
+    counts = [max(1, numel(s) // 10) for s in SHAPES]
+    buffers = make_plan(SHAPES, 1, mode="one", counts=counts, codec="sparse")
+    (b,) = buffers
+    assert b.counts == [counts[i] for i in b.params]
+    assert b.k == sum(counts)
+    assert b.mailbox_len == 2 + 2 * sum(counts)
+    assert b.to_dict()["codec"] == "sparse" and b.to_dict()["k"] == sum(counts)
+
+
+def test_plan_unknown_mode():
+    with pytest.raises(ValueError):
+        make_plan(SHAPES, 1, mode="cost_model_x")

@@ -103,6 +103,7 @@ SCHEMA = {
         "interface": Field(str, None, nullable=True, doc="network interface for ssh runs"),
         "timeout": Field(float, 3600.0, gt=0, doc="global job timeout, seconds"),
         "stall_timeout": Field(float, 300.0, gt=0, doc="a worker silent this long fails the job"),
+        "port": Field(int, None, nullable=True, min=1, max=65535, doc="scheduler port; default: a free one"),
     },
     "data": {
         "dataset": Field(str, "digits", choices=("digits", "cifar10", "imagenet", "synthetic")),
@@ -133,6 +134,8 @@ SCHEMA = {
         },
         "max_steps": Field(int, None, nullable=True, min=1, doc="stop after this many steps"),
         "eval_every_epochs": Field(int, 1, min=1),
+        "nonfinite": Field(str, "fail", choices=("fail", "skip"),
+                           doc="NaN/Inf in loss or gradient: stop, or push a zero gradient"),
     },
     "algorithm": {
         "type": Field(str, "ssgd", choices=ALGORITHMS),

@@ -2,6 +2,10 @@
 
   raise:<rank>:<step>     the worker of that rank raises at that step (a crashing worker)
   slow:<rank>:<seconds>   the worker of that rank sleeps that long every step (a straggler)
+  nan:<rank>:<step>       that worker's batch at that step is NaN (a numerical fault)
+  pickle:<rank>:<step>    that worker sends the servers an unsigned pickled command at that step,
+                          as a stranger reaching the server port could; the payload, if ever
+                          unpickled, creates the file named by SSDSGD_TEST_PICKLE_MARKER
 Unset in normal runs; the worker reads it once.
 """
 import os
@@ -17,8 +21,30 @@ class FaultPlan:
             if int(who) == rank:
                 self.kind, self.value = kind, float(value)
 
-    def at_step(self, step):
+    def at_step(self, step, kv=None):
         if self.kind == "raise" and step == int(self.value):
             raise RuntimeError(f"injected fault at step {step} (SSDSGD_TEST_FAULT)")
         if self.kind == "slow":
             time.sleep(self.value)
+        if self.kind == "pickle" and step == int(self.value):
+            kv._send_command_to_servers(0, malicious_pickle(os.environ["SSDSGD_TEST_PICKLE_MARKER"]))
+
+    def batch(self, step, data):
+        if self.kind == "nan" and step == int(self.value):
+            return data * float("nan")
+        return data
+
+
+class _CreateFile:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        # Unpickling this calls open(path, "w"): proof that the payload ran.
+        return (open, (self.path, "w"))
+
+
+def malicious_pickle(path):
+    """Protocol-0 pickle (ASCII, as MXNet's set_optimizer sends) that creates `path` when loaded."""
+    import pickle
+    return pickle.dumps(_CreateFile(path), protocol=0).decode("latin-1")

@@ -16,6 +16,7 @@ import traceback
 import numpy as np
 
 from ssdsgd import commands
+from ssdsgd.checkpoint import CheckpointError, load_npz, save_npz
 from ssdsgd.compression.codec import make_decoder
 from ssdsgd.rounds import BufferState, schedule_from_dict
 
@@ -49,6 +50,38 @@ class RoundService:
     def owns(self, key):
         return key in self.roles
 
+    def save(self, directory):
+        for b, st in self.states.items():
+            if st.weights is None:
+                continue                      # this buffer lives on another server
+            d = st.state_dict()
+            rounds = sorted(d["pending"])
+            arrays = {"weights": d["weights"], "mom": d["mom"],
+                      "pending_sums": np.stack([d["pending"][r][0] for r in rounds])
+                      if rounds else np.zeros((0, st.size), np.float32)}
+            meta = {"version": d["version"], "pending": {str(r): d["pending"][r][1] for r in rounds}}
+            save_npz(os.path.join(directory, f"server-buffer{b}.npz"), arrays, meta)
+
+    def load(self, directory):
+        for b, st in self.states.items():
+            if st.weights is None:
+                continue
+            arrays, meta = load_npz(os.path.join(directory, f"server-buffer{b}.npz"))
+            pending = {int(r): (arrays["pending_sums"][i], ranks)
+                       for i, (r, ranks) in enumerate(sorted(meta["pending"].items(), key=lambda x: int(x[0])))}
+            st.load_state_dict({"weights": arrays["weights"], "mom": arrays["mom"],
+                                "version": meta["version"], "pending": pending})
+            self._publish(b)
+
+    def _publish(self, b):
+        st, state = self.states[b], self.stored[b]
+        # The version rides in the last element of the weight buffer, so one pull gives the
+        # weights and exactly which round they are.
+        state["weight"][:] = np.append(st.weights, np.float32(st.version))
+        state["clock"][:] = np.float32(st.version)
+        state["weight"].wait_to_read()
+        state["clock"].wait_to_read()
+
     def push(self, key, recv, stored):
         b, role = self.roles[key]
         state = self.stored[b]
@@ -63,15 +96,8 @@ class RoundService:
             return
         if "weight" not in state or "clock" not in state:
             raise RuntimeError(f"buffer {b}: mailbox push before its weight and clock keys were bound")
-        applied = self.states[b].receive(recv.asnumpy())
-        if applied:
-            st = self.states[b]
-            # The version rides in the last element of the weight buffer, so one pull gives the
-            # weights and exactly which round they are.
-            state["weight"][:] = np.append(st.weights, np.float32(st.version))
-            state["clock"][:] = np.float32(st.version)
-            state["weight"].wait_to_read()
-            state["clock"].wait_to_read()
+        if self.states[b].receive(recv.asnumpy()):
+            self._publish(b)
 
 
 def run_server():
@@ -133,7 +159,43 @@ def run_server():
                 self.stock = mx.optimizer.get_updater(opt)
             elif op == "round_plan":
                 self.rounds = RoundService(msg, mx.nd)
+            elif op == "save":
+                if self.rounds is not None:
+                    self.rounds.save(msg["dir"])
+                if self.stock is not None:
+                    self._save_stock(msg["dir"])
+            elif op == "load":
+                if self.rounds is not None:
+                    self.rounds.load(msg["dir"])
+                if self.stock is not None:
+                    self._load_stock(msg["dir"])
             else:
                 raise ValueError(f"unknown command op {op!r}")
+
+        def _save_stock(self, directory):
+            opt = self.stock.optimizer
+            arrays = {f"state{k}": v.asnumpy() for k, v in self.stock.states.items() if v is not None}
+            meta = {"counts": {str(k): c for k, c in opt._index_update_count.items()},
+                    "num_update": opt.num_update}
+            save_npz(os.path.join(directory, f"server-stock{self.kvstore.rank}.npz"), arrays, meta)
+
+        def _load_stock(self, directory):
+            # Which server holds which key follows from the key alone, but server ranks may be
+            # assigned differently in the new job: read every server's file and keep all keys.
+            opt, seen = self.stock.optimizer, {}
+            for name in sorted(os.listdir(directory)):
+                if not name.startswith("server-stock"):
+                    continue
+                arrays, meta = load_npz(os.path.join(directory, name))
+                for k, c in meta["counts"].items():
+                    if int(k) in seen:
+                        raise CheckpointError(f"key {k} is in {seen[int(k)]} and {name}: keys split across "
+                                              "servers cannot be resumed on the stock KVStore path")
+                    seen[int(k)] = name
+                    opt._index_update_count[int(k)] = c
+                    if f"state{k}" in arrays:
+                        self.stock.states[int(k)] = mx.nd.array(arrays[f"state{k}"])
+                        self.stock.states_synced[int(k)] = True
+                opt.num_update = max(opt.num_update, meta["num_update"])
 
     SSDServer(mx.kv.create("dist")).run()

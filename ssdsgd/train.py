@@ -17,6 +17,8 @@ def parse_args(argv=None):
     ap.add_argument("--config", required=True, help="experiment YAML file")
     ap.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
                     help="override a config key (repeatable), e.g. --set train.epochs=3")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue from the newest complete checkpoint in checkpoint.dir")
     return ap.parse_args(argv)
 
 
@@ -40,7 +42,7 @@ def main(argv=None):
         return 2
     try:
         from ssdsgd.worker import run_worker
-        run_worker(cfg)
+        run_worker(cfg, resume=args.resume)
     except BaseException:
         name = os.environ.get("SSDSGD_ROLE_NAME", "worker")
         print(f"{name} failed:", file=sys.stderr)

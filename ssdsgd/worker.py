@@ -51,10 +51,11 @@ def evaluate(net, test_set, batch_size):
     return correct / max(1, total)
 
 
-def run_worker(cfg):
+def run_worker(cfg, resume=False):
     import mxnet as mx
     from mxnet import autograd, gluon
 
+    from ssdsgd import checkpoint as ckpt
     from ssdsgd.data import build_data
     from ssdsgd.faults import FaultPlan
     from ssdsgd.metrics import MetricsLog, human_bytes, run_dir, summary_table, write_json_atomic
@@ -93,6 +94,15 @@ def run_worker(cfg):
     net, params = build_net(cfg, data.num_classes, data.image_shape)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
+    resume_dir, start_epoch, step, saved = None, 0, 0, None
+    if resume:
+        resume_dir, manifest = ckpt.resume_point(cfg)
+        arrays, meta = ckpt.load_npz(os.path.join(resume_dir, f"worker{rank}.npz"))
+        _load_net_state(net, params, arrays)
+        saved = (arrays, meta)
+        start_epoch, step = manifest["epochs_done"], manifest["step"]
+        if rank == 0:
+            print(f"resuming from {resume_dir}: {start_epoch} epochs, {step} steps done", flush=True)
     schedule = schedule_from_config(cfg.train, steps_per_epoch)
     if round_based:
         def measure_backward():
@@ -100,7 +110,9 @@ def run_worker(cfg):
         client = RoundClient(kv, params, cfg, schedule, log, total_steps, measure_backward)
     else:
         client = StockClient(kv, params, cfg, schedule, log)
-    client.setup()
+    client.setup(resume_dir)
+    if saved is not None:
+        client.load_state(*saved)
     if rank == 0:
         print(f"{cfg.name}: {cfg.algorithm.type} + compression {cfg.compression.type}, {nworkers} workers, "
               f"{num_servers(kv)} servers, {steps_per_epoch} steps/epoch, {total_steps} steps, "
@@ -109,25 +121,28 @@ def run_worker(cfg):
     heartbeat = os.environ.get("SSDSGD_HEARTBEAT_FILE")
     faults = FaultPlan(rank)
     bsz = cfg.train.batch_size
-    totals = {"push_bytes": 0, "pull_bytes": 0, "wait_seconds": 0.0, "images": 0, "train_seconds": 0.0,
+    totals = {"skipped_steps": 0, "push_bytes": 0, "pull_bytes": 0, "wait_seconds": 0.0, "images": 0, "train_seconds": 0.0,
               "eval_pull_bytes": 0}
     staleness = []
     best_acc, final_acc, history = 0.0, 0.0, []
-    step = 0
     t_start = time.perf_counter()
     window = {"t": time.perf_counter(), "images": 0, "push": 0, "pull": 0, "loss": 0.0, "n": 0}
     epochs_run = 0
-    for epoch in range(cfg.train.epochs):
+    for epoch in range(start_epoch, cfg.train.epochs):
         if step >= total_steps:
             break
         t_epoch = time.perf_counter()
         for data_batch, label in data.train.epoch(epoch):
             if step >= total_steps:
                 break
-            faults.at_step(step)
+            faults.at_step(step, kv)
+            data_batch = faults.batch(step, data_batch)
             with autograd.record():
                 loss = loss_fn(net(data_batch), label)
             loss.backward()
+            if not _finite(loss, params):
+                _handle_nonfinite(cfg.train.nonfinite, loss, params, step, rank, log)
+                totals["skipped_steps"] += 1
             rec = client.after_backward(step)
             totals["push_bytes"] += rec["push_bytes"]
             totals["pull_bytes"] += rec["pull_bytes"]
@@ -160,6 +175,9 @@ def run_worker(cfg):
         totals["train_seconds"] += epoch_seconds
         epochs_run = epoch + 1
         last = step >= total_steps or epoch == cfg.train.epochs - 1
+        every = cfg.checkpoint.every_epochs
+        if cfg.checkpoint.dir and every and (epoch + 1) % every == 0:
+            _save_checkpoint(cfg, kv, rank, net, params, client, epoch + 1, step)
         if rank == 0 and ((epoch + 1) % cfg.train.eval_every_epochs == 0 or last):
             acc, pulled = _evaluate_global(net, params, client, data.test, bsz, step)
             totals["eval_pull_bytes"] += pulled
@@ -178,7 +196,7 @@ def run_worker(cfg):
     part = {"rank": rank, "host": socket.gethostname(), "steps": step, "images": totals["images"],
             "train_seconds": totals["train_seconds"], "push_bytes": totals["push_bytes"],
             "pull_bytes": totals["pull_bytes"], "wait_seconds": totals["wait_seconds"],
-            "max_staleness": max(staleness) if staleness else None,
+            "skipped_steps": totals["skipped_steps"], "max_staleness": max(staleness) if staleness else None,
             "mean_staleness": float(np.mean(staleness)) if staleness else None}
     write_json_atomic(os.path.join(out_dir, f"worker{rank}.json"), part)
     log.close()
@@ -197,6 +215,7 @@ def run_worker(cfg):
                                "pull": totals["pull_bytes"] / max(1, step)},
             "eval_pull_bytes": totals["eval_pull_bytes"],
             "wait_seconds": totals["wait_seconds"],
+            "skipped_steps": sum(p["skipped_steps"] for p in parts),
             "max_staleness": max(stal) if stal else None,
             "mean_staleness": float(np.mean([p["mean_staleness"] for p in parts
                                              if p["mean_staleness"] is not None])) if stal else None,
@@ -206,6 +225,69 @@ def run_worker(cfg):
         write_json_atomic(os.path.join(out_dir, "summary.json"), summary)
         print(summary_table(summary), flush=True)
         print(f"run folder: {out_dir}", flush=True)
+
+
+def _aux_params(net):
+    return [p for p in net.collect_params().values() if p.grad_req == "null"]
+
+
+def _load_net_state(net, params, arrays):
+    """Local weights and BatchNorm statistics from this worker's checkpoint file."""
+    for name, group in (("param", params), ("aux", _aux_params(net))):
+        for i, p in enumerate(group):
+            saved = arrays[f"{name}{i}"]
+            if saved.shape != p.shape:
+                raise RuntimeError(f"checkpoint {name}{i} has shape {saved.shape}, model has {p.shape}")
+            p.data()[:] = saved
+
+
+def _save_checkpoint(cfg, kv, rank, net, params, client, epochs_done, step):
+    import mxnet as mx
+
+    from ssdsgd import checkpoint as ckpt
+    from ssdsgd import commands
+    directory = ckpt.epoch_dir(cfg.checkpoint.dir, epochs_done)
+    os.makedirs(directory, exist_ok=True)
+    mx.nd.waitall()                # this worker's pushes are acknowledged: the servers have them
+    kv._barrier()
+    if rank == 0:
+        commands.send(kv, {"op": "save", "dir": os.path.abspath(directory)})
+    arrays, meta = client.state()
+    arrays.update({f"param{i}": p.data().asnumpy() for i, p in enumerate(params)})
+    arrays.update({f"aux{i}": p.data().asnumpy() for i, p in enumerate(_aux_params(net))})
+    ckpt.save_npz(os.path.join(directory, f"worker{rank}.npz"), arrays, dict(meta, step=step))
+    kv._barrier()
+    if rank == 0:
+        ckpt.write_manifest(directory, cfg, epochs_done, step)
+        print(f"checkpoint saved: {directory}", flush=True)
+
+
+def _finite(loss, params):
+    """One host sync per step: is the loss and every gradient finite? (A sum of squares that
+    overflows also counts as a fault: such a gradient would wreck the global model just the same.)"""
+    import mxnet as mx
+    grads = [p.grad() for p in params]
+    sq = mx.nd.multi_sum_sq(*grads, num_arrays=len(grads))
+    return bool(np.isfinite((sq.sum() + loss.sum()).asscalar()))
+
+
+class NonFiniteError(RuntimeError):
+    pass
+
+
+def _handle_nonfinite(policy, loss, params, step, rank, log):
+    """Stop with the step, rank and parameter names, or zero the gradients (skip the step)."""
+    import mxnet as mx
+    bad = [p.name for p in params if not bool(mx.nd.contrib.isfinite(p.grad()).min().asscalar())]
+    loss_bad = not bool(mx.nd.contrib.isfinite(loss).min().asscalar())
+    what = ", ".join((["loss"] if loss_bad else []) + bad) or "sum of squared gradients overflowed"
+    log.write(event="nonfinite", step=step, where=what, policy=policy)
+    if policy == "fail":
+        raise NonFiniteError(f"NaN/Inf at step {step} on rank {rank} in: {what} "
+                             f"(train.nonfinite: fail; set it to skip to drop such steps)")
+    print(f"rank {rank} step {step}: NaN/Inf in {what}; pushing a zero gradient instead", flush=True)
+    for p in params:
+        p.grad()[:] = 0
 
 
 def _time_backward(net, loss_fn, train_set, params, repeats=3):

@@ -125,7 +125,11 @@ class RoundClient:
         self.clock_bufs = [mx.nd.zeros(1) for b in self.buffers]
         self.versions = [0] * len(self.buffers)
 
-    def setup(self):
+    def setup(self, resume_dir=None):
+        """Plan, install the plan on the servers, initialise and bind the keys, get the weights.
+
+        On resume the servers load their buffers from the checkpoint and the parameters already
+        hold this worker's saved local weights (see load_state), so nothing is pulled here."""
         kv, train = self.kv, self.cfg.train
         self._plan()
         if kv.rank == 0:
@@ -145,11 +149,45 @@ class RoundClient:
                 kv.push(b.weight_key, mx.nd.zeros(b.size + 1))
                 kv.push(b.clock_key, mx.nd.zeros(1))
             mx.nd.waitall()
+            if resume_dir:
+                commands.send(kv, {"op": "load", "dir": resume_dir})
         kv._barrier()
-        for bi in range(len(self.buffers)):
-            self._pull_weights(bi)
-            self._apply_pull(bi)
+        if not resume_dir:
+            for bi in range(len(self.buffers)):
+                self._pull_weights(bi)
+                self._apply_pull(bi)
         mx.nd.waitall()
+
+    def state(self):
+        """This worker's algorithm state for a checkpoint: (arrays, meta)."""
+        arrays = {f"state{i}": s.asnumpy() for i, s in enumerate(self.local_states) if s is not None}
+        arrays.update({f"pullbuf{bi}": buf.asnumpy() for bi, buf in enumerate(self.pull_bufs)})
+        memory = getattr(self.encoders[0], "memory", None)
+        if memory is not None:
+            arrays.update({f"residual{k}": v.asnumpy() for k, v in memory.residual.items()})
+            arrays.update({f"velocity{k}": v.asnumpy() for k, v in memory.velocity.items()})
+        meta = {"versions": self.versions, "pending_pull": self.pending_pull,
+                "local_counts": {str(k): c for k, c in self.local_opt._index_update_count.items()},
+                "local_num_update": self.local_opt.num_update}
+        return arrays, meta
+
+    def load_state(self, arrays, meta):
+        for i, s in enumerate(self.local_states):
+            if s is not None:
+                s[:] = arrays[f"state{i}"]
+        for bi, buf in enumerate(self.pull_bufs):
+            buf[:] = arrays[f"pullbuf{bi}"]
+        memory = getattr(self.encoders[0], "memory", None)
+        if memory is not None:
+            for name, arr in arrays.items():
+                if name.startswith("residual"):
+                    memory.residual[int(name[len("residual"):])] = mx.nd.array(arr)
+                elif name.startswith("velocity"):
+                    memory.velocity[int(name[len("velocity"):])] = mx.nd.array(arr)
+        self.versions = list(meta["versions"])
+        self.pending_pull = meta["pending_pull"]
+        self.local_opt._index_update_count = {int(k): c for k, c in meta["local_counts"].items()}
+        self.local_opt.num_update = meta["local_num_update"]
 
     @staticmethod
     def _flatten(arrays):

@@ -32,7 +32,9 @@ class StockClient:
     def kvstore_type(cfg):
         return "dist_sync" if cfg.algorithm.type == "ssgd" else "dist_async"
 
-    def setup(self):
+    def setup(self, resume_dir=None):
+        """On resume the parameters hold the checkpoint's weights (rank 0's become the servers'),
+        and the servers reload their optimizer state."""
         kv, cfg = self.kv, self.cfg
         if self.two_bit:
             kv.set_gradient_compression({"type": "2bit", "threshold": cfg.compression.threshold})
@@ -44,6 +46,9 @@ class StockClient:
         # Only rank 0's values count; kv.init ends with a barrier, so the optimizer is in place
         # before any worker pushes. Copies, not the parameter arrays (see DESIGN: oneDNN layouts).
         kv.init(self.keys, [p.data().copy() for p in self.params])
+        if resume_dir and kv.rank == 0:
+            commands.send(kv, {"op": "load", "dir": resume_dir})
+        kv._barrier()
         kv.pull(self.keys, out=[p.data() for p in self.params])
         mx.nd.waitall()
 
@@ -58,6 +63,12 @@ class StockClient:
         """The weights to evaluate: after the step's pulls, the parameters are the global ones."""
         mx.nd.waitall()
         return None, 0
+
+    def state(self):
+        return {}, {}
+
+    def load_state(self, arrays, meta):
+        pass
 
     def residual_norm(self):
         return None          # MXNet keeps the 2-bit residual inside the C++ KVStore

@@ -25,18 +25,47 @@ class Job:
             return [json.loads(line) for line in f]
 
 
-def run_job(tmp_path, config, *sets, name="job", env=None, timeout=240):
-    """Run `python -m ssdsgd.run` with the given overrides; the run folder lives under tmp_path."""
+def _command(tmp_path, config, sets, name, args):
     log_dir = os.path.join(str(tmp_path), "runs")
     cmd = [sys.executable, "-m", "ssdsgd.run", "--config", os.path.join(ROOT, config),
            "--set", f"log.dir={log_dir}", "--set", f"name={name}"]
     for s in sets:
         cmd += ["--set", s]
+    return cmd + list(args), log_dir
+
+
+def _env(env):
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     full_env.update(env or {})
-    proc = subprocess.run(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    return full_env
+
+
+def run_job(tmp_path, config, *sets, name="job", env=None, timeout=240, args=()):
+    """Run `python -m ssdsgd.run` with the given overrides; the run folder lives under tmp_path."""
+    cmd, log_dir = _command(tmp_path, config, sets, name, args)
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=timeout, start_new_session=True)
     return Job(proc.returncode, proc.stdout, os.path.join(log_dir, name), log_dir)
+
+
+def start_job(tmp_path, config, *sets, name="job", env=None, args=()):
+    """Start a job in the background; returns (Popen with merged text output, Job without rc)."""
+    cmd, log_dir = _command(tmp_path, config, sets, name, args)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    return proc, Job(None, "", os.path.join(log_dir, name), log_dir)
+
+
+def role_of(pid):
+    """DMLC_ROLE and DMLC_TASK_ID from a process's environment, or (None, None)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    except OSError:
+        return None, None
+    role = env.get(b"DMLC_ROLE")
+    task = env.get(b"DMLC_TASK_ID")
+    return (role.decode() if role else None), (int(task) if task else None)
 
 
 def processes_with(marker):

@@ -1,0 +1,201 @@
+"""Faults, checkpoints and bad input on real jobs: clean failure, exact resume, refused commands."""
+import os
+import signal
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from jobs import processes_with, role_of, run_job, start_job
+
+SSGD = "configs/demo_digits_ssgd.yaml"
+SSD_TOPK = "configs/demo_digits_ssd_topk.yaml"
+
+
+def load_params(path):
+    import mxnet as mx
+    return {k: v.asnumpy() for k, v in mx.nd.load(path).items()}
+
+
+def _wait_for_progress(job, proc, timeout=60):
+    """Until rank 0 has logged a step (the job is past start-up), or fail."""
+    path = os.path.join(job.run_dir, "metrics.jsonl")
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            pytest.fail(f"job ended early: {proc.stdout.read()}")
+        if os.path.exists(path) and os.path.getsize(path) > 0:
+            return
+        time.sleep(0.2)
+    pytest.fail("job made no progress")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("role,task", [("worker", 1), ("server", 0), ("scheduler", 0)])
+def test_sigkill_of_any_role_ends_the_job(tmp_path, role, task):
+    proc, job = start_job(tmp_path, SSD_TOPK, "train.epochs=500", "log.every_steps=1", name="kill")
+    try:
+        _wait_for_progress(job, proc)
+        victims = [p for p in processes_with(job.marker) if role_of(p) == (role, task)]
+        assert len(victims) == 1, victims
+        os.kill(victims[0], signal.SIGKILL)
+        t0 = time.time()
+        out, _ = proc.communicate(timeout=60)
+        elapsed = time.time() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0
+    assert elapsed < 30
+    name = "scheduler" if role == "scheduler" else f"{role} {task}"
+    assert f"launch: {name} " in out and "SIGKILL" in out, out[-2000:]
+    assert processes_with(job.marker) == []
+    assert not os.path.exists(os.path.join(job.run_dir, "summary.json"))
+
+
+@pytest.mark.timeout(180)
+def test_hung_worker_is_detected_by_the_stall_timeout(tmp_path):
+    t0 = time.time()
+    job = run_job(tmp_path, SSGD, "train.epochs=50", "cluster.stall_timeout=5", name="hung",
+                  env={"SSDSGD_TEST_FAULT": "slow:1:3600"})
+    assert job.rc != 0
+    assert "made no progress" in job.output
+    assert time.time() - t0 < 60
+    assert processes_with(job.marker) == []
+
+
+@pytest.mark.timeout(300)
+def test_resume_after_epoch_2_matches_uninterrupted_run(tmp_path):
+    """Strict SSD-SGD + top-k, checkpoint every epoch. Run A stops after epoch 2 (max_steps), run B
+    resumes it to epoch 4; run C goes to epoch 4 without stopping. B must end where C ends."""
+    common = ["train.epochs=4", "algorithm.strict=true", "checkpoint.every_epochs=1"]
+    ck = os.path.join(str(tmp_path), "ck")
+    a = run_job(tmp_path, SSD_TOPK, *common, f"checkpoint.dir={ck}", "train.max_steps=44", name="A")
+    assert a.rc == 0, a.output
+    assert os.path.exists(os.path.join(ck, "epoch-0002", "manifest.json"))
+    b = run_job(tmp_path, SSD_TOPK, *common, f"checkpoint.dir={ck}", name="B", args=["--resume"])
+    assert b.rc == 0, b.output
+    assert "resuming from" in b.output and "epoch-0002" in b.output
+    c = run_job(tmp_path, SSD_TOPK, *common, f"checkpoint.dir={tmp_path}/ck_c", name="C")
+    assert c.rc == 0, c.output
+    assert b.summary()["steps"] == c.summary()["steps"] == 88
+    wb, wc, wa = (load_params(j.summary()["checkpoint"]) for j in (b, c, a))
+    for k in wc:
+        np.testing.assert_allclose(wb[k], wc[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    assert max(np.abs(wa[k] - wc[k]).max() for k in wc) > 1e-3     # epochs 3-4 did change weights
+
+
+@pytest.mark.timeout(240)
+def test_corrupt_or_mismatched_checkpoint_is_refused(tmp_path):
+    ck = os.path.join(str(tmp_path), "ck")
+    sets = ["train.epochs=2", f"checkpoint.dir={ck}", "checkpoint.every_epochs=1"]
+    a = run_job(tmp_path, SSD_TOPK, *sets, "train.max_steps=22", name="A")
+    assert a.rc == 0, a.output
+    other = run_job(tmp_path, SSD_TOPK, *sets, "train.lr=0.2", name="B", args=["--resume"])
+    assert other.rc == 2 and "different configuration" in other.output
+    worker_file = os.path.join(ck, "epoch-0001", "worker1.npz")
+    with open(worker_file, "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    bad = run_job(tmp_path, SSD_TOPK, *sets, name="C", args=["--resume"])
+    assert bad.rc == 2 and "worker1.npz is corrupt" in bad.output
+    none = run_job(tmp_path, SSD_TOPK, "checkpoint.dir=" + os.path.join(str(tmp_path), "empty"),
+                   name="D", args=["--resume"])
+    assert none.rc == 2 and "no complete checkpoint" in none.output
+
+
+@pytest.mark.timeout(180)
+def test_nan_fails_by_default_and_is_skipped_on_request(tmp_path):
+    fail = run_job(tmp_path, SSD_TOPK, "train.epochs=2", name="nanfail", env={"SSDSGD_TEST_FAULT": "nan:1:3"})
+    assert fail.rc != 0
+    assert "NaN/Inf at step 3 on rank 1" in fail.output
+    assert processes_with(fail.marker) == []
+    # One zeroed step does not hurt training: SSGD still learns digits in 4 epochs.
+    skip = run_job(tmp_path, SSGD, "train.epochs=4", "train.nonfinite=skip", name="nanskip",
+                   env={"SSDSGD_TEST_FAULT": "nan:1:3"})
+    assert skip.rc == 0, skip.output
+    s = skip.summary()
+    assert s["skipped_steps"] == 1
+    assert "pushing a zero gradient instead" in skip.output
+    assert s["final_test_acc"] > 0.85
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("config", [SSGD, SSD_TOPK])
+def test_unsigned_pickled_command_is_refused_and_never_run(tmp_path, config):
+    marker = os.path.join(str(tmp_path), "payload_ran")
+    job = run_job(tmp_path, config, "train.epochs=1", name="evil",
+                  env={"SSDSGD_TEST_FAULT": "pickle:0:2", "SSDSGD_TEST_PICKLE_MARKER": marker})
+    assert job.rc == 0, job.output
+    assert "refused command" in job.output and "unsigned" in job.output
+    assert not os.path.exists(marker)
+    assert job.summary()["steps"] == 22           # the job itself carried on
+
+
+def _busy_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    return s
+
+
+BAD_INPUTS = [
+    # (overrides, expected exit code, text the message must contain)
+    (["model.name=resnet9000"], 2, "model.name"),
+    (["data.dataset=mnist"], 2, "data.dataset"),
+    (["data.dataset=cifar10"], 2, "data.root"),
+    (["data.dataset=cifar10", "data.root=/nonexistent/cifar"], 2, "/nonexistent/cifar"),
+    (["compression.density=0"], 2, "compression.density"),
+    (["compression.density=1.5"], 2, "compression.density"),
+    (["algorithm.delay=0"], 2, "algorithm.delay"),
+    (["cluster.workers=0"], 2, "cluster.workers"),
+    (["cluster.launcher=ssh", "cluster.hostfile=/nonexistent/hosts"], 2, "/nonexistent/hosts"),
+    (["cluster.workers=64", "cluster.timeout=120"], 1, "steps_per_epoch"),
+]
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("sets,code,text", BAD_INPUTS, ids=[" ".join(b[0]) for b in BAD_INPUTS])
+def test_bad_input_gets_a_clear_error(tmp_path, sets, code, text):
+    job = run_job(tmp_path, SSD_TOPK, *sets, name="bad")
+    assert job.rc == code, job.output[-3000:]
+    assert text in job.output, job.output[-3000:]
+    assert not os.path.exists(os.path.join(job.run_dir, "summary.json"))
+    assert processes_with(job.marker) == []
+
+
+@pytest.mark.timeout(60)
+def test_port_in_use_is_refused(tmp_path):
+    sock = _busy_port()
+    try:
+        job = run_job(tmp_path, SSGD, f"cluster.port={sock.getsockname()[1]}", name="port")
+    finally:
+        sock.close()
+    assert job.rc == 2 and "already in use" in job.output
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("damage", ["truncate", "missing"])
+def test_corrupt_cifar_files_stop_the_job(tmp_path, damage):
+    root = tmp_path / "cifar"
+    root.mkdir()
+    rng = np.random.RandomState(0)
+    for name in [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]:
+        recs = np.concatenate([rng.randint(0, 10, (50, 1)), rng.randint(0, 256, (50, 3072))], 1)
+        (root / name).write_bytes(recs.astype(np.uint8).tobytes())
+    if damage == "truncate":
+        data = (root / "data_batch_3.bin").read_bytes()
+        (root / "data_batch_3.bin").write_bytes(data[:-100])
+        expect = "data_batch_3.bin"
+    else:
+        (root / "test_batch.bin").unlink()
+        expect = "test_batch"
+    job = run_job(tmp_path, SSGD, "data.dataset=cifar10", f"data.root={root}", "model.name=mlp",
+                  "train.epochs=1", name="cifar")
+    assert job.rc != 0
+    assert expect in job.output, job.output[-3000:]
+    assert processes_with(job.marker) == []

@@ -224,8 +224,11 @@ def _check_consistency(c):
     if comp["type"] not in ("none", "2bit") and alg["type"] == "asgd":
         raise ConfigError(f"compression.type: {comp['type']} needs the round-based server "
                           "(algorithm.type ssd or ssgd); asgd supports none or 2bit")
-    if comp["fp16_values"] and comp["type"] == "none":
-        raise ConfigError("compression.fp16_values: only applies to sparsifying compressors")
+    if comp["fp16_values"]:
+        raise ConfigError("compression.fp16_values: not supported yet; values travel as float32")
+    if comp["warmup_epochs"]:
+        raise ConfigError("compression.warmup_epochs: a density warm-up is not supported yet (mailbox "
+                          "sizes are fixed per run); use algorithm.warmup_iters for a synchronous start")
     cl = c["cluster"]
     if cl["launcher"] == "ssh" and not cl["hostfile"]:
         raise ConfigError("cluster.hostfile: required when cluster.launcher is ssh")

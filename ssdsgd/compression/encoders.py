@@ -5,7 +5,8 @@ SparseEncoder, fusion 'ahead' (SAFusion): every tensor is sparsified on its own 
   k_i = max(1, floor(density * n_i)), so no tensor goes missing, then the (index + offset, value)
   pieces are fused into the buffer's message: [idx_1..idx_m, val_1..val_m].
 SparseEncoder, fusion 'behind' (OMGS / SyncEA baseline): the buffer is fused first and one top-k
-  with the same total k runs over it, so large tensors can take every slot.
+  with the same total k runs over it, so large tensors can take every slot (min_dense_bytes does
+  not apply: there are no tensors any more, only the fused buffer).
 All of it stays in mx.nd operations: the engine overlaps them with the rest of backward.
 """
 import time

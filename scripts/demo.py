@@ -1,4 +1,4 @@
-"""`make demo`: the embedded digits demo, SSGD and SSD-SGD side by side through the real launcher.
+"""`make demo`: the embedded digits demo, SSGD, SSD-SGD and SSD-SGD + top-k 1% side by side.
 
 Each job runs 1 scheduler + 1 server + 2 workers on loopback; the table compares their summary.json.
 """
@@ -11,7 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from ssdsgd.metrics import comparison_table  # noqa: E402
 
-CONFIGS = ["configs/demo_digits_ssgd.yaml", "configs/demo_digits_ssd.yaml"]
+CONFIGS = ["configs/demo_digits_ssgd.yaml", "configs/demo_digits_ssd.yaml", "configs/demo_digits_ssd_topk.yaml"]
 
 
 def main():

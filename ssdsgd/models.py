@@ -24,6 +24,16 @@ def _small_cnn(num_classes):
     return net
 
 
+def check_model_name(name):
+    if name in SMALL_MODELS:
+        return
+    from gluoncv.model_zoo import get_model_list
+    if name not in get_model_list():
+        raise ModelError(f"model.name: unknown model {name!r}; use one of {', '.join(SMALL_MODELS)} "
+                         f"or a gluoncv model zoo name such as cifar_resnet20_v1, cifar_resnet56_v1, "
+                         f"resnet50_v1")
+
+
 def build_model(name, num_classes):
     if name == "linear":
         # Softmax regression: its gradient has a closed form, so tests can simulate a whole job in numpy.
@@ -34,10 +44,7 @@ def build_model(name, num_classes):
         return _mlp(num_classes)
     if name == "small_cnn":
         return _small_cnn(num_classes)
-    from gluoncv.model_zoo import get_model, get_model_list
-    if name not in get_model_list():
-        raise ModelError(f"model.name: unknown model {name!r}; use one of {', '.join(SMALL_MODELS)} "
-                         f"or a gluoncv model zoo name such as cifar_resnet20_v1, cifar_resnet56_v1, "
-                         f"resnet50_v1")
+    check_model_name(name)
+    from gluoncv.model_zoo import get_model
     # pretrained weights cannot be downloaded here, and the experiments train from scratch anyway.
     return get_model(name, classes=num_classes, pretrained=False)

@@ -6,18 +6,17 @@ running `python -m ssdsgd.train` with the same config and overrides.
 import os
 import sys
 
-from ssdsgd.config import ConfigError, load_config
-from ssdsgd.train import parse_args
+from ssdsgd.train import config_from_args, parse_args
 
 
 def preflight(cfg, resume):
     """Problems that can be found before any process starts; None if there are none."""
     from ssdsgd.checkpoint import CheckpointError, resume_point
-    if cfg.model.name not in ("linear", "mlp", "small_cnn"):
-        from gluoncv.model_zoo import get_model_list
-        if cfg.model.name not in get_model_list():
-            return (f"model.name: unknown model {cfg.model.name!r} (use linear, mlp, small_cnn or a "
-                    f"gluoncv model zoo name such as cifar_resnet20_v1 or resnet50_v1)")
+    from ssdsgd.models import ModelError, check_model_name
+    try:
+        check_model_name(cfg.model.name)
+    except ModelError as err:
+        return str(err)
     root = cfg.data.root
     if cfg.data.dataset in ("cifar10", "imagenet") and not os.path.isdir(root):
         return (f"data.root: folder {root} does not exist (put the {cfg.data.dataset} files there; "
@@ -34,10 +33,8 @@ def preflight(cfg, resume):
 
 def main(argv=None):
     args = parse_args(argv)
-    try:
-        cfg = load_config(args.config, args.set)
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
+    cfg = config_from_args(args)
+    if cfg is None:
         return 2
     problem = preflight(cfg, args.resume)
     if problem:

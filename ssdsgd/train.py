@@ -22,12 +22,19 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def config_from_args(args):
+    """The validated config, or None after printing the error (the caller exits with 2)."""
     try:
-        cfg = load_config(args.config, args.set)
+        return load_config(args.config, args.set)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
+        return None
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cfg = config_from_args(args)
+    if cfg is None:
         return 2
     role = os.environ.get("DMLC_ROLE")
     if role in ("server", "scheduler"):

@@ -1,0 +1,98 @@
+"""Accuracy and traffic of the algorithms and their ablations on the digits demo, over several seeds.
+
+    python scripts/accuracy_digits.py [--seeds 0 1 2] [--out results/accuracy_digits]
+
+Every variant runs through the real launcher (1 scheduler, 1 server, 2 workers), one job at a
+time, seeds interleaved. Writes runs.csv (one row per job) and table.md (mean and spread per
+variant) and prints the table.
+"""
+import argparse
+import csv
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SSGD = "configs/demo_digits_ssgd.yaml"
+SSD = "configs/demo_digits_ssd.yaml"
+TOPK = "configs/demo_digits_ssd_topk.yaml"
+# label -> (config, overrides)
+VARIANTS = {
+    "SSGD": (SSGD, []),
+    "ASGD": (SSGD, ["algorithm.type=asgd"]),
+    "SSD-SGD k=4 (GLU)": (SSD, []),
+    "SSD-SGD k=4, plain local SGD": (SSD, ["algorithm.local.optimizer=sgd"]),
+    "OD-SGD (k=1, GLU)": (SSD, ["algorithm.delay=1"]),
+    "SSD-SGD k=5 + top-k 1% ahead": (TOPK, []),
+    "SSD-SGD k=5 + top-k 1% behind": (TOPK, ["compression.fusion=behind"]),
+    "SSGD + top-k 1%": (TOPK, ["algorithm.type=ssgd"]),
+}
+
+
+def run(label, config, sets, seed, out):
+    name = re.sub(r"[^A-Za-z0-9]+", "_", f"{label} s{seed}").strip("_")
+    cmd = [sys.executable, "-m", "ssdsgd.run", "--config", config, "--set", f"seed={seed}",
+           "--set", f"log.dir={out}/runs", "--set", f"name={name}"]
+    for s in sets:
+        cmd += ["--set", s]
+    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if proc.returncode != 0:
+        print(proc.stdout[-3000:], file=sys.stderr)
+        return {"variant": label, "seed": seed, "rc": proc.returncode}
+    with open(os.path.join(out, "runs", name, "summary.json")) as f:
+        s = json.load(f)
+    return {"variant": label, "seed": seed, "rc": 0, "final_test_acc": s["final_test_acc"],
+            "best_test_acc": s["best_test_acc"], "images_per_sec": s["images_per_sec"],
+            "push_bytes_per_step": s["bytes_per_step"]["push"], "pull_bytes_per_step": s["bytes_per_step"]["pull"],
+            "max_staleness": s["max_staleness"], "mean_staleness": s["mean_staleness"], "steps": s["steps"]}
+
+
+def table(rows):
+    lines = ["| variant | final acc (mean ± sd over seeds) | per seed | push B/step | pull B/step | max staleness |",
+             "|---|---|---|---|---|---|"]
+    for label in VARIANTS:
+        rs = [r for r in rows if r["variant"] == label and r["rc"] == 0]
+        if not rs:
+            lines.append(f"| {label} | failed | | | | |")
+            continue
+        accs = [r["final_test_acc"] for r in rs]
+        sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
+        lines.append(f"| {label} | {statistics.mean(accs):.4f} ± {sd:.4f} | {' '.join(f'{a:.4f}' for a in accs)} "
+                     f"| {statistics.median(r['push_bytes_per_step'] for r in rs):.0f} "
+                     f"| {statistics.median(r['pull_bytes_per_step'] for r in rs):.0f} "
+                     f"| {max(r['max_staleness'] or 0 for r in rs)} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), help="labels to run")
+    ap.add_argument("--out", default="results/accuracy_digits")
+    args = ap.parse_args()
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    rows = []
+    for seed in args.seeds:
+        for label in args.variants:
+            config, sets = VARIANTS[label]
+            print(f"[seed {seed}] {label}", flush=True)
+            rows.append(run(label, config, sets, seed, out))
+    with open(os.path.join(out, "runs.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
+        w.writeheader()
+        w.writerows(rows)
+    text = table(rows)
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+    return 0 if all(r["rc"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

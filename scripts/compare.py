@@ -1,0 +1,24 @@
+"""Print the side-by-side table of finished runs: python scripts/compare.py RUN_DIR [RUN_DIR ...]"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from ssdsgd.metrics import comparison_table  # noqa: E402
+
+
+def main(run_dirs):
+    summaries = []
+    for d in run_dirs:
+        path = os.path.join(d, "summary.json")
+        if not os.path.exists(path):
+            print(f"error: {path} does not exist (the run did not finish)", file=sys.stderr)
+            return 1
+        with open(path) as f:
+            summaries.append(json.load(f))
+    print(comparison_table(summaries))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]) if len(sys.argv) > 1 else (print(__doc__, file=sys.stderr) or 2))

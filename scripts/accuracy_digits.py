@@ -52,6 +52,11 @@ def run(label, config, sets, seed, out):
             "max_staleness": s["max_staleness"], "mean_staleness": s["mean_staleness"], "steps": s["steps"]}
 
 
+def _staleness(rows):
+    values = [r["max_staleness"] for r in rows if r["max_staleness"] not in (None, "")]
+    return max(values) if values else "n/a (not tracked for ASGD)"
+
+
 def table(rows):
     lines = ["| variant | final acc (mean ± sd over seeds) | per seed | push B/step | pull B/step | max staleness |",
              "|---|---|---|---|---|---|"]
@@ -65,7 +70,7 @@ def table(rows):
         lines.append(f"| {label} | {statistics.mean(accs):.4f} ± {sd:.4f} | {' '.join(f'{a:.4f}' for a in accs)} "
                      f"| {statistics.median(r['push_bytes_per_step'] for r in rs):.0f} "
                      f"| {statistics.median(r['pull_bytes_per_step'] for r in rs):.0f} "
-                     f"| {max(r['max_staleness'] or 0 for r in rs)} |")
+                     f"| {_staleness(rs)} |")
     return "\n".join(lines)
 
 

@@ -1,0 +1,142 @@
+"""Time to accuracy on a slow link: the digits demo, SSGD vs SSD-SGD vs SSD-SGD + top-k 1%.
+
+    sudo python scripts/time_to_accuracy.py [--rate 20] [--seeds 0 1 2] [--out results/time_to_accuracy]
+
+Each job runs in a fresh network namespace whose loopback is limited to --rate Mbit/s (tc tbf), jobs
+interleaved by seed. Writes evals.csv (variant, seed, epoch, seconds since launch, test accuracy),
+jobs.csv (one row per job, with the namespace's own byte counter), table.md (medians; the time each
+variant needs to reach the SSGD run's final accuracy of the same seed, and its ratio to SSGD's), and
+accuracy-vs-time / accuracy-vs-epoch plots through scripts/plot.py.
+"""
+import argparse
+import csv
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from netns import Namespace, NetnsError, check_tools  # noqa: E402
+
+VARIANTS = {
+    "SSGD": "configs/demo_digits_ssgd.yaml",
+    "SSD-SGD": "configs/demo_digits_ssd.yaml",
+    "SSD-SGD + top-k 1%": "configs/demo_digits_ssd_topk.yaml",
+}
+
+
+def run(label, config, seed, rate, out, timeout):
+    name = re.sub(r"[^A-Za-z0-9]+", "_", f"{label} s{seed}").strip("_")
+    cmd = [sys.executable, "-m", "ssdsgd.run", "--config", os.path.join(ROOT, config), "--set", f"seed={seed}",
+           "--set", f"log.dir={out}/runs", "--set", f"name={name}", "--set", f"cluster.timeout={timeout}"]
+    with Namespace(rate_mbit=rate) as ns:
+        before = ns.counters()["tx_bytes"]
+        t0 = time.time()
+        proc = subprocess.run(ns.argv(cmd), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT))
+        seconds = time.time() - t0
+        kernel_bytes = ns.counters()["tx_bytes"] - before
+    run_dir = os.path.join(out, "runs", name)
+    job = {"variant": label, "seed": seed, "rate_mbit": rate, "rc": proc.returncode, "seconds": seconds,
+           "kernel_bytes": kernel_bytes, "run_dir": run_dir}
+    evals = []
+    if proc.returncode != 0:
+        print(proc.stdout[-3000:], file=sys.stderr)
+        return job, evals
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        job["final_test_acc"] = json.load(f)["final_test_acc"]
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            m = json.loads(line)
+            if "test_acc" in m:
+                evals.append({"variant": label, "seed": seed, "epoch": m["epoch"] + 1,
+                              "seconds": m["time"] - t0, "test_acc": m["test_acc"]})
+    return job, evals
+
+
+def time_to(evals, target):
+    hit = [e["seconds"] for e in evals if e["test_acc"] >= target]
+    return min(hit) if hit else None
+
+
+def table(jobs, evals, rate):
+    lines = [f"Digits demo at {rate:g} Mbit/s (2 workers, 1 server; medians over seeds; "
+             f"target = the SSGD run's final accuracy of the same seed)", "",
+             "| variant | final acc | job seconds | kernel MB | time to SSGD's final acc (s) | vs SSGD |",
+             "|---|---|---|---|---|---|"]
+    seeds = sorted({j["seed"] for j in jobs})
+    target = {s: next((j.get("final_test_acc") for j in jobs if j["variant"] == "SSGD" and j["seed"] == s
+                       and j["rc"] == 0), None) for s in seeds}
+    ssgd_tta = {s: time_to([e for e in evals if e["variant"] == "SSGD" and e["seed"] == s], target[s])
+                for s in seeds if target[s] is not None}
+    for label in VARIANTS:
+        js = [j for j in jobs if j["variant"] == label and j["rc"] == 0]
+        if not js:
+            lines.append(f"| {label} | failed | | | | |")
+            continue
+        tta, ratio = [], []
+        for j in js:
+            if target.get(j["seed"]) is None:
+                continue
+            t = time_to([e for e in evals if e["variant"] == label and e["seed"] == j["seed"]], target[j["seed"]])
+            if t is not None:
+                tta.append(t)
+                if ssgd_tta.get(j["seed"]):
+                    ratio.append(t / ssgd_tta[j["seed"]])
+        reached = f"{statistics.median(tta):.1f} ({len(tta)}/{len(js)} reached)" if tta else "not reached"
+        lines.append(f"| {label} | {statistics.median(j['final_test_acc'] for j in js):.4f} "
+                     f"| {statistics.median(j['seconds'] for j in js):.1f} "
+                     f"| {statistics.median(j['kernel_bytes'] for j in js) / 1e6:.1f} | {reached} "
+                     f"| {f'{statistics.median(ratio):.2f}x' if ratio else '–'} |")
+    return "\n".join(lines)
+
+
+def write_csv(path, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rate", type=float, default=20.0, help="link rate in Mbit/s (0 = unlimited)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--timeout", type=float, default=900, help="per job, seconds")
+    ap.add_argument("--out", default="results/time_to_accuracy")
+    args = ap.parse_args()
+    try:
+        check_tools()
+    except NetnsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    jobs, evals = [], []
+    for seed in args.seeds:
+        for label, config in VARIANTS.items():
+            print(f"[seed {seed}] {label} at {args.rate:g} Mbit/s", flush=True)
+            job, ev = run(label, config, seed, args.rate, out, args.timeout)
+            jobs.append(job)
+            evals += ev
+            print(f"  exit {job['rc']}, {job['seconds']:.1f} s, {job['kernel_bytes'] / 1e6:.1f} MB on the link",
+                  flush=True)
+    write_csv(os.path.join(out, "jobs.csv"), jobs)
+    write_csv(os.path.join(out, "evals.csv"), evals)
+    text = table(jobs, evals, args.rate)
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+    ok = [j["run_dir"] for j in jobs if j["rc"] == 0]
+    if ok:
+        subprocess.call([sys.executable, os.path.join(HERE, "plot.py"), "--runs", *ok, "--out", out])
+    return 0 if all(j["rc"] == 0 for j in jobs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -121,6 +121,9 @@ def run_worker(cfg, resume=False):
     heartbeat = os.environ.get("SSDSGD_HEARTBEAT_FILE")
     faults = FaultPlan(rank)
     bsz = cfg.train.batch_size
+    # SSD-SGD's warm-up is synchronous; traffic after it is what the delay stage costs.
+    warmup_steps = cfg.algorithm.warmup_iters if cfg.algorithm.type == "ssd" else 0
+    after_warmup = {"steps": 0, "push_bytes": 0, "pull_bytes": 0}
     totals = {"skipped_steps": 0, "push_bytes": 0, "pull_bytes": 0, "wait_seconds": 0.0, "images": 0, "train_seconds": 0.0,
               "eval_pull_bytes": 0}
     staleness = []
@@ -146,6 +149,10 @@ def run_worker(cfg, resume=False):
             rec = client.after_backward(step)
             totals["push_bytes"] += rec["push_bytes"]
             totals["pull_bytes"] += rec["pull_bytes"]
+            if step >= warmup_steps:
+                after_warmup["steps"] += 1
+                after_warmup["push_bytes"] += rec["push_bytes"]
+                after_warmup["pull_bytes"] += rec["pull_bytes"]
             if rec["wait_seconds"] is not None:
                 totals["wait_seconds"] += rec["wait_seconds"]
             if rec["staleness"] is not None:
@@ -213,6 +220,7 @@ def run_worker(cfg, resume=False):
             "push_bytes": totals["push_bytes"], "pull_bytes": totals["pull_bytes"],
             "bytes_per_step": {"push": totals["push_bytes"] / max(1, step),
                                "pull": totals["pull_bytes"] / max(1, step)},
+            "after_warmup": after_warmup,
             "eval_pull_bytes": totals["eval_pull_bytes"],
             "wait_seconds": totals["wait_seconds"],
             "skipped_steps": sum(p["skipped_steps"] for p in parts),

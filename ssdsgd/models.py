@@ -1,5 +1,7 @@
-"""Networks: two small ones for the embedded demo, and the gluoncv model zoo (never pretrained)."""
-from mxnet.gluon import nn
+"""Networks: small ones for the embedded demo and tests, and the gluoncv model zoo (never pretrained).
+
+mxnet and gluoncv are imported inside the functions: the launcher front end checks model names
+without paying for them when the model is one of ours."""
 
 SMALL_MODELS = ("linear", "mlp", "small_cnn")
 
@@ -9,6 +11,7 @@ class ModelError(ValueError):
 
 
 def _mlp(num_classes):
+    from mxnet.gluon import nn
     net = nn.HybridSequential()
     net.add(nn.Flatten(), nn.Dense(128, activation="relu"), nn.Dense(64, activation="relu"),
             nn.Dense(num_classes))
@@ -16,6 +19,7 @@ def _mlp(num_classes):
 
 
 def _small_cnn(num_classes):
+    from mxnet.gluon import nn
     # Two conv blocks and a classifier: enough for digits (8x8) and small enough for 2 CPU cores.
     net = nn.HybridSequential()
     net.add(nn.Conv2D(32, 3, padding=1), nn.BatchNorm(), nn.Activation("relu"),
@@ -36,6 +40,7 @@ def check_model_name(name):
 
 def build_model(name, num_classes):
     if name == "linear":
+        from mxnet.gluon import nn
         # Softmax regression: its gradient has a closed form, so tests can simulate a whole job in numpy.
         net = nn.HybridSequential()
         net.add(nn.Flatten(), nn.Dense(num_classes))

@@ -1,0 +1,215 @@
+"""Fast tests of the benchmark tools: CSV -> table aggregation, plots, and a rate-limited namespace."""
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import bench_network as bn  # noqa: E402
+import netns  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _row(alg, rate, rep, ips, kbytes, rss, status="ok", steady=None, steady_bytes=None, workers=2):
+    row = {k: "" for k in bn.FIELDS}
+    label = bn.COMPUTE_BOUND_LABEL if alg == bn.COMPUTE_BOUND else bn.ALGORITHMS[alg][0]
+    row.update(algorithm=alg, label=label, rate_mbit=rate, repeat=rep, status=status,
+               exit_code=0 if status == "ok" else 1, num_workers=workers, steps=20)
+    if status == "ok":
+        row.update(images_per_sec=ips, kernel_bytes_per_step=kbytes, peak_rss_worker_mb=rss,
+                   steady_images_per_sec="" if steady is None else steady,
+                   steady_kernel_bytes_per_step="" if steady_bytes is None else steady_bytes,
+                   push_bytes_per_step=1000, pull_bytes_per_step=1000, final_loss=2.3, wall_seconds=10)
+    if alg == bn.COMPUTE_BOUND:
+        row["bound_workers"] = 2
+    return row
+
+
+def _write_csv(path, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=bn.FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def synthetic_rows():
+    # SSGD ips 10/20/40 and SSD 30/60/50 at 20 Mbit/s: per-repeat ratios 3, 3, 1.25 -> median 3.0,
+    # while the ratio of the medians would be 50/20 = 2.5. A 4th SSD repeat failed.
+    rows = [_row(bn.COMPUTE_BOUND, 0, 1, 60, 1000, 400), _row(bn.COMPUTE_BOUND, 0, 2, 50, 1000, 400)]
+    for rep, (a, b) in enumerate([(10, 30), (20, 60), (40, 50)], 1):
+        rows.append(_row("ssgd", 20, rep, a, 4_000_000, 400, steady=a, steady_bytes=4_000_000))
+        rows.append(_row("ssd_topk", 20, rep, b, 400_000 * rep, 440 + rep, steady=b, steady_bytes=400_000))
+    rows.append(_row("ssgd", 20, 4, 25, 4_000_000, 400))
+    rows.append(_row("ssd_topk", 20, 4, None, None, None, status="failed"))
+    rows.append(_row("ssgd", 0, 1, 100, 4_000_000, 400))
+    return rows
+
+
+def test_aggregate_medians_and_per_repeat_ratios(tmp_path):
+    path = tmp_path / "runs.csv"
+    _write_csv(path, synthetic_rows())
+    agg = bn.aggregate(bn.read_rows(path))
+    by = {(g["algorithm"], g["rate_mbit"]): g for g in agg["groups"]}
+    assert set(by) == {("ssgd", 20.0), ("ssd_topk", 20.0), ("ssgd", 0.0)}
+    ssgd, ssd = by[("ssgd", 20.0)], by[("ssd_topk", 20.0)]
+    assert (ssgd["ok"], ssgd["runs"]) == (4, 4) and (ssd["ok"], ssd["runs"]) == (3, 4)
+    assert ssgd["images_per_sec"] == pytest.approx(22.5)            # median of 10, 20, 25, 40
+    assert ssd["images_per_sec"] == pytest.approx(50.0)
+    assert ssd["speedup"] == pytest.approx(3.0)                     # median of per-repeat ratios
+    assert ssd["steady_speedup"] == pytest.approx(3.0)
+    assert ssgd["speedup"] == pytest.approx(1.0)
+    assert ssd["bytes_ratio"] == pytest.approx(0.2)                 # 0.1, 0.2, 0.3
+    assert ssd["steady_bytes_ratio"] == pytest.approx(0.1)
+    assert ssd["rss_ratio"] == pytest.approx(442 / 400)
+    assert ssd["failed"] == ["rep 4: failed (exit 1)"]
+    assert by[("ssgd", 0.0)]["speedup"] == pytest.approx(1.0)
+    cb = agg["compute_bound"]
+    assert cb["single_images_per_sec"] == pytest.approx(55.0) and cb["images_per_sec"] == pytest.approx(110.0)
+
+    table = bn.markdown_table(agg)
+    assert "| SSD-SGD+top-k 1% | 20 Mbit/s | 3/4 | 50.0 | 3.00× |" in table
+    assert "| SSGD | unlimited | 1/1 | 100.0 | 1.00× |" in table
+    assert "Compute bound: 110.0 img/s" in table
+    assert "rep 4: failed (exit 1)" in table
+    # 1 - 22.5/110 -> SSGD spends ~80% of its time communicating at 20 Mbit/s: speed-up target applies.
+    assert "SSD-SGD+top-k 1% ≥ 2.5× SSGD img/s at 20 Mbit/s" in table and "→ met" in table
+    assert "kernel bytes/step ≤ 15% of SSGD's at 20 Mbit/s: steady 10.0%" in table
+    # table-only mode writes table.md from the CSV
+    assert bn.main(["--table-only", "--out", str(tmp_path)]) == 0
+    assert "3.00×" in (tmp_path / "table.md").read_text()
+
+
+def test_aggregate_without_baseline_has_no_ratios():
+    rows = [_row("ssd", 20, 1, 30, 100, 400)]
+    g = bn.aggregate(rows)["groups"][0]
+    assert g["speedup"] is None and g["bytes_ratio"] is None
+    assert "–" in bn.markdown_table(bn.aggregate(rows))
+
+
+def test_steady_state_window_and_counter_interpolation():
+    records = [{"step": 10, "loss": 1, "time": 100.0}, {"step": 20, "loss": 1, "time": 102.0},
+               {"step": 30, "loss": 1, "time": 104.0}, {"step": 30, "test_acc": 0.5, "time": 110.0}]
+    counter = [(99.0, 0), (101.0, 2000), (105.0, 6000)]              # 1000 B/s
+    ips, bps = bn.steady_state(records, 20, 64, counter)
+    assert ips == pytest.approx(10 * 64 / 2.0)
+    assert bps == pytest.approx((5000 - 3000) / 10)
+
+
+def test_parse_net_dev():
+    text = textwrap.dedent("""\
+        Inter-|   Receive                                                |  Transmit
+         face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+            lo:  123456     789    0    0    0     0          0         0   123456     789    0    0    0     0       0          0
+        """)
+    c = netns.parse_net_dev(text)
+    assert c["rx_bytes"] == c["tx_bytes"] == 123456 and c["tx_packets"] == 789
+
+
+def test_plot_writes_pngs_from_csv_and_metrics(tmp_path):
+    csv_path = tmp_path / "runs.csv"
+    _write_csv(csv_path, synthetic_rows())
+    run = tmp_path / "runs" / "a"
+    run.mkdir(parents=True)
+    t = 1000.0
+    with open(run / "metrics.jsonl", "w") as f:
+        for epoch in range(3):
+            for step in (10, 20):
+                s = epoch * 20 + step
+                f.write(json.dumps({"epoch": epoch, "step": s, "loss": 2.0 / s, "images_per_sec": 64.0,
+                                    "time": t + s}) + "\n")
+            f.write(json.dumps({"epoch": epoch, "step": epoch * 20 + 20, "test_acc": 0.3 + 0.2 * epoch,
+                                "time": t + epoch * 20 + 21}) + "\n")
+    (run / "config.yaml").write_text("train:\n  batch_size: 32\n")
+    (run / "summary.json").write_text(json.dumps({"algorithm": "ssd", "compression": "topk"}))
+    out = tmp_path / "plots"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "plot.py"), "--csv", str(csv_path),
+                           "--runs", str(run), "--out", str(out)], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout
+    names = ["throughput.png", "bytes_per_step.png", "worker_rss.png", "accuracy_vs_time.png",
+             "accuracy_vs_epoch.png", "loss_vs_time.png"]
+    for name in names:
+        path = out / name
+        assert path.exists(), name
+        data = path.read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 5000, name
+
+
+RECEIVER = """
+import socket, sys
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(1)
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept(); n = 0
+while n < int(sys.argv[1]):
+    b = c.recv(1 << 16)
+    if not b: break
+    n += len(b)
+c.sendall(b"k"); c.close(); print(n, flush=True)
+"""
+
+SENDER = """
+import socket, sys, time
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+t0 = time.perf_counter(); c.sendall(b"x" * int(sys.argv[2])); ack = c.recv(1)
+print(time.perf_counter() - t0, ack.decode(), flush=True)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"),
+                    reason="needs root and iproute2 (ip, tc)")
+@pytest.mark.timeout(60)
+def test_namespace_rate_limit_counts_bytes_and_is_deleted():
+    size = 1 << 20
+    with netns.Namespace(rate_mbit=8) as ns:
+        assert ns.exists() and "tbf" in ns.qdisc() and "8Mbit" in ns.qdisc()
+        before = ns.counters()["tx_bytes"]
+        recv = subprocess.Popen(ns.argv([sys.executable, "-c", RECEIVER, str(size)]),
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            port = recv.stdout.readline().strip()
+            send = subprocess.run(ns.argv([sys.executable, "-c", SENDER, port, str(size)]),
+                                  stdout=subprocess.PIPE, text=True, timeout=30)
+            received = int(recv.stdout.readline())
+        finally:
+            recv.kill()
+            recv.wait()
+        assert send.returncode == 0
+        seconds, ack = send.stdout.split()
+        after = ns.counters()["tx_bytes"]
+    assert ack == "k" and received == size
+    assert after - before >= size
+    # 8 Mbit/s = 1 MB/s; the 256 KB bucket passes at once, so (1 MiB - 256 KiB) / 1 MB/s = 0.79 s at least.
+    assert float(seconds) >= 0.7, seconds
+    assert not ns.exists()
+    assert ns.name not in subprocess.run(["ip", "netns", "list"], stdout=subprocess.PIPE, text=True).stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="needs root and ip")
+def test_namespace_is_deleted_after_an_exception_and_its_processes_killed():
+    with pytest.raises(RuntimeError):
+        with netns.Namespace() as ns:
+            sleeper = subprocess.Popen(ns.argv(["sleep", "60"]))
+            deadline = time.monotonic() + 5
+            while sleeper.pid not in ns.pids() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert sleeper.pid in ns.pids()
+            raise RuntimeError("boom")
+    assert sleeper.wait(timeout=5) is not None
+    assert not ns.exists()
+
+
+def test_table_warns_about_runs_on_a_busy_machine():
+    rows = [_row("ssgd", 20, 1, 30, 100, 400), _row("ssd", 20, 1, 60, 100, 400)]
+    rows[1]["other_cpu_share"] = 0.5
+    agg = bn.aggregate(rows)
+    assert agg["busy_runs"] == 1
+    assert "in 1 of 2 successful runs other processes used more than 10%" in bn.markdown_table(agg)

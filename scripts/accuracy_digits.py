@@ -30,6 +30,15 @@ VARIANTS = {
     "SSD-SGD k=5 + top-k 1% ahead": (TOPK, []),
     "SSD-SGD k=5 + top-k 1% behind": (TOPK, ["compression.fusion=behind"]),
     "SSGD + top-k 1%": (TOPK, ["algorithm.type=ssgd"]),
+    "SSD-SGD k=5 + top-k 1% ahead, S=2k": (TOPK, ["algorithm.max_staleness=10"]),
+    # Where sparsification-ahead fusion should matter most: sparser, or without error feedback.
+    "SSD-SGD + top-k 0.1% ahead": (TOPK, ["compression.density=0.001"]),
+    "SSD-SGD + top-k 0.1% behind": (TOPK, ["compression.density=0.001", "compression.fusion=behind"]),
+    "SSD-SGD + top-k 1% ahead, no EF": (TOPK, ["compression.error_feedback=false",
+                                                "compression.momentum_correction=false"]),
+    "SSD-SGD + top-k 1% behind, no EF": (TOPK, ["compression.error_feedback=false",
+                                                 "compression.momentum_correction=false",
+                                                 "compression.fusion=behind"]),
 }
 
 
@@ -62,6 +71,8 @@ def table(rows):
              "|---|---|---|---|---|---|"]
     for label in VARIANTS:
         rs = [r for r in rows if r["variant"] == label and r["rc"] == 0]
+        if not any(r["variant"] == label for r in rows):
+            continue                                  # not run (--variants)
         if not rs:
             lines.append(f"| {label} | failed | | | | |")
             continue

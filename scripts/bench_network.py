@@ -53,6 +53,9 @@ ALGORITHMS = {
                                        "compression.density=0.01"]),
     "ssgd_topk": ("SSGD+top-k 1%", ["algorithm.type=ssgd", "compression.type=topk",
                                      "compression.density=0.01"]),
+    # S = 2k lets each weight pull land up to k steps after it was issued (see algorithms/ssd.py).
+    "ssd_topk_s2k": ("SSD-SGD+top-k 1%, S=2k", ["algorithm.type=ssd", "compression.type=topk",
+                                               "compression.density=0.01", "algorithm.max_staleness=10"]),
 }
 COMPUTE_BOUND = "compute_bound"
 COMPUTE_BOUND_LABEL = "compute bound (1 worker, no comm.)"
@@ -62,7 +65,7 @@ COMPUTE_BOUND_LABEL = "compute bound (1 worker, no comm.)"
 COMPUTE_BOUND_SETS = ["cluster.workers=1", "cluster.servers=1", "algorithm.type=ssd",
                       "algorithm.delay=100000", "algorithm.warmup_iters=0", "compression.type=none"]
 BASELINE = "ssgd"
-COMPRESSED = ("ssgd_2bit", "ssd_topk", "ssgd_topk")
+COMPRESSED = ("ssgd_2bit", "ssd_topk", "ssgd_topk", "ssd_topk_s2k")
 ROLES = ("worker", "server", "scheduler", "launcher")
 
 FIELDS = ["algorithm", "label", "rate_mbit", "repeat", "status", "exit_code", "images_per_sec",
@@ -257,7 +260,8 @@ def run_one(job, args):
     env.update(PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
                OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
     t0 = time.monotonic()
-    with netns.Namespace(job["rate"] or None, args.delay_ms) as ns, open(log_path, "w") as log:
+    with netns.Namespace(job["rate"] or None, args.delay_ms, latency=f"{args.queue_ms:g}ms") as ns, \
+            open(log_path, "w") as log:
         row["namespace"] = ns.name
         log.write(f"# namespace {ns.name}: {ns.qdisc()}\n# {' '.join(command)}\n")
         log.flush()
@@ -585,6 +589,9 @@ def parse_args(argv=None):
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="extra config override for every job (repeatable)")
     ap.add_argument("--job-timeout", type=float, help=f"seconds per job (default {FULL['job_timeout']:g})")
+    ap.add_argument("--queue-ms", type=float, default=50.0,
+                    help="tbf latency: how long a packet may queue at the link before it is dropped "
+                         "(default 50; drops on loopback cost TCP retransmission timeouts)")
     ap.add_argument("--delay-ms", type=float, default=None,
                     help="also add a netem delay on the loopback (needs the sch_netem kernel module)")
     ap.add_argument("--wait-idle", type=float, default=0.0, metavar="SECONDS",

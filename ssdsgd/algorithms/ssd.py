@@ -9,17 +9,21 @@ blocks on the other workers; the rounds are synchronous on the server side.
 
 Per step t (after backward):
   warm-up (t < T_w): push, wait until round t is applied (version t+1), pull: plain synchronous SGD.
-  delay stage:       land the pull issued at t-1 if any (refresh local weights, GLU snapshot);
-                     if the next step would compute on weights more than S rounds old, wait for
-                     fresher ones (logged); local update with this worker's gradient; push; every
-                     k steps issue an asynchronous pull that overlaps the next step's compute.
+  delay stage:       land the in-flight pull if it has arrived (refresh local weights and the
+                     GLU snapshot); if the next step would compute on weights more than S rounds
+                     old, wait for the pull or for fresher weights (logged); local update with this
+                     worker's gradient; push; every k steps issue an asynchronous pull that
+                     overlaps the following steps' compute.
 When S = k (the default) or in strict mode, a pull is issued only once the round it asks for is
 applied (cheap clock polls), so every refresh carries exactly the round its pull was issued for (it
-cannot be newer: this worker has not pushed the next round yet). That is the bound the original
-implementation got from dist_sync's push acknowledgement, and it makes runs reproducible step by
-step. With S > k the pull goes out at once and may land a round or more behind, within the bound.
+cannot be newer: this worker has not pushed the next round yet), and it is landed at the next step.
+That is the bound the original implementation got from dist_sync's push acknowledgement, and it
+makes runs reproducible step by step. With S > k the pull goes out at once, may carry an older
+round, and may land up to S - k steps later: on a slow link the transfer then hides behind several
+steps of compute instead of one.
 """
 import os
+import threading
 import time
 
 import mxnet as mx
@@ -28,6 +32,28 @@ from ssdsgd import commands
 from ssdsgd.commands import num_servers
 from ssdsgd.compression.encoders import make_encoders, time_encoding
 from ssdsgd.glu import GLU
+
+class PullWatch:
+    """Tells, without blocking the training loop, whether pulled arrays have landed.
+
+    MXNet has no non-blocking readiness query; a daemon thread waits on the arrays instead
+    (wait_to_read releases the GIL inside the engine call)."""
+
+    def __init__(self, arrays):
+        self._landed = threading.Event()
+        if not arrays:
+            self._landed.set()
+            return
+        threading.Thread(target=self._wait, args=(list(arrays),), daemon=True).start()
+
+    def _wait(self, arrays):
+        for a in arrays:
+            a.wait_to_read()
+        self._landed.set()
+
+    def landed(self):
+        return self._landed.is_set()
+
 
 PROBE_KEYS = (1 << 20, (1 << 20) + 1, (1 << 20) + 2)   # far above any plan key
 PROBE_ELEMENTS = 1 << 18
@@ -82,6 +108,7 @@ class RoundClient:
         self.buffers = self.encoders = None         # planned in setup() (may need a link probe)
         self.versions = []                          # version of the global weights under w_loc
         self.pending_pull = None                    # step at which the in-flight pull was issued
+        self.watch = None                           # tells when that pull has landed
         self.local_opt, self.local_states = self._make_local_optimizer()
         self.pull_bytes = 0
         self.stats = {}
@@ -186,6 +213,7 @@ class RoundClient:
                     memory.velocity[int(name[len("velocity"):])] = mx.nd.array(arr)
         self.versions = list(meta["versions"])
         self.pending_pull = meta["pending_pull"]
+        self.watch = PullWatch([])         # the saved pull buffers have landed
         self.local_opt._index_update_count = {int(k): c for k, c in meta["local_counts"].items()}
         self.local_opt.num_update = meta["local_num_update"]
 
@@ -255,17 +283,17 @@ class RoundClient:
             wait += time.perf_counter() - t0
             return self._record(pushed, staleness, wait)
 
+        pull_step = (step - self.warmup + 1) % self.k == 0
+        need = step + 1 - self.S           # the next step may not compute on anything older
         if self.pending_pull is not None:
-            t0 = time.perf_counter()
-            issued = self.pending_pull
-            self.pending_pull = None
-            for bi in range(len(self.buffers)):
-                got = self._apply_pull(bi)
-                if self.strict and got != issued + 1:
-                    raise RuntimeError(f"strict mode: pull issued for version {issued + 1} got {got}")
-            wait += time.perf_counter() - t0
-        # The next step computes on these weights: enforce the staleness bound before it.
-        need = step + 1 - self.S
+            # Land the in-flight pull once it has arrived; wait for it only when it is due: in strict
+            # mode (always the next step), when the weights would get too stale, or when the next
+            # pull is about to be issued into the same buffers.
+            must = self.strict or min(self.versions) < need or pull_step
+            if must or self.watch.landed():
+                t0 = time.perf_counter()
+                self._land_pull()
+                wait += time.perf_counter() - t0
         stale = [bi for bi, v in enumerate(self.versions) if v < need]
         if stale:
             t0 = time.perf_counter()
@@ -290,7 +318,16 @@ class RoundClient:
             for bi in range(len(self.buffers)):
                 self._pull_weights(bi)
             self.pending_pull = step
+            self.watch = PullWatch(self.pull_bufs)
         return self._record(pushed, staleness, wait)
+
+    def _land_pull(self):
+        issued = self.pending_pull
+        self.pending_pull = None
+        for bi in range(len(self.buffers)):
+            got = self._apply_pull(bi)
+            if self.strict and got != issued + 1:
+                raise RuntimeError(f"strict mode: pull issued for version {issued + 1} got {got}")
 
     def _record(self, pushed, staleness, wait):
         return {"push_bytes": pushed, "pull_bytes": self.pull_bytes, "staleness": staleness,

@@ -104,7 +104,7 @@ def plot_csv(csv_path, out_dir):
     kind = "steady-state " if field.startswith("steady") else ""
     ax.set_ylabel(f"{kind}throughput (images/s, all workers)")
     ax.set_title("Training throughput by link rate (median, bars: min-max over repeats)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))   # beside the bars, not over them
     fig.tight_layout()
     written.append(_save(fig, out_dir, "throughput.png"))
 

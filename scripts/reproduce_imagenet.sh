@@ -1,33 +1,3 @@
 #!/usr/bin/env bash
-# Paper-style ImageNet runs: SSGD and SSD-SGD on ResNet-50 (plus SSD-SGD + top-k 1% as an override), then the comparison plot.
-#
-#   scripts/reproduce_imagenet.sh DATA_ROOT [HOSTFILE INTERFACE]
-#
-# DATA_ROOT holds im2rec output: train.rec, train.idx, val.rec, val.idx.
-# With HOSTFILE and INTERFACE the jobs run across hosts with the ssh launcher (the run folders must be
-# on a file system all hosts share); otherwise locally. OUT (default results/imagenet) receives the runs,
-# a comparison table and the plots. Extra --set overrides can be passed in SETS, e.g.
-#   SETS="--set cluster.workers=4" scripts/reproduce_imagenet.sh /data/imagenet
-set -euo pipefail
-cd "$(dirname "$0")/.."
-[ $# -ge 1 ] || { echo "usage: $0 DATA_ROOT [HOSTFILE INTERFACE]" >&2; exit 2; }
-root=$(readlink -f "$1")
-[ -d "$root" ] || { echo "error: data folder $1 does not exist" >&2; exit 2; }
-py=${PYTHON:-.venv/bin/python}
-out=${OUT:-results/imagenet}
-cluster=()
-if [ $# -ge 3 ]; then
-  cluster=(--set cluster.launcher=ssh --set "cluster.hostfile=$(readlink -f "$2")" --set "cluster.interface=$3")
-else
-  cluster=(--set cluster.launcher=local --set cluster.hostfile=null)
-fi
-runs=()
-for cfg in imagenet_resnet50_ssgd imagenet_resnet50_ssd imagenet_resnet50_ssd_topk; do
-  echo "=== $cfg"
-  # shellcheck disable=SC2086
-  "$py" -m ssdsgd.run --config "configs/$cfg.yaml" --set "data.root=$root" --set "log.dir=$out/runs" \
-    --set "checkpoint.dir=$out/checkpoints/$cfg" "${cluster[@]}" ${SETS:-}
-  runs+=("$out/runs/$cfg")
-done
-"$py" scripts/compare.py "${runs[@]}" | tee "$out/table.txt"
-"$py" scripts/plot.py --runs "${runs[@]}" --out "$out"
+# imagenet runs of the paper comparison; see scripts/reproduce.sh for arguments and outputs.
+exec "$(dirname "$0")/reproduce.sh" imagenet "$@"

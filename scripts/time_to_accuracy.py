@@ -13,6 +13,7 @@ import csv
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -103,7 +104,13 @@ def write_csv(path, rows):
         w.writerows(rows)
 
 
+def _stop(signum, frame):
+    # SIGTERM unwinds like Ctrl-C, so the running job is ended and its namespace deleted.
+    raise KeyboardInterrupt
+
+
 def main():
+    signal.signal(signal.SIGTERM, _stop)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rate", type=float, default=20.0, help="link rate in Mbit/s (0 = unlimited)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])

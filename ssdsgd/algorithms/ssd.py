@@ -56,17 +56,23 @@ class PullWatch:
 
 
 PROBE_KEYS = (1 << 20, (1 << 20) + 1, (1 << 20) + 2)   # far above any plan key
-PROBE_ELEMENTS = 1 << 18
 
 
-def probe_costs(kv, measure_backward, repeats=5):
+def probe_elements(num_params):
+    """Size of the large probe: a quarter of the model, between 16 KB and 1 MB, so that measuring
+    the link never costs more traffic than a few training steps do."""
+    return int(min(1 << 18, max(1 << 12, num_params // 4)))
+
+
+def probe_costs(kv, measure_backward, num_params, repeats=3):
     """alpha (s per message) and beta (s per byte) from timed pulls, plus the backward time.
 
     Every worker measures, then the measurements go through kv.init, where only rank 0's value
     counts, and are pulled back: all workers plan from identical numbers, hence identical plans."""
     small, big, shared = PROBE_KEYS
-    kv.init([small, big], [mx.nd.zeros(1), mx.nd.zeros(PROBE_ELEMENTS)])
-    a, b = mx.nd.zeros(1), mx.nd.zeros(PROBE_ELEMENTS)
+    n = probe_elements(num_params)
+    kv.init([small, big], [mx.nd.zeros(1), mx.nd.zeros(n)])
+    a, b = mx.nd.zeros(1), mx.nd.zeros(n)
 
     def timed(key, out):
         times = []
@@ -79,7 +85,7 @@ def probe_costs(kv, measure_backward, repeats=5):
 
     t_small, t_big = timed(small, a), timed(big, b)
     backward = measure_backward() if measure_backward else 0.0
-    mine = mx.nd.array([t_small, max(t_big - t_small, 1e-12) / (4 * PROBE_ELEMENTS), backward])
+    mine = mx.nd.array([t_small, max(t_big - t_small, 1e-12) / (4 * n), backward])
     kv.init(shared, mine)
     agreed = mx.nd.zeros(3)
     kv.pull(shared, out=agreed)
@@ -137,7 +143,7 @@ class RoundClient:
         comp, kv = self.cfg.compression, self.kv
         cost = None
         if comp.buffers == "cost_model":
-            cost = probe_costs(kv, self.measure_backward)
+            cost = probe_costs(kv, self.measure_backward, sum(p.data().size for p in self.params))
             self.stats["cost_model"] = cost
         shapes = [p.shape for p in self.params]
         self.buffers, self.encoders = make_encoders(

@@ -20,6 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SSGD = "configs/demo_digits_ssgd.yaml"
 SSD = "configs/demo_digits_ssd.yaml"
 TOPK = "configs/demo_digits_ssd_topk.yaml"
+RESNET20 = ["model.name=cifar_resnet20_v1", "data.shape=[3,32,32]", "train.epochs=10", "log.every_steps=100"]
 # label -> (config, overrides)
 VARIANTS = {
     "SSGD": (SSGD, []),
@@ -39,6 +40,11 @@ VARIANTS = {
     "SSD-SGD + top-k 1% behind, no EF": (TOPK, ["compression.error_feedback=false",
                                                  "compression.momentum_correction=false",
                                                  "compression.fusion=behind"]),
+    # A deeper model whose tensors differ widely in size and gradient scale (conv, BatchNorm, dense):
+    # where sparsification-behind fusion can starve whole tensors.
+    "ResNet-20 SSGD": (SSGD, RESNET20),
+    "ResNet-20 SSD-SGD + top-k 1% ahead": (TOPK, RESNET20),
+    "ResNet-20 SSD-SGD + top-k 1% behind": (TOPK, RESNET20 + ["compression.fusion=behind"]),
 }
 
 

@@ -10,7 +10,7 @@ MXNET_KVSTORE_BIGARRAY_BOUND elements (the round-based client raises the bound s
 split), and the server's updater can only write arrays it stores. So a buffer's weight, mailbox and
 clock keys are chosen to land on the same server.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ssdsgd.compression.codec import MAX_BUFFER_ELEMENTS, payload_length
 
@@ -29,7 +29,6 @@ class Buffer:
     mailbox_key: int = -1
     clock_key: int = -1
     codec: str = "dense"
-    extra: dict = field(default_factory=dict)
 
     @property
     def size(self):

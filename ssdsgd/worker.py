@@ -75,9 +75,9 @@ def run_worker(cfg, resume=False):
     out_dir = run_dir(cfg)
     os.makedirs(out_dir, exist_ok=True)
     if rank == 0:
-        for stale in ("summary.json",):
-            if os.path.exists(os.path.join(out_dir, stale)):
-                os.remove(os.path.join(out_dir, stale))   # a failed rerun must not look finished
+        stale = os.path.join(out_dir, "summary.json")
+        if os.path.exists(stale):
+            os.remove(stale)                 # a failed rerun must not look finished
         dump_config(cfg, os.path.join(out_dir, "config.yaml"))
     log = MetricsLog(out_dir, rank)
 

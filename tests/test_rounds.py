@@ -81,22 +81,25 @@ def check_order(order, grads, w0, state=None):
     return st
 
 
+def problem(seed):
+    """Seeded gradients for every (round, rank) and initial weights; the rng continues from there."""
+    rng = np.random.RandomState(seed)
+    grads = make_grads(rng)
+    return rng, grads, rng.standard_normal(SIZE).astype(np.float32)
+
+
 # ---------------------------------------------------------------- BufferState, dense
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_random_order_matches_reference(seed):
-    rng = np.random.RandomState(seed)
-    grads = make_grads(rng)
-    w0 = rng.standard_normal(SIZE).astype(np.float32)
+    rng, grads, w0 = problem(seed)
     order = [(r, k) for r in range(ROUNDS) for k in range(N)]
     rng.shuffle(order)
     check_order(order, grads, w0)
 
 
 def test_fast_worker_several_rounds_ahead():
-    rng = np.random.RandomState(10)
-    grads = make_grads(rng)
-    w0 = rng.standard_normal(SIZE).astype(np.float32)
+    rng, grads, w0 = problem(10)
     # rank 2 runs 4 rounds ahead, ranks 0 and 1 catch up alternately, then rank 2 finishes.
     order = [(r, 2) for r in range(4)]
     for r in range(ROUNDS):
@@ -107,9 +110,7 @@ def test_fast_worker_several_rounds_ahead():
 
 
 def test_catching_up_applies_several_rounds_at_once():
-    rng = np.random.RandomState(11)
-    grads = make_grads(rng)
-    w0 = rng.standard_normal(SIZE).astype(np.float32)
+    rng, grads, w0 = problem(11)
     ref = reference(w0, grads, step_lr)
     st = make_state()
     st.bind(w0)
@@ -127,9 +128,7 @@ def test_catching_up_applies_several_rounds_at_once():
 
 
 def test_complete_later_round_waits_for_earlier():
-    rng = np.random.RandomState(12)
-    grads = make_grads(rng)
-    w0 = rng.standard_normal(SIZE).astype(np.float32)
+    rng, grads, w0 = problem(12)
     ref = reference(w0, grads, step_lr)
     st = make_state()
     st.bind(w0)
@@ -247,9 +246,7 @@ def test_wrong_payload_length(length):
 
 
 def test_state_dict_round_trip_continues_identically():
-    rng = np.random.RandomState(16)
-    grads = make_grads(rng)
-    w0 = rng.standard_normal(SIZE).astype(np.float32)
+    rng, grads, w0 = problem(16)
     ref = reference(w0, grads, step_lr)
     order = [(r, k) for r in range(ROUNDS) for k in range(N)]
     rng.shuffle(order)

@@ -67,25 +67,35 @@ class Field:
         return " or ".join(t.__name__ for t in self.types)
 
 
-def _int_list(path, value):
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise ConfigError(f"{path}: expected a list of integers, got {value!r}")
-    return value
+def _number_list(path, value, item):
+    def ok(v):
+        if isinstance(v, bool):
+            return False
+        return isinstance(v, int) or (item is float and isinstance(v, float))
+    noun = "integers" if item is int else "numbers"
+    if not isinstance(value, list) or not all(ok(v) for v in value):
+        raise ConfigError(f"{path}: expected a list of {noun}, got {value!r}")
+    return [item(v) for v in value]
 
 
 class ListField(Field):
-    def __init__(self, default, *, nullable=False, length=None, doc=""):
-        super().__init__(list, default, nullable=nullable, doc=doc)
+    """A list of positive numbers (ints by default), optionally of fixed length or bounded above."""
+
+    def __init__(self, default, *, item=int, nullable=False, length=None, max=None, doc=""):
+        super().__init__(list, default, nullable=nullable, max=max, doc=doc)
+        self.item = item
         self.length = length
 
     def check(self, path, value):
         if value is None and self.nullable:
             return None
-        value = _int_list(path, value)
+        value = _number_list(path, value, self.item)
         if self.length is not None and len(value) != self.length:
-            raise ConfigError(f"{path}: expected {self.length} integers, got {value!r}")
+            raise ConfigError(f"{path}: expected {self.length} values, got {value!r}")
         if any(v <= 0 for v in value):
             raise ConfigError(f"{path}: values must be positive, got {value!r}")
+        if self.max is not None and any(v > self.max for v in value):
+            raise ConfigError(f"{path}: values must be <= {self.max}, got {value!r}")
         return value
 
 
@@ -161,7 +171,9 @@ SCHEMA = {
         "buffers": Field(str, "one", choices=("one", "fixed", "cost_model")),
         "buffer_bytes": Field(int, 4 << 20, min=1024),
         "threshold": Field(float, 0.5, gt=0, doc="2bit threshold"),
-        "warmup_epochs": Field(float, 0.0, min=0, doc="density ramps from 1 to density over these"),
+        "warmup": ListField([], item=float, max=1,
+                            doc="density of each of the first epochs, e.g. DGC's [0.25, 0.0625, 0.015625, "
+                                "0.004]; `density` from then on"),
     },
     "checkpoint": {
         "dir": Field(str, None, nullable=True),
@@ -224,11 +236,16 @@ def _check_consistency(c):
     if comp["type"] not in ("none", "2bit") and alg["type"] == "asgd":
         raise ConfigError(f"compression.type: {comp['type']} needs the round-based server "
                           "(algorithm.type ssd or ssgd); asgd supports none or 2bit")
-    if comp["fp16_values"]:
-        raise ConfigError("compression.fp16_values: not supported yet; values travel as float32")
-    if comp["warmup_epochs"]:
-        raise ConfigError("compression.warmup_epochs: a density warm-up is not supported yet (mailbox "
-                          "sizes are fixed per run); use algorithm.warmup_iters for a synchronous start")
+    sparsifier = comp["type"] not in ("none", "2bit")
+    if comp["fp16_values"] and not sparsifier:
+        raise ConfigError("compression.fp16_values: only sparse pushes have an fp16 wire format; "
+                          f"set compression.type to topk, randomk or dgc (got {comp['type']})")
+    if comp["warmup"] and not sparsifier:
+        raise ConfigError("compression.warmup: a density warm-up needs a sparsifier; "
+                          f"set compression.type to topk, randomk or dgc (got {comp['type']})")
+    if len(comp["warmup"]) >= c["train"]["epochs"]:
+        raise ConfigError(f"compression.warmup: {len(comp['warmup'])} warm-up epochs but train.epochs is "
+                          f"{c['train']['epochs']}; the run would never reach compression.density")
     cl = c["cluster"]
     if cl["launcher"] == "ssh" and not cl["hostfile"]:
         raise ConfigError("cluster.hostfile: required when cluster.launcher is ssh")

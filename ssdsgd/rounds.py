@@ -1,8 +1,9 @@
 """The global update of SSD-SGD as the servers run it, in plain numpy (no mxnet: unit-testable).
 
 One `BufferState` per fused buffer that lives on this server. Workers push one mailbox message per
-buffer per step: a float32 vector [round, rank, payload...]. The payload is decoded (dense or
-sparse, see ssdsgd.compression.codec) and summed into that round's accumulator; once all N workers'
+buffer per step: [round, rank, payload...], laid out as ssdsgd.compression.codec describes (one
+format per density stage of the compression warm-up, each with its own mailbox key). The payload is
+decoded (dense or sparse) and summed into that round's accumulator; once all N workers'
 contributions for a round are in, and every earlier round has been applied, the round is applied:
 
     G_t = sum_i g_i;   v <- mu*v - eta_g(t) * (G_t/(N*B) + lambda*w);   w <- w + v
@@ -15,22 +16,19 @@ import numpy as np
 
 from ssdsgd.schedule import LRSchedule
 
-HEADER = 2  # [round, rank]
-
-
 class RoundError(RuntimeError):
     pass
 
 
 class BufferState:
-    def __init__(self, size, num_workers, batch_size, momentum, wd, schedule, decode):
+    def __init__(self, size, num_workers, batch_size, momentum, wd, schedule, formats):
         self.size = size
         self.num_workers = num_workers
         self.scale = 1.0 / (num_workers * batch_size)
         self.momentum = momentum
         self.wd = wd
         self.schedule = schedule
-        self.decode = decode          # payload (np.float32 1-D) -> dense gradient contribution
+        self.formats = formats        # codec.MailboxFormat per density stage
         self.weights = None           # np.float32 (size,), set by bind()
         self.mom = np.zeros(size, np.float32)
         self.version = 0              # number of rounds applied
@@ -42,11 +40,12 @@ class BufferState:
         self.weights = np.array(weights, dtype=np.float32, copy=True)
         self.version = int(version)
 
-    def receive(self, message):
-        """Add one worker's mailbox message. Returns the number of rounds applied by it."""
+    def receive(self, message, stage=0):
+        """Add one worker's mailbox message (in the format of `stage`). Returns the number of rounds
+        applied by it."""
         if self.weights is None:
             raise RoundError("mailbox push before the weight buffer was bound")
-        rnd, rank = int(message[0]), int(message[1])
+        rnd, rank, grad = self.formats[stage].parse(message)
         if not 0 <= rank < self.num_workers:
             raise RoundError(f"mailbox from rank {rank}, but the job has {self.num_workers} workers")
         if rnd < self.version:
@@ -54,7 +53,7 @@ class BufferState:
         entry = self.pending.setdefault(rnd, [np.zeros(self.size, np.float32), set()])
         if rank in entry[1]:
             raise RoundError(f"rank {rank} pushed round {rnd} twice")
-        entry[0] += self.decode(message[HEADER:])
+        entry[0] += grad
         entry[1].add(rank)
         applied = 0
         while self.version in self.pending and len(self.pending[self.version][1]) == self.num_workers:

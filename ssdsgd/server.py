@@ -17,7 +17,7 @@ import numpy as np
 
 from ssdsgd import commands
 from ssdsgd.checkpoint import CheckpointError, load_npz, save_npz
-from ssdsgd.compression.codec import make_decoder
+from ssdsgd.compression.codec import MailboxFormat
 from ssdsgd.rounds import BufferState, schedule_from_dict
 
 
@@ -33,18 +33,21 @@ class RoundService:
 
     def __init__(self, plan, nd):
         self.nd = nd
-        self.roles = {}        # key -> (buffer id, 'weight' | 'mailbox' | 'clock')
+        self.roles = {}        # key -> (buffer id, 'weight' | 'mailbox' | 'clock', density stage)
         self.states = {}       # buffer id -> BufferState
         self.stored = {}       # buffer id -> {'weight': NDArray, 'clock': NDArray}
         schedule = schedule_from_dict(plan["schedule"])
         for buf in plan["buffers"]:
             b = buf["id"]
-            self.roles[buf["weight_key"]] = (b, "weight")
-            self.roles[buf["mailbox_key"]] = (b, "mailbox")
-            self.roles[buf["clock_key"]] = (b, "clock")
-            self.states[b] = BufferState(
-                buf["size"], plan["num_workers"], plan["batch_size"], plan["momentum"], plan["wd"],
-                schedule, make_decoder(buf["codec"], buf["size"], buf.get("k")))
+            self.roles[buf["weight_key"]] = (b, "weight", None)
+            self.roles[buf["clock_key"]] = (b, "clock", None)
+            formats = []
+            # One mailbox per density stage (compression.warmup), the steady state last.
+            for stage, box in enumerate(buf["mailboxes"]):
+                self.roles[box["key"]] = (b, "mailbox", stage)
+                formats.append(MailboxFormat(box["codec"], buf["size"], box.get("k"), box.get("fp16", False)))
+            self.states[b] = BufferState(buf["size"], plan["num_workers"], plan["batch_size"],
+                                         plan["momentum"], plan["wd"], schedule, formats)
             self.stored[b] = {}
 
     def owns(self, key):
@@ -83,7 +86,7 @@ class RoundService:
         state["clock"].wait_to_read()
 
     def push(self, key, recv, stored):
-        b, role = self.roles[key]
+        b, role, stage = self.roles[key]
         state = self.stored[b]
         if role in ("weight", "clock"):
             # A "bind" push: keep a reference to the stored array so the mailbox handler can write
@@ -96,7 +99,7 @@ class RoundService:
             return
         if "weight" not in state or "clock" not in state:
             raise RuntimeError(f"buffer {b}: mailbox push before its weight and clock keys were bound")
-        if self.states[b].receive(recv.asnumpy()):
+        if self.states[b].receive(recv.asnumpy(), stage):
             self._publish(b)
 
 

@@ -107,7 +107,8 @@ def run_worker(cfg, resume=False):
     if round_based:
         def measure_backward():
             return _time_backward(net, loss_fn, data.train, params)
-        client = RoundClient(kv, params, cfg, schedule, log, total_steps, measure_backward)
+        client = RoundClient(kv, params, cfg, schedule, log, total_steps, measure_backward,
+                             steps_per_epoch=steps_per_epoch)
     else:
         client = StockClient(kv, params, cfg, schedule, log)
     client.setup(resume_dir)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jobs import ROOT, processes_with, run_job
-from ssdsgd.compression.codec import make_decoder
+from ssdsgd.compression.codec import MailboxFormat, make_decoder
 from ssdsgd.compression.compressor import RandomK, SampledThreshold, TopK
 from ssdsgd.compression.encoders import SparseEncoder, make_encoders, tensor_counts
 from ssdsgd.compression.fusion import KEY_HASH, make_plan, plan_cost_model
@@ -404,7 +404,7 @@ def test_cost_model_matches_brute_force(seed):
 def test_buffer_state_applies_scatter_summed_sparse_rounds():
     size, k, workers, batch, mu, wd = 40, 6, 2, 8, 0.9, 1e-3
     lr = lambda t: 0.2 / t                                    # noqa: E731  (1-based update count)
-    state = BufferState(size, workers, batch, mu, wd, lr, make_decoder("sparse", size, k))
+    state = BufferState(size, workers, batch, mu, wd, lr, [MailboxFormat("sparse", size, k)])
     rng = np.random.default_rng(11)
     w0 = rng.standard_normal(size).astype(np.float32)
     state.bind(w0)
@@ -441,7 +441,7 @@ def test_encoder_messages_decode_on_the_server_to_the_sent_topk():
     encs = [make_encoders(shapes, 1, comp, rank) for rank in range(2)]
     (buf,) = encs[0][0]
     lr, batch = (lambda t: 0.05), 4                           # noqa: E731
-    state = BufferState(buf.size, 2, batch, 0.0, 0.0, lr, make_decoder("sparse", buf.size, buf.k))
+    state = BufferState(buf.size, 2, batch, 0.0, 0.0, lr, [MailboxFormat("sparse", buf.size, buf.k)])
     state.bind(np.zeros(buf.size, np.float32))
     rng = np.random.default_rng(12)
     w = np.zeros(buf.size)
@@ -450,8 +450,7 @@ def test_encoder_messages_decode_on_the_server_to_the_sent_topk():
         for rank in range(2):
             grads = [untied(rng, int(np.prod(s))).reshape(s) for s in shapes]
             enc = encs[rank][1][0]
-            msg = mx.nd.concat(mx.nd.array([step, rank]),
-                               enc.encode([mx.nd.array(grads[p]) for p in buf.params], step), dim=0)
+            msg = enc.message([mx.nd.array(grads[p]) for p in buf.params], step, rank)
             assert msg.shape == (buf.mailbox_len,)
             state.receive(msg.asnumpy())
             for p, o, c in zip(buf.params, buf.offsets, buf.counts):

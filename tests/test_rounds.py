@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ssdsgd import commands
-from ssdsgd.compression.codec import make_decoder, payload_length
+from ssdsgd.compression.codec import MailboxFormat, make_decoder, payload_length
 from ssdsgd.compression.fusion import KEY_HASH, make_plan
 from ssdsgd.rounds import BufferState, RoundError
 from ssdsgd.schedule import LRSchedule
@@ -29,7 +29,7 @@ def make_schedule():
 
 def make_state(size=SIZE, codec="dense", k=None, num_workers=N, schedule=None):
     return BufferState(size, num_workers, B, MU, WD, schedule or make_schedule(),
-                       make_decoder(codec, size, k))
+                       [MailboxFormat(codec, size, k)])
 
 
 def make_grads(rng, rounds=ROUNDS, workers=N, size=SIZE):
@@ -151,7 +151,7 @@ def test_lr_uses_version_plus_one():
     # With zero gradient and wd, a round moves w by -lr*wd*w; round r uses lr(r+1), not lr(r).
     lrs = {1: 1.0, 2: 0.25}
     sched = LRSchedule("step", base_lr=1.0, milestones=[1], factor=0.25)
-    st = BufferState(1, 1, 1, 0.0, 0.5, sched, make_decoder("dense", 1))
+    st = BufferState(1, 1, 1, 0.0, 0.5, sched, [MailboxFormat("dense", 1)])
     st.bind(np.array([2.0], np.float32))
     st.receive(message(0, 0, [0.0]))
     assert st.weights[0] == pytest.approx(2.0 * (1 - lrs[1] * 0.5))
@@ -508,7 +508,7 @@ def test_plan_sparse_counts():
     assert b.counts == [counts[i] for i in b.params]
     assert b.k == sum(counts)
     assert b.mailbox_len == 2 + 2 * sum(counts)
-    assert b.to_dict()["codec"] == "sparse" and b.to_dict()["k"] == sum(counts)
+    assert b.to_dict()["mailboxes"] == [{"key": b.mailbox_key, "codec": "sparse", "k": sum(counts), "fp16": False}]
 
 
 def test_plan_unknown_mode():

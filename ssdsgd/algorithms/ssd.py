@@ -1,7 +1,8 @@
 """Round-based client: SSD-SGD (warm-up, then steps delay with GLU) and compressed SSGD.
 
 Talks to the round service of ssdsgd.server through three keys per fused buffer (see fusion.py):
-  mailbox  every step: [round, rank, payload] (dense gradient, or sparse pieces from a compressor);
+  mailbox  every step: [round, rank, payload] (dense gradient, or sparse pieces from a compressor;
+           one mailbox key per density stage when compression.warmup is set);
   weight   the global weights of the buffer plus their version (rounds applied) in the last slot;
   clock    the version alone, one float: polled cheaply while waiting for a round.
 The KVStore is dist_async, so a push is acknowledged as soon as the server has filed it and never
@@ -30,7 +31,7 @@ import mxnet as mx
 
 from ssdsgd import commands
 from ssdsgd.commands import num_servers
-from ssdsgd.compression.encoders import make_encoders, time_encoding
+from ssdsgd.compression.encoders import make_stages, time_encoding
 from ssdsgd.glu import GLU
 
 class PullWatch:
@@ -96,7 +97,8 @@ def probe_costs(kv, measure_backward, num_params, repeats=3):
 class RoundClient:
     name = "rounds"
 
-    def __init__(self, kv, params, cfg, schedule, log, total_steps, measure_backward=None):
+    def __init__(self, kv, params, cfg, schedule, log, total_steps, measure_backward=None,
+                 steps_per_epoch=None):
         self.kv = kv
         self.params = params
         self.cfg = cfg
@@ -109,9 +111,13 @@ class RoundClient:
         self.S = alg.max_staleness
         self.strict = alg.strict
         self.measure_backward = measure_backward
+        self.steps_per_epoch = steps_per_epoch      # density stages of compression.warmup are epochs
+        if cfg.compression.warmup and not steps_per_epoch:
+            raise ValueError("compression.warmup needs steps_per_epoch")
         # DGC momentum correction moves the momentum to the workers; the servers then run plain SGD.
         self.server_momentum = 0.0 if cfg.compression.momentum_correction else cfg.train.momentum
         self.buffers = self.encoders = None         # planned in setup() (may need a link probe)
+        self.stages = None                          # (buffers, encoders) per density stage
         self.versions = []                          # version of the global weights under w_loc
         self.pending_pull = None                    # step at which the in-flight pull was issued
         self.watch = None                           # tells when that pull has landed
@@ -146,12 +152,14 @@ class RoundClient:
             cost = probe_costs(kv, self.measure_backward, sum(p.data().size for p in self.params))
             self.stats["cost_model"] = cost
         shapes = [p.shape for p in self.params]
-        self.buffers, self.encoders = make_encoders(
-            shapes, num_servers(kv), comp, kv.rank, momentum=self.cfg.train.momentum, cost=cost,
-            seed=self.cfg.seed)
+        self.stages = make_stages(shapes, num_servers(kv), comp, kv.rank, momentum=self.cfg.train.momentum,
+                                  cost=cost, seed=self.cfg.seed)
+        self.buffers, self.encoders = self.stages[-1]          # the steady state
         total = sum(b.size for b in self.buffers)
         self.stats.update(buffers=len(self.buffers), buffer_sizes=[b.size for b in self.buffers],
                           density_sent=sum(b.k for b in self.buffers) / total)
+        if len(self.stages) > 1:
+            self.stats["warmup_density_sent"] = [sum(b.k for b in bufs) / total for bufs, _ in self.stages[:-1]]
         if comp.type != "none":
             self.stats["compress_seconds_per_step"] = time_encoding(self.buffers, self.encoders, shapes)
         self.pull_bufs = [mx.nd.zeros(b.size + 1) for b in self.buffers]
@@ -165,16 +173,20 @@ class RoundClient:
         hold this worker's saved local weights (see load_state), so nothing is pulled here."""
         kv, train = self.kv, self.cfg.train
         self._plan()
+        per_buffer = list(zip(*[bufs for bufs, _ in self.stages]))     # buffer -> itself per stage
         if kv.rank == 0:
             commands.send(kv, {
                 "op": "round_plan", "num_workers": kv.num_workers, "batch_size": train.batch_size,
                 "momentum": self.server_momentum, "wd": train.wd, "schedule": self.schedule.to_dict(),
-                "buffers": [b.to_dict() for b in self.buffers]})
+                "buffers": [b.to_dict(list(stages)) for b, stages in zip(self.buffers, per_buffer)]})
         keys, vals = [], []
-        for b in self.buffers:
+        for b, stages in zip(self.buffers, per_buffer):
             flat = self._flatten([self.params[i].data() for i in b.params])
-            keys += [b.weight_key, b.mailbox_key, b.clock_key]
-            vals += [mx.nd.concat(flat, mx.nd.zeros(1), dim=0), mx.nd.zeros(b.mailbox_len), mx.nd.zeros(1)]
+            keys += [b.weight_key, b.clock_key]
+            vals += [mx.nd.concat(flat, mx.nd.zeros(1), dim=0), mx.nd.zeros(1)]
+            for sb in stages:
+                keys.append(sb.mailbox_key)
+                vals.append(mx.nd.zeros(sb.mailbox_len, dtype=sb.mailbox_dtype))
         kv.init(keys, vals)               # rank 0's values count; ends with a barrier
         if kv.rank == 0:
             # Bind pushes: hand the server's updater the stored weight and clock arrays once.
@@ -266,14 +278,19 @@ class RoundClient:
             raise RuntimeError(f"buffer {bi}: clock said version {version} but weights are version {got}")
         return got
 
+    def _stage(self, step):
+        """Density stage of this step: epoch e < len(compression.warmup) uses warmup[e]."""
+        if len(self.stages) == 1:
+            return 0
+        return min(step // self.steps_per_epoch, len(self.stages) - 1)
+
     def _push(self, step):
         pushed = 0
-        for b, enc in zip(self.buffers, self.encoders):
+        buffers, encoders = self.stages[self._stage(step)]
+        for b, enc in zip(buffers, encoders):
             grads = [self.params[i].grad() for i in b.params]
-            header = mx.nd.array([step, self.kv.rank])
-            msg = mx.nd.concat(header, enc.encode(grads, step), dim=0)
-            self.kv.push(b.mailbox_key, msg, priority=-b.params[-1])
-            pushed += 4 * b.mailbox_len
+            self.kv.push(b.mailbox_key, enc.message(grads, step, self.kv.rank), priority=-b.params[-1])
+            pushed += b.mailbox_bytes
         return pushed
 
     # ---- one step --------------------------------------------------------------------------------

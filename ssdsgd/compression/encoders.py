@@ -1,4 +1,4 @@
-"""Worker-side encoding of one buffer's gradients into a mailbox payload (asynchronous mx.nd ops).
+"""Worker-side encoding of one buffer's gradients into a mailbox message (asynchronous mx.nd ops).
 
 DenseEncoder: the flattened gradients, what an uncompressed push sends.
 SparseEncoder, fusion 'ahead' (SAFusion): every tensor is sparsified on its own with
@@ -7,6 +7,10 @@ SparseEncoder, fusion 'ahead' (SAFusion): every tensor is sparsified on its own 
 SparseEncoder, fusion 'behind' (OMGS / SyncEA baseline): the buffer is fused first and one top-k
   with the same total k runs over it, so large tensors can take every slot (min_dense_bytes does
   not apply: there are no tensors any more, only the fused buffer).
+With compression.fp16_values the message is float16 (codec.py); the values are clipped to the fp16
+range and rounded before error feedback, so the residual keeps what the wire format dropped.
+With a compression.warmup, make_stages builds one set of encoders per density stage; they share
+the error-feedback memory, so switching stage loses nothing.
 All of it stays in mx.nd operations: the engine overlaps them with the rest of backward.
 """
 import time
@@ -14,18 +18,34 @@ import time
 import mxnet as mx
 import numpy as np
 
+from ssdsgd.compression.codec import DIGIT, FP16_MAX, MAX_ROUND_FP16
 from ssdsgd.compression.compressor import make_compressor
-from ssdsgd.compression.fusion import make_plan, plan_cost_model
+from ssdsgd.compression.fusion import make_plan, plan_cost_model, warmup_stages
 from ssdsgd.compression.memory import Memory
+
+
+def message_header(step, rank, fp16=False):
+    """[round, rank], or for the fp16 wire [round // 2048, round % 2048, rank] (see codec.py)."""
+    if fp16:
+        if not 0 <= step <= MAX_ROUND_FP16:
+            raise ValueError(f"round {step} does not fit the fp16 wire header (at most {MAX_ROUND_FP16})")
+        return mx.nd.array([step // DIGIT, step % DIGIT, rank])
+    return mx.nd.array([step, rank])
+
+
+def _flat(grads):
+    return mx.nd.concat(*[g.reshape(-1) for g in grads], dim=0) if len(grads) > 1 else grads[0].reshape(-1)
 
 
 class DenseEncoder:
     codec = "dense"
+    fp16 = False
 
     def encode(self, grads, step):
-        if len(grads) == 1:
-            return grads[0].reshape(-1)
-        return mx.nd.concat(*[g.reshape(-1) for g in grads], dim=0)
+        return _flat(grads)
+
+    def message(self, grads, step, rank):
+        return mx.nd.concat(message_header(step, rank), self.encode(grads, step), dim=0)
 
 
 class SparseEncoder:
@@ -36,46 +56,60 @@ class SparseEncoder:
         self.compressor = compressor
         self.memory = memory
         self.behind = behind
+        self.fp16 = buffer.fp16
         # Tensors below compression.min_dense_bytes are sent whole (every index, every value).
         self.whole_idx = {j: mx.nd.arange(n, dtype="float32") for j, (n, w) in
                           enumerate(zip(buffer.sizes, whole)) if w}
         self.offsets = buffer.offsets
 
     def encode(self, grads, step):
+        """The payload as float32: [idx, val], or for the fp16 wire [idx high, idx low, val]."""
         b = self.buffer
         if self.behind:
-            flat = mx.nd.concat(*[g.reshape(-1) for g in grads], dim=0) if len(grads) > 1 else grads[0].reshape(-1)
-            idx, val = self._sparsify(flat, b.k, key=-1 - b.id, step=step)
-            return mx.nd.concat(idx, val, dim=0)
-        idx_parts, val_parts = [], []
-        for j, g in enumerate(grads):
-            x = g.reshape(-1)
-            if j in self.whole_idx:
-                idx, val = self.whole_idx[j], x
-            else:
-                idx, val = self._sparsify(x, b.counts[j], key=b.params[j], step=step)
-            idx_parts.append(idx + self.offsets[j] if self.offsets[j] else idx)
-            val_parts.append(val)
-        return mx.nd.concat(*(idx_parts + val_parts), dim=0)
+            idx, val = self._sparsify(_flat(grads), b.k, key=-1 - b.id, step=step)
+        else:
+            idx_parts, val_parts = [], []
+            for j, g in enumerate(grads):
+                i, v = self._sparsify(g.reshape(-1), b.counts[j], key=b.params[j], step=step,
+                                      fixed_idx=self.whole_idx.get(j))
+                idx_parts.append(i + self.offsets[j] if self.offsets[j] else i)
+                val_parts.append(v)
+            idx = mx.nd.concat(*idx_parts, dim=0) if len(idx_parts) > 1 else idx_parts[0]
+            val = mx.nd.concat(*val_parts, dim=0) if len(val_parts) > 1 else val_parts[0]
+        if self.fp16:
+            high = mx.nd.floor(idx / DIGIT)          # exact: idx < 2**22, DIGIT a power of two
+            return mx.nd.concat(high, idx - high * DIGIT, val, dim=0)
+        return mx.nd.concat(idx, val, dim=0)
 
-    def _sparsify(self, x, k, key, step):
+    def message(self, grads, step, rank):
+        msg = mx.nd.concat(message_header(step, rank, self.fp16), self.encode(grads, step), dim=0)
+        return msg.astype("float16") if self.fp16 else msg
+
+    def _sparsify(self, x, k, key, step, fixed_idx=None):
+        """Select (or, for a tensor sent whole, take every index), send, remember the rest."""
         acc = self.memory.accumulate(key, x)
-        idx = self.compressor.select(acc, k, key, step)
+        idx = self.compressor.select(acc, k, key, step) if fixed_idx is None else fixed_idx
         val = mx.nd.take(acc, idx)
-        self.memory.update(key, acc, idx)
+        lost = None
+        if self.fp16:
+            sent = mx.nd.clip(val, -FP16_MAX, FP16_MAX).astype("float16").astype("float32")
+            val, lost = sent, val - sent
+        self.memory.update(key, acc, idx, lost)
         return idx, val
 
 
-def tensor_counts(shapes, comp):
+def tensor_counts(shapes, comp, density=None):
     """Values each tensor sends: k_i = max(1, floor(density * n_i)), or all of a small tensor."""
+    density = comp.density if density is None else density
     sizes = [int(np.prod(s)) for s in shapes]
     whole = [4 * n < comp.min_dense_bytes for n in sizes]
-    counts = [n if w else max(1, int(comp.density * n)) for n, w in zip(sizes, whole)]
+    counts = [n if w else max(1, int(density * n)) for n, w in zip(sizes, whole)]
     return sizes, counts, whole
 
 
 def make_encoders(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, seed=0):
-    """Buffer plan plus one encoder per buffer, for the `compression` config section.
+    """Buffer plan plus one encoder per buffer, for the `compression` config section (steady-state
+    density; make_stages adds the warm-up stages).
 
     cost: {'alpha', 'beta', 'backward'} measured at job start (needed for buffers: cost_model).
     """
@@ -84,21 +118,44 @@ def make_encoders(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, s
     if not sparse:
         counts = sizes
     codec = "sparse" if sparse else "dense"
+    fp16 = sparse and comp.fp16_values
     if comp.buffers == "cost_model":
         if cost is None:
             raise ValueError("compression.buffers: cost_model needs the startup probe's measurements")
-        groups = plan_cost_model(sizes, counts, sparse, **cost)
-        buffers = make_plan(shapes, num_servers, groups=groups, counts=counts, codec=codec)
+        groups = plan_cost_model(sizes, counts, sparse, **cost, fp16=fp16)
+        buffers = make_plan(shapes, num_servers, groups=groups, counts=counts, codec=codec, fp16=fp16)
     else:
         buffers = make_plan(shapes, num_servers, mode=comp.buffers, buffer_bytes=comp.buffer_bytes,
-                            counts=counts, codec=codec)
+                            counts=counts, codec=codec, fp16=fp16)
     if not sparse:
         return buffers, [DenseEncoder() for _ in buffers]
     memory = Memory(comp.error_feedback, momentum if comp.momentum_correction else 0.0)
     compressor = make_compressor(comp.type, seed)
-    encoders = [SparseEncoder(b, compressor, memory, [whole[i] for i in b.params],
-                              behind=comp.fusion == "behind") for b in buffers]
-    return buffers, encoders
+    return buffers, _sparse_encoders(buffers, compressor, memory, whole, comp)
+
+
+def _sparse_encoders(buffers, compressor, memory, whole, comp):
+    return [SparseEncoder(b, compressor, memory, [whole[i] for i in b.params],
+                          behind=comp.fusion == "behind") for b in buffers]
+
+
+def make_stages(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, seed=0):
+    """(buffers, encoders) per density stage: one per compression.warmup entry (an epoch each),
+    then the steady state. The steady state decides the buffers (the cost model plans for it);
+    the warm-up stages reuse them with their own counts, mailbox keys and encoders, sharing the
+    compressor and the error-feedback memory."""
+    buffers, encoders = make_encoders(shapes, num_servers, comp, rank, momentum=momentum, cost=cost,
+                                      seed=seed)
+    if not comp.warmup:
+        return [(buffers, encoders)]
+    stage_counts, whole = [], None
+    for density in comp.warmup:
+        _, counts, whole = tensor_counts(shapes, comp, density)
+        stage_counts.append(counts)
+    memory, compressor = encoders[0].memory, encoders[0].compressor
+    stages = [(bufs, _sparse_encoders(bufs, compressor, memory, whole, comp))
+              for bufs in warmup_stages(buffers, stage_counts, num_servers)]
+    return stages + [(buffers, encoders)]
 
 
 def time_encoding(buffers, encoders, shapes, repeats=3):

@@ -10,9 +10,9 @@ MXNET_KVSTORE_BIGARRAY_BOUND elements (the round-based client raises the bound s
 split), and the server's updater can only write arrays it stores. So a buffer's weight, mailbox and
 clock keys are chosen to land on the same server.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ssdsgd.compression.codec import MAX_BUFFER_ELEMENTS, payload_length
+from ssdsgd.compression.codec import max_buffer_elements, message_bytes, message_length
 
 KEY_HASH = 9973  # ps-lite key placement in MXNet's KVStoreDist
 
@@ -29,6 +29,7 @@ class Buffer:
     mailbox_key: int = -1
     clock_key: int = -1
     codec: str = "dense"
+    fp16: bool = False            # fp16 wire format (compression.fp16_values, sparse only)
 
     @property
     def size(self):
@@ -40,12 +41,24 @@ class Buffer:
 
     @property
     def mailbox_len(self):
-        return 2 + payload_length(self.codec, self.size, self.k)
+        return message_length(self.codec, self.size, self.k, self.fp16)
 
-    def to_dict(self):
-        return {"id": self.id, "size": self.size, "codec": self.codec, "k": self.k,
-                "weight_key": self.weight_key, "mailbox_key": self.mailbox_key,
-                "clock_key": self.clock_key, "server": self.server}
+    @property
+    def mailbox_bytes(self):
+        return message_bytes(self.codec, self.size, self.k, self.fp16)
+
+    @property
+    def mailbox_dtype(self):
+        return "float16" if self.fp16 else "float32"
+
+    def mailbox(self):
+        return {"key": self.mailbox_key, "codec": self.codec, "k": self.k, "fp16": self.fp16}
+
+    def to_dict(self, stages=None):
+        """What the server needs; `stages`: this buffer in every density stage, steady state last."""
+        return {"id": self.id, "size": self.size, "weight_key": self.weight_key,
+                "clock_key": self.clock_key, "server": self.server,
+                "mailboxes": [b.mailbox() for b in (stages or [self])]}
 
 
 def group_fixed(sizes_backward, max_elements):
@@ -83,28 +96,45 @@ def group_even(sizes_backward, parts):
     return groups
 
 
+class KeyAllocator:
+    """Fresh keys, each one placed on a chosen server by MXNet's key hash."""
+
+    def __init__(self, num_servers, start=0):
+        self.num_servers = num_servers
+        self.next = start
+
+    def on(self, server):
+        k = self.next
+        while (k * KEY_HASH) % self.num_servers != server:
+            k += 1
+        self.next = k + 1
+        return k
+
+
 def assign_keys(buffers, num_servers):
     """Least-loaded server per buffer (largest first), then keys that hash to that server."""
     load = [0] * num_servers
     for buf in sorted(buffers, key=lambda b: -b.size):
         buf.server = min(range(num_servers), key=lambda s: (load[s], s))
         load[buf.server] += buf.size
-    next_key = [0]
-
-    def key_on(server):
-        k = next_key[0]
-        while (k * KEY_HASH) % num_servers != server:
-            k += 1
-        next_key[0] = k + 1
-        return k
-
+    keys = KeyAllocator(num_servers)
     for buf in buffers:
-        buf.weight_key = key_on(buf.server)
-        buf.mailbox_key = key_on(buf.server)
-        buf.clock_key = key_on(buf.server)
+        buf.weight_key = keys.on(buf.server)
+        buf.mailbox_key = keys.on(buf.server)
+        buf.clock_key = keys.on(buf.server)
 
 
-def plan_cost_model(sizes, counts, sparse, alpha, beta, backward):
+def warmup_stages(buffers, stage_counts, num_servers):
+    """The plan once per density stage of the compression warm-up: the same buffers, weight and clock
+    keys, with that stage's counts and a mailbox key of its own (a key's size is fixed at kv.init).
+    stage_counts: per stage, the values sent per parameter (forward numbering)."""
+    used = max(max(b.weight_key, b.mailbox_key, b.clock_key) for b in buffers)
+    keys = KeyAllocator(num_servers, start=used + 1)
+    return [[replace(b, counts=[counts[i] for i in b.params], mailbox_key=keys.on(b.server))
+             for b in buffers] for counts in stage_counts]
+
+
+def plan_cost_model(sizes, counts, sparse, alpha, beta, backward, fp16=False):
     """Groups (positions in backward order) minimising when the last buffer's push ends.
 
     Model (SAFusion's, with the constants measured at job start instead of fitted offline):
@@ -121,9 +151,11 @@ def plan_cost_model(sizes, counts, sparse, alpha, beta, backward):
         acc += s
         ready.append(backward * acc / total)
 
+    codec = "sparse" if sparse else "dense"
+    cap = max_buffer_elements(fp16)
+
     def cost(j, i):          # send tensors j..i-1 as one buffer
-        values = sum(counts_bwd[j:i])
-        return alpha + beta * 4 * (2 + (2 * values if sparse else values))
+        return alpha + beta * message_bytes(codec, sum(sizes_bwd[j:i]), sum(counts_bwd[j:i]), fp16)
 
     best = [0.0] + [float("inf")] * n
     cut = [0] * (n + 1)
@@ -131,7 +163,7 @@ def plan_cost_model(sizes, counts, sparse, alpha, beta, backward):
         elements = 0
         for j in range(i - 1, -1, -1):
             elements += sizes_bwd[j]
-            if elements > MAX_BUFFER_ELEMENTS:
+            if elements > cap:
                 break
             end = max(ready[i - 1], best[j]) + cost(j, i)
             if end < best[i]:
@@ -144,7 +176,7 @@ def plan_cost_model(sizes, counts, sparse, alpha, beta, backward):
 
 
 def make_plan(shapes, num_servers, *, mode="one", buffer_bytes=4 << 20, counts=None, codec="dense",
-              groups=None):
+              groups=None, fp16=False):
     """shapes: parameter shapes in forward order. counts: values sent per parameter (None = dense).
 
     mode 'one': one buffer per server (the whole model when S = 1); 'fixed': buffers of at most
@@ -155,7 +187,8 @@ def make_plan(shapes, num_servers, *, mode="one", buffer_bytes=4 << 20, counts=N
     counts = sizes if counts is None else list(counts)
     order = list(range(len(shapes)))[::-1]                   # backward order
     sizes_bwd = [sizes[i] for i in order]
-    cap = min(MAX_BUFFER_ELEMENTS, max(1, buffer_bytes // 4))
+    max_elements = max_buffer_elements(fp16)
+    cap = min(max_elements, max(1, buffer_bytes // 4))
     if groups is None:
         if mode == "one":
             groups = group_even(sizes_bwd, num_servers)
@@ -167,15 +200,15 @@ def make_plan(shapes, num_servers, *, mode="one", buffer_bytes=4 << 20, counts=N
     for b, group in enumerate(groups):
         params = [order[pos] for pos in group]
         psizes = [sizes[i] for i in params]
-        if sum(psizes) > MAX_BUFFER_ELEMENTS:
-            raise ValueError(f"buffer {b} has {sum(psizes)} elements, more than {MAX_BUFFER_ELEMENTS}; "
+        if sum(psizes) > max_elements:
+            raise ValueError(f"buffer {b} has {sum(psizes)} elements, more than {max_elements}; "
                              f"use compression.buffers: fixed with a smaller buffer_bytes")
         offsets, off = [], 0
         for n in psizes:
             offsets.append(off)
             off += n
         buffers.append(Buffer(id=b, params=params, offsets=offsets, sizes=psizes,
-                              counts=[counts[i] for i in params], codec=codec))
+                              counts=[counts[i] for i in params], codec=codec, fp16=fp16))
     assign_keys(buffers, num_servers)
     return buffers
 

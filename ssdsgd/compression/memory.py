@@ -1,7 +1,8 @@
 """Error feedback (residual memory) and DGC-style momentum correction, per tensor.
 
 Error feedback: what was not sent is added to the next gradient, so nothing is lost, only delayed:
-    acc = residual + g;  send acc[idx];  residual = acc with acc[idx] = 0.
+    acc = residual + g;  send acc[idx];  residual = acc with acc[idx] = 0
+(plus, with fp16 values, what rounding and clipping lost at idx).
 Momentum correction (DGC): the momentum is accumulated on the worker before sparsification,
     u = mu*u + g;  acc = residual + u;  after sending, u and residual are zeroed at idx
 (the servers then run plain SGD, see RoundClient), so delayed coordinates keep their momentum.
@@ -27,13 +28,20 @@ class Memory:
             return self.residual[key] + g
         return g
 
-    def update(self, key, acc, idx):
-        """Forget what was sent: zero the sent positions of the residual (and of the momentum)."""
+    def update(self, key, acc, idx, lost=None):
+        """Forget what was sent: zero the sent positions of the residual (and of the momentum).
+
+        lost: per sent position, what the wire format dropped of acc[idx] (fp16 rounding and
+        clipping); it stays in the residual, so reduced precision is compensated like sparsity."""
         if not (self.error_feedback or self.momentum):
             return
-        keep = 1 - mx.nd.scatter_nd(mx.nd.ones(idx.shape[0]), idx.reshape(1, -1), shape=acc.shape)
+        where = idx.reshape(1, -1)
+        keep = 1 - mx.nd.scatter_nd(mx.nd.ones(idx.shape[0]), where, shape=acc.shape)
         if self.error_feedback:
-            self.residual[key] = acc * keep
+            residual = acc * keep
+            if lost is not None:
+                residual = residual + mx.nd.scatter_nd(lost, where, shape=acc.shape)
+            self.residual[key] = residual
         if self.momentum:
             self.velocity[key] = self.velocity[key] * keep
 

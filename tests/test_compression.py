@@ -509,3 +509,36 @@ def test_topk_job_pushes_about_density_of_dense_bytes(tmp_path):
     assert pa - 8 * ba == pb - 8 * bb
     if ba == bb:
         assert pa == pb
+
+
+# ------------------------------------------------------------------- 11. DGC momentum correction
+
+def test_momentum_correction_against_numpy_dgc():
+    """Sparse tensor: u = m*u + g; v = v + u; send top-k of |v|; zero v and u there (DGC's momentum
+    factor masking). Tensor sent whole (min_dense_bytes): u = m*u + g is sent every step and keeps its
+    momentum, i.e. momentum SGD, as DGC sends uncompressed tensors."""
+    shapes, m = [(200,), (5,)], 0.9
+    comp = comp_config("compression.density=0.05", "compression.min_dense_bytes=40",
+                       "compression.momentum_correction=true")
+    (buf,), (enc,) = make_encoders(shapes, 1, comp, 0, momentum=m)
+    assert enc.memory.momentum == m
+    pos = {p: j for j, p in enumerate(buf.params)}
+    assert buf.counts[pos[0]] == 10 and buf.counts[pos[1]] == 5          # top-10 of 200; 5 sent whole
+    rng = np.random.default_rng(21)
+    u = {0: np.zeros(200), 1: np.zeros(5)}
+    v = np.zeros(200)
+    for step in range(12):
+        grads = [untied(rng, 200), rng.standard_normal(5).astype(np.float32)]
+        payload = enc.encode([mx.nd.array(grads[p]) for p in buf.params], step).asnumpy()
+        dense, _, _ = np_decode(payload, buf.size, buf.k)
+        sent = _split(buf, dense)
+        u[0] = m * u[0] + grads[0]
+        v += u[0]
+        top = np.argsort(-np.abs(v), kind="stable")[:10]
+        want = np.zeros(200)
+        want[top] = v[top]
+        v[top] = 0
+        u[0][top] = 0
+        np.testing.assert_allclose(sent[0], want, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
+        u[1] = m * u[1] + grads[1]
+        np.testing.assert_allclose(sent[1], u[1], rtol=1e-5, atol=1e-5, err_msg=f"step {step}")

@@ -94,7 +94,7 @@ class SparseEncoder:
         if self.fp16:
             sent = mx.nd.clip(val, -FP16_MAX, FP16_MAX).astype("float16").astype("float32")
             val, lost = sent, val - sent
-        self.memory.update(key, acc, idx, lost)
+        self.memory.update(key, acc, idx, lost, whole=fixed_idx is not None)
         return idx, val
 
 

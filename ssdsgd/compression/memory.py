@@ -28,11 +28,14 @@ class Memory:
             return self.residual[key] + g
         return g
 
-    def update(self, key, acc, idx, lost=None):
+    def update(self, key, acc, idx, lost=None, whole=False):
         """Forget what was sent: zero the sent positions of the residual (and of the momentum).
 
         lost: per sent position, what the wire format dropped of acc[idx] (fp16 rounding and
-        clipping); it stays in the residual, so reduced precision is compensated like sparsity."""
+        clipping); it stays in the residual, so reduced precision is compensated like sparsity.
+        whole: the tensor was sent whole (min_dense_bytes). Its momentum is kept: masking it would
+        zero it every step and leave the tensor with no momentum at all (the servers run plain SGD
+        under momentum correction), where DGC sends such tensors with ordinary momentum SGD."""
         if not (self.error_feedback or self.momentum):
             return
         where = idx.reshape(1, -1)
@@ -42,7 +45,7 @@ class Memory:
             if lost is not None:
                 residual = residual + mx.nd.scatter_nd(lost, where, shape=acc.shape)
             self.residual[key] = residual
-        if self.momentum:
+        if self.momentum and not whole:
             self.velocity[key] = self.velocity[key] * keep
 
     def residual_norm(self):

@@ -7,7 +7,6 @@ time, seeds interleaved. Writes runs.csv (one row per job) and table.md (mean an
 variant) and prints the table.
 """
 import argparse
-import csv
 import json
 import os
 import re
@@ -16,6 +15,8 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from results_io import write_csv, write_text  # noqa: E402
 
 SSGD = "configs/demo_digits_ssgd.yaml"
 SSD = "configs/demo_digits_ssd.yaml"
@@ -45,6 +46,30 @@ VARIANTS = {
     "ResNet-20 SSGD": (SSGD, RESNET20),
     "ResNet-20 SSD-SGD + top-k 1% ahead": (TOPK, RESNET20),
     "ResNet-20 SSD-SGD + top-k 1% behind": (TOPK, RESNET20 + ["compression.fusion=behind"]),
+    # One whole-model buffer: behind fusion is then one global top-k (SyncEA), where the cost-model
+    # buffers above are nearly one per layer on loopback and leave little to choose between the two.
+    "top-k 1% ahead, one buffer": (TOPK, ["compression.buffers=one"]),
+    "top-k 1% behind, one buffer": (TOPK, ["compression.buffers=one", "compression.fusion=behind"]),
+    "top-k 0.1% ahead, one buffer": (TOPK, ["compression.buffers=one", "compression.density=0.001"]),
+    "top-k 0.1% behind, one buffer": (TOPK, ["compression.buffers=one", "compression.density=0.001",
+                                             "compression.fusion=behind"]),
+    # Small tensors (biases, BatchNorm scale and shift) sent whole, as DGC and SAFusion practice do.
+    # Behind gets the same total k (its one top-k spends the small tensors' budget wherever it wants),
+    # so both push exactly the same bytes.
+    "top-k 1% ahead, small dense, one buffer": (TOPK, ["compression.buffers=one", "compression.min_dense_bytes=1024"]),
+    "top-k 1% behind, small dense, one buffer": (TOPK, ["compression.buffers=one", "compression.min_dense_bytes=1024",
+                                                        "compression.fusion=behind"]),
+    "ResNet-20 top-k 1% ahead, small dense, one buffer": (TOPK, RESNET20 + ["compression.buffers=one",
+                                                                            "compression.min_dense_bytes=1024"]),
+    "ResNet-20 top-k 1% behind, small dense, one buffer": (TOPK, RESNET20 + ["compression.buffers=one",
+                                                                             "compression.min_dense_bytes=1024",
+                                                                             "compression.fusion=behind"]),
+    # The wire format and the density warm-up (DGC's 25% -> 6.25% -> 1.56% -> 0.4%, one epoch each).
+    "top-k 1% ahead, fp16 values": (TOPK, ["compression.fp16_values=true"]),
+    "top-k 1% ahead, density warm-up": (TOPK, ["compression.warmup=[0.25,0.0625,0.015625,0.004]"]),
+    "ResNet-20 top-k 1% ahead, one buffer": (TOPK, RESNET20 + ["compression.buffers=one"]),
+    "ResNet-20 top-k 1% behind, one buffer": (TOPK, RESNET20 + ["compression.buffers=one",
+                                                                "compression.fusion=behind"]),
 }
 
 
@@ -91,6 +116,28 @@ def table(rows):
     return "\n".join(lines)
 
 
+def paired_ahead_behind(rows):
+    """Per-seed comparison of every 'ahead' variant with its 'behind' twin (same seeds, same config
+    otherwise): wins / ties / losses of ahead, and the mean and sd of the paired difference."""
+    lines = []
+    for label in VARIANTS:
+        twin = label.replace("ahead", "behind")
+        if "ahead" not in label or twin not in VARIANTS:
+            continue
+        acc = {v: {r["seed"]: r["final_test_acc"] for r in rows if r["variant"] == v and r["rc"] == 0}
+               for v in (label, twin)}
+        seeds = sorted(set(acc[label]) & set(acc[twin]))
+        if not seeds:
+            continue
+        diffs = [100 * (acc[label][s] - acc[twin][s]) for s in seeds]
+        wins = sum(d > 1e-9 for d in diffs)
+        losses = sum(d < -1e-9 for d in diffs)
+        sd = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+        lines.append(f"- {label} vs behind, {len(seeds)} seeds: ahead wins {wins}, ties {len(seeds) - wins - losses}, "
+                     f"loses {losses}; difference {statistics.mean(diffs):+.2f} ± {sd:.2f} points (mean ± sd)")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -105,13 +152,12 @@ def main():
             config, sets = VARIANTS[label]
             print(f"[seed {seed}] {label}", flush=True)
             rows.append(run(label, config, sets, seed, out))
-    with open(os.path.join(out, "runs.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(os.path.join(out, "runs.csv"), rows)
     text = table(rows)
-    with open(os.path.join(out, "table.md"), "w") as f:
-        f.write(text + "\n")
+    pairs = paired_ahead_behind(rows)
+    if pairs:
+        text += "\n\n" + pairs
+    write_text(os.path.join(out, "table.md"), text)
     print(text)
     return 0 if all(r["rc"] == 0 for r in rows) else 1
 

@@ -9,11 +9,9 @@ variant needs to reach the SSGD run's final accuracy of the same seed, and its r
 accuracy-vs-time / accuracy-vs-epoch plots through scripts/plot.py.
 """
 import argparse
-import csv
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -23,6 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from netns import Namespace, NetnsError, check_tools  # noqa: E402
+from results_io import stop_on_sigterm, write_csv  # noqa: E402
 
 VARIANTS = {
     "SSGD": "configs/demo_digits_ssgd.yaml",
@@ -97,20 +96,8 @@ def table(jobs, evals, rate):
     return "\n".join(lines)
 
 
-def write_csv(path, rows):
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
-        w.writeheader()
-        w.writerows(rows)
-
-
-def _stop(signum, frame):
-    # SIGTERM unwinds like Ctrl-C, so the running job is ended and its namespace deleted.
-    raise KeyboardInterrupt
-
-
 def main():
-    signal.signal(signal.SIGTERM, _stop)
+    stop_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rate", type=float, default=20.0, help="link rate in Mbit/s (0 = unlimited)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])

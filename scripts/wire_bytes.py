@@ -1,0 +1,101 @@
+"""Bytes on the wire of the compressed push path, from the kernel's own counters.
+
+    sudo python scripts/wire_bytes.py [--seed 0] [--out results/wire_bytes]
+
+Runs the digits demo (SSD-SGD + top-k 1%, 2 workers, 1 server) once per wire variant, each in a
+fresh network namespace, and compares the namespace's loopback byte counter with what the workers
+say they pushed (summary.json). The fp16 wire should save 2 bytes per sent value, the density
+warm-up should cost its extra values; a mismatch between the kernel's difference and the workers'
+figures would mean the wire is not what the plan says. Writes jobs.csv and table.md.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from netns import Namespace, NetnsError, check_tools  # noqa: E402
+from results_io import stop_on_sigterm, write_csv, write_text  # noqa: E402
+
+CONFIG = "configs/demo_digits_ssd_topk.yaml"
+VARIANTS = {
+    "fp32 values": [],
+    "fp16 values": ["compression.fp16_values=true"],
+    "fp16 values + density warm-up": ["compression.fp16_values=true",
+                                      "compression.warmup=[0.25,0.0625,0.015625,0.004]"],
+}
+
+
+def run(label, sets, seed, out, timeout):
+    name = re.sub(r"[^A-Za-z0-9]+", "_", f"{label} s{seed}").strip("_")
+    cmd = [sys.executable, "-m", "ssdsgd.run", "--config", os.path.join(ROOT, CONFIG), "--set", f"seed={seed}",
+           "--set", f"log.dir={out}/runs", "--set", f"name={name}", "--set", f"cluster.timeout={timeout}",
+           "--set", "compression.buffers=one"]        # the same single buffer in every variant
+    for s in sets:
+        cmd += ["--set", s]
+    with Namespace(rate_mbit=0) as ns:
+        before = ns.counters()["tx_bytes"]
+        proc = subprocess.run(ns.argv(cmd), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT))
+        kernel = ns.counters()["tx_bytes"] - before
+    row = {"variant": label, "seed": seed, "rc": proc.returncode, "kernel_bytes": kernel}
+    if proc.returncode != 0:
+        print(proc.stdout[-3000:], file=sys.stderr)
+        return row
+    with open(os.path.join(out, "runs", name, "summary.json")) as f:
+        s = json.load(f)
+    row.update(final_test_acc=s["final_test_acc"], steps=s["steps"],
+               push_bytes_all_workers=sum(w["push_bytes"] for w in s["workers"]),
+               pull_bytes_all_workers=sum(w["pull_bytes"] for w in s["workers"]))
+    return row
+
+
+def table(rows):
+    ok = [r for r in rows if r["rc"] == 0]
+    base = next((r for r in ok if r["variant"] == "fp32 values"), None)
+    lines = ["| variant | final acc | pushed by workers (MB) | kernel bytes (MB) | Δ pushed vs fp32 (MB) "
+             "| Δ kernel vs fp32 (MB) |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["rc"] != 0:
+            lines.append(f"| {r['variant']} | failed | | | | |")
+            continue
+        d_push = d_kernel = "–"
+        if base is not None and r is not base:
+            d_push = f"{(r['push_bytes_all_workers'] - base['push_bytes_all_workers']) / 1e6:+.3f}"
+            d_kernel = f"{(r['kernel_bytes'] - base['kernel_bytes']) / 1e6:+.3f}"
+        lines.append(f"| {r['variant']} | {r['final_test_acc']:.4f} | {r['push_bytes_all_workers'] / 1e6:.3f} "
+                     f"| {r['kernel_bytes'] / 1e6:.3f} | {d_push} | {d_kernel} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=600, help="per job, seconds")
+    ap.add_argument("--out", default="results/wire_bytes")
+    args = ap.parse_args()
+    stop_on_sigterm()
+    try:
+        check_tools()
+    except NetnsError as e:
+        print(f"wire_bytes: {e}", file=sys.stderr)
+        return 2
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    rows = []
+    for label, sets in VARIANTS.items():
+        print(f"{label}", flush=True)
+        rows.append(run(label, sets, args.seed, out, args.timeout))
+    write_csv(os.path.join(out, "jobs.csv"), rows)
+    text = table(rows)
+    write_text(os.path.join(out, "table.md"), text)
+    print(text)
+    return 0 if all(r["rc"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

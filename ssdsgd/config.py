@@ -243,6 +243,9 @@ def _check_consistency(c):
     if comp["warmup"] and not sparsifier:
         raise ConfigError("compression.warmup: a density warm-up needs a sparsifier; "
                           f"set compression.type to topk, randomk or dgc (got {comp['type']})")
+    if any(d < comp["density"] for d in comp["warmup"]):
+        raise ConfigError(f"compression.warmup: a warm-up density below compression.density "
+                          f"({comp['density']}) would not be a warm-up; got {comp['warmup']}")
     if len(comp["warmup"]) >= c["train"]["epochs"]:
         raise ConfigError(f"compression.warmup: {len(comp['warmup'])} warm-up epochs but train.epochs is "
                           f"{c['train']['epochs']}; the run would never reach compression.density")

@@ -513,22 +513,24 @@ def test_topk_job_pushes_about_density_of_dense_bytes(tmp_path):
 
 # ------------------------------------------------------------------- 11. DGC momentum correction
 
-def test_momentum_correction_against_numpy_dgc():
+@pytest.mark.parametrize("small,min_dense_bytes", [(5, 40), (1, 0)],
+                         ids=["sent whole by min_dense_bytes", "one element, k = n"])
+def test_momentum_correction_against_numpy_dgc(small, min_dense_bytes):
     """Sparse tensor: u = m*u + g; v = v + u; send top-k of |v|; zero v and u there (DGC's momentum
-    factor masking). Tensor sent whole (min_dense_bytes): u = m*u + g is sent every step and keeps its
-    momentum, i.e. momentum SGD, as DGC sends uncompressed tensors."""
-    shapes, m = [(200,), (5,)], 0.9
-    comp = comp_config("compression.density=0.05", "compression.min_dense_bytes=40",
+    factor masking). A tensor all of whose values go out every step (min_dense_bytes, or k = n):
+    u = m*u + g is sent and keeps its momentum, i.e. momentum SGD, as DGC sends uncompressed tensors."""
+    shapes, m = [(200,), (small,)], 0.9
+    comp = comp_config("compression.density=0.05", f"compression.min_dense_bytes={min_dense_bytes}",
                        "compression.momentum_correction=true")
     (buf,), (enc,) = make_encoders(shapes, 1, comp, 0, momentum=m)
     assert enc.memory.momentum == m
     pos = {p: j for j, p in enumerate(buf.params)}
-    assert buf.counts[pos[0]] == 10 and buf.counts[pos[1]] == 5          # top-10 of 200; 5 sent whole
+    assert buf.counts[pos[0]] == 10 and buf.counts[pos[1]] == small      # top-10 of 200; all of the small one
     rng = np.random.default_rng(21)
-    u = {0: np.zeros(200), 1: np.zeros(5)}
+    u = {0: np.zeros(200), 1: np.zeros(small)}
     v = np.zeros(200)
     for step in range(12):
-        grads = [untied(rng, 200), rng.standard_normal(5).astype(np.float32)]
+        grads = [untied(rng, 200), rng.standard_normal(small).astype(np.float32)]
         payload = enc.encode([mx.nd.array(grads[p]) for p in buf.params], step).asnumpy()
         dense, _, _ = np_decode(payload, buf.size, buf.k)
         sent = _split(buf, dense)

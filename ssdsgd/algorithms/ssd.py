@@ -28,9 +28,11 @@ import threading
 import time
 
 import mxnet as mx
+import numpy as np
 
 from ssdsgd import commands
 from ssdsgd.commands import num_servers
+from ssdsgd.compression.codec import MAX_ROUND_FP16
 from ssdsgd.compression.encoders import make_stages, time_encoding
 from ssdsgd.glu import GLU
 
@@ -54,6 +56,14 @@ class PullWatch:
 
     def landed(self):
         return self._landed.is_set()
+
+
+def density_stage(step, steps_per_epoch, num_stages):
+    """Index into RoundClient.stages for a step: epoch e < len(compression.warmup) is stage e, every
+    later epoch the steady state (the last stage)."""
+    if num_stages == 1:
+        return 0
+    return min(step // steps_per_epoch, num_stages - 1)
 
 
 PROBE_KEYS = (1 << 20, (1 << 20) + 1, (1 << 20) + 2)   # far above any plan key
@@ -114,6 +124,9 @@ class RoundClient:
         self.steps_per_epoch = steps_per_epoch      # density stages of compression.warmup are epochs
         if cfg.compression.warmup and not steps_per_epoch:
             raise ValueError("compression.warmup needs steps_per_epoch")
+        if cfg.compression.fp16_values and total_steps - 1 > MAX_ROUND_FP16:
+            raise ValueError(f"compression.fp16_values: this run has {total_steps} steps, but the fp16 wire "
+                             f"header counts rounds up to {MAX_ROUND_FP16}; use float32 values")
         # DGC momentum correction moves the momentum to the workers; the servers then run plain SGD.
         self.server_momentum = 0.0 if cfg.compression.momentum_correction else cfg.train.momentum
         self.buffers = self.encoders = None         # planned in setup() (may need a link probe)
@@ -278,19 +291,15 @@ class RoundClient:
             raise RuntimeError(f"buffer {bi}: clock said version {version} but weights are version {got}")
         return got
 
-    def _stage(self, step):
-        """Density stage of this step: epoch e < len(compression.warmup) uses warmup[e]."""
-        if len(self.stages) == 1:
-            return 0
-        return min(step // self.steps_per_epoch, len(self.stages) - 1)
-
     def _push(self, step):
+        """Push this step's mailbox messages; returns the bytes of the arrays actually pushed."""
         pushed = 0
-        buffers, encoders = self.stages[self._stage(step)]
+        buffers, encoders = self.stages[density_stage(step, self.steps_per_epoch, len(self.stages))]
         for b, enc in zip(buffers, encoders):
             grads = [self.params[i].grad() for i in b.params]
-            self.kv.push(b.mailbox_key, enc.message(grads, step, self.kv.rank), priority=-b.params[-1])
-            pushed += b.mailbox_bytes
+            msg = enc.message(grads, step, self.kv.rank)
+            self.kv.push(b.mailbox_key, msg, priority=-b.params[-1])
+            pushed += msg.size * np.dtype(msg.dtype).itemsize      # shape and dtype: no sync
         return pushed
 
     # ---- one step --------------------------------------------------------------------------------

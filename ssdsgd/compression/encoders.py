@@ -94,7 +94,9 @@ class SparseEncoder:
         if self.fp16:
             sent = mx.nd.clip(val, -FP16_MAX, FP16_MAX).astype("float16").astype("float32")
             val, lost = sent, val - sent
-        self.memory.update(key, acc, idx, lost, whole=fixed_idx is not None)
+        # Every value sent (a small tensor sent whole, a 1-element tensor, a density-1 stage): keep
+        # the momentum, see Memory.update.
+        self.memory.update(key, acc, idx, lost, whole=fixed_idx is not None or k >= x.shape[0])
         return idx, val
 
 

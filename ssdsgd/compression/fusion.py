@@ -196,6 +196,12 @@ def make_plan(shapes, num_servers, *, mode="one", buffer_bytes=4 << 20, counts=N
             groups = group_fixed(sizes_bwd, cap)
         else:
             raise ValueError(f"unknown buffer mode {mode!r}")
+    for i, n in enumerate(sizes):
+        if n > max_elements:
+            raise ValueError(f"parameter {i} of shape {tuple(shapes[i])} has {n} elements, more than one "
+                             f"buffer can hold ({max_elements}"
+                             + (", the limit of the fp16 wire's two index digits); set "
+                                "compression.fp16_values: false" if fp16 else ")"))
     buffers = []
     for b, group in enumerate(groups):
         params = [order[pos] for pos in group]

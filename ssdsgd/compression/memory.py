@@ -33,7 +33,7 @@ class Memory:
 
         lost: per sent position, what the wire format dropped of acc[idx] (fp16 rounding and
         clipping); it stays in the residual, so reduced precision is compensated like sparsity.
-        whole: the tensor was sent whole (min_dense_bytes). Its momentum is kept: masking it would
+        whole: every value of the tensor was sent. Its momentum is kept: masking it would
         zero it every step and leave the tensor with no momentum at all (the servers run plain SGD
         under momentum correction), where DGC sends such tensors with ordinary momentum SGD."""
         if not (self.error_feedback or self.momentum):

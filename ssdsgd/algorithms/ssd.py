@@ -33,7 +33,7 @@ import numpy as np
 from ssdsgd import commands
 from ssdsgd.commands import num_servers
 from ssdsgd.compression.codec import MAX_ROUND_FP16
-from ssdsgd.compression.encoders import make_stages, time_encoding
+from ssdsgd.compression.encoders import flatten, make_stages, time_encoding
 from ssdsgd.glu import GLU
 
 class PullWatch:
@@ -194,7 +194,7 @@ class RoundClient:
                 "buffers": [b.to_dict(list(stages)) for b, stages in zip(self.buffers, per_buffer)]})
         keys, vals = [], []
         for b, stages in zip(self.buffers, per_buffer):
-            flat = self._flatten([self.params[i].data() for i in b.params])
+            flat = flatten([self.params[i].data() for i in b.params])
             keys += [b.weight_key, b.clock_key]
             vals += [mx.nd.concat(flat, mx.nd.zeros(1), dim=0), mx.nd.zeros(1)]
             for sb in stages:
@@ -247,10 +247,6 @@ class RoundClient:
         self.watch = PullWatch([])         # the saved pull buffers have landed
         self.local_opt._index_update_count = {int(k): c for k, c in meta["local_counts"].items()}
         self.local_opt.num_update = meta["local_num_update"]
-
-    @staticmethod
-    def _flatten(arrays):
-        return mx.nd.concat(*[a.reshape(-1) for a in arrays], dim=0) if len(arrays) > 1 else arrays[0].reshape(-1)
 
     # ---- communication pieces ------------------------------------------------------------------
     def _pull_weights(self, bi):

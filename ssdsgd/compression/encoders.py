@@ -33,8 +33,9 @@ def message_header(step, rank, fp16=False):
     return mx.nd.array([step, rank])
 
 
-def _flat(grads):
-    return mx.nd.concat(*[g.reshape(-1) for g in grads], dim=0) if len(grads) > 1 else grads[0].reshape(-1)
+def flatten(arrays):
+    """The arrays, flattened and concatenated in order: one buffer's worth of tensors."""
+    return mx.nd.concat(*[a.reshape(-1) for a in arrays], dim=0) if len(arrays) > 1 else arrays[0].reshape(-1)
 
 
 class DenseEncoder:
@@ -42,7 +43,7 @@ class DenseEncoder:
     fp16 = False
 
     def encode(self, grads, step):
-        return _flat(grads)
+        return flatten(grads)
 
     def message(self, grads, step, rank):
         return mx.nd.concat(message_header(step, rank), self.encode(grads, step), dim=0)
@@ -66,7 +67,7 @@ class SparseEncoder:
         """The payload as float32: [idx, val], or for the fp16 wire [idx high, idx low, val]."""
         b = self.buffer
         if self.behind:
-            idx, val = self._sparsify(_flat(grads), b.k, key=-1 - b.id, step=step)
+            idx, val = self._sparsify(flatten(grads), b.k, key=-1 - b.id, step=step)
         else:
             idx_parts, val_parts = [], []
             for j, g in enumerate(grads):

@@ -153,19 +153,17 @@ def plan_cost_model(sizes, counts, sparse, alpha, beta, backward, fp16=False):
 
     codec = "sparse" if sparse else "dense"
     cap = max_buffer_elements(fp16)
-
-    def cost(j, i):          # send tensors j..i-1 as one buffer
-        return alpha + beta * message_bytes(codec, sum(sizes_bwd[j:i]), sum(counts_bwd[j:i]), fp16)
-
     best = [0.0] + [float("inf")] * n
     cut = [0] * (n + 1)
     for i in range(1, n + 1):
-        elements = 0
+        elements = values = 0            # of tensors j..i-1, the candidate last buffer
         for j in range(i - 1, -1, -1):
             elements += sizes_bwd[j]
+            values += counts_bwd[j]
             if elements > cap:
                 break
-            end = max(ready[i - 1], best[j]) + cost(j, i)
+            send = alpha + beta * message_bytes(codec, elements, values, fp16)
+            end = max(ready[i - 1], best[j]) + send
             if end < best[i]:
                 best[i], cut[i] = end, j
     groups, i = [], n

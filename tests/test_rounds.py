@@ -81,10 +81,10 @@ def check_order(order, grads, w0, state=None):
     return st
 
 
-def problem(seed):
+def problem(seed, rounds=ROUNDS):
     """Seeded gradients for every (round, rank) and initial weights; the rng continues from there."""
     rng = np.random.RandomState(seed)
-    grads = make_grads(rng)
+    grads = make_grads(rng, rounds=rounds)
     return rng, grads, rng.standard_normal(SIZE).astype(np.float32)
 
 
@@ -194,9 +194,7 @@ def test_push_before_bind():
 
 
 def test_duplicate_round_rank_is_refused_and_not_counted():
-    rng = np.random.RandomState(14)
-    grads = make_grads(rng, rounds=1)
-    w0 = rng.standard_normal(SIZE).astype(np.float32)
+    _, grads, w0 = problem(14, rounds=1)
     ref = reference(w0, grads, step_lr)
     st = make_state()
     st.bind(w0)
@@ -230,9 +228,7 @@ def test_round_already_applied():
 
 @pytest.mark.parametrize("length", [SIZE - 1, SIZE + 1, 0])
 def test_wrong_payload_length(length):
-    rng = np.random.RandomState(15)
-    grads = make_grads(rng, rounds=1)
-    w0 = rng.standard_normal(SIZE).astype(np.float32)
+    _, grads, w0 = problem(15, rounds=1)
     ref = reference(w0, grads, step_lr)
     st = make_state()
     st.bind(w0)

@@ -151,10 +151,8 @@ def make_stages(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, see
                                       seed=seed)
     if not comp.warmup:
         return [(buffers, encoders)]
-    stage_counts, whole = [], None
-    for density in comp.warmup:
-        _, counts, whole = tensor_counts(shapes, comp, density)
-        stage_counts.append(counts)
+    stage_counts = [tensor_counts(shapes, comp, density)[1] for density in comp.warmup]
+    whole = tensor_counts(shapes, comp)[2]                   # min_dense_bytes: the same in every stage
     memory, compressor = encoders[0].memory, encoders[0].compressor
     stages = [(bufs, _sparse_encoders(bufs, compressor, memory, whole, comp))
               for bufs in warmup_stages(buffers, stage_counts, num_servers)]

@@ -130,7 +130,7 @@ def run_worker(cfg, resume=False):
     staleness = []
     best_acc, final_acc, history = 0.0, 0.0, []
     t_start = time.perf_counter()
-    window = {"t": time.perf_counter(), "images": 0, "push": 0, "pull": 0, "loss": 0.0, "n": 0}
+    window = _log_window(time.perf_counter())
     epochs_run = 0
     for epoch in range(start_epoch, cfg.train.epochs):
         if step >= total_steps:
@@ -177,7 +177,7 @@ def run_worker(cfg, resume=False):
                           f"{ips:.1f} img/s push {human_bytes(window['push'] / window['n'])}/step "
                           f"pull {human_bytes(window['pull'] / window['n'])}/step "
                           f"staleness {rec['staleness']}", flush=True)
-                window = {"t": now, "images": 0, "push": 0, "pull": 0, "loss": 0.0, "n": 0}
+                window = _log_window(now)
         mx.nd.waitall()
         epoch_seconds = time.perf_counter() - t_epoch
         totals["train_seconds"] += epoch_seconds
@@ -234,6 +234,11 @@ def run_worker(cfg, resume=False):
         write_json_atomic(os.path.join(out_dir, "summary.json"), summary)
         print(summary_table(summary), flush=True)
         print(f"run folder: {out_dir}", flush=True)
+
+
+def _log_window(t):
+    """Counters of the steps since the last log line, which started at time t."""
+    return {"t": t, "images": 0, "push": 0, "pull": 0, "loss": 0.0, "n": 0}
 
 
 def _aux_params(net):
@@ -305,7 +310,7 @@ def _time_backward(net, loss_fn, train_set, params, repeats=3):
     BatchNorm running statistics are restored afterwards, so the probe leaves no trace."""
     import mxnet as mx
     from mxnet import autograd
-    aux = [p for p in net.collect_params().values() if p.grad_req == "null"]
+    aux = _aux_params(net)
     saved = [p.data().copy() for p in aux]
     data, label = next(iter(train_set.epoch(0)))
     times = []

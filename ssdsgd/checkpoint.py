@@ -21,6 +21,8 @@ import os
 
 import numpy as np
 
+from ssdsgd.metrics import write_json_atomic
+
 MANIFEST = "manifest.json"
 FORMAT = 1
 
@@ -79,10 +81,7 @@ def write_manifest(directory, cfg, epochs_done, step):
     manifest = {"format": FORMAT, "fingerprint": fingerprint(cfg), "name": cfg.name,
                 "epochs_done": epochs_done, "step": step,
                 "files": {f: _sha256(os.path.join(directory, f)) for f in files}}
-    tmp = os.path.join(directory, MANIFEST + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=2)
-    os.replace(tmp, os.path.join(directory, MANIFEST))
+    write_json_atomic(os.path.join(directory, MANIFEST), manifest)
     return manifest
 
 

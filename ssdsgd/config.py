@@ -10,6 +10,8 @@ import re
 
 import yaml
 
+from ssdsgd.schedule import KINDS as SCHEDULE_KINDS
+
 
 class _Loader(yaml.SafeLoader):
     """YAML 1.1 reads `1e-3` as a string (it wants a dot); learning rates are written that way."""
@@ -100,6 +102,7 @@ class ListField(Field):
 
 
 ALGORITHMS = ("ssgd", "asgd", "ssd")
+DATASETS = ("digits", "cifar10", "imagenet", "synthetic")
 COMPRESSORS = ("none", "topk", "randomk", "dgc", "2bit")
 
 SCHEMA = {
@@ -116,7 +119,7 @@ SCHEMA = {
         "port": Field(int, None, nullable=True, min=1, max=65535, doc="scheduler port; default: a free one"),
     },
     "data": {
-        "dataset": Field(str, "digits", choices=("digits", "cifar10", "imagenet", "synthetic")),
+        "dataset": Field(str, "digits", choices=DATASETS),
         "root": Field(str, None, nullable=True),
         "shape": ListField(None, nullable=True, length=3, doc="[C, H, W]"),
         "num_classes": Field(int, None, nullable=True, min=2),
@@ -135,7 +138,7 @@ SCHEMA = {
         "momentum": Field(float, 0.9, min=0, max=1),
         "wd": Field(float, 1e-4, min=0),
         "lr_schedule": {
-            "type": Field(str, "constant", choices=("constant", "step", "cosine", "poly")),
+            "type": Field(str, "constant", choices=SCHEDULE_KINDS),
             "milestones": ListField([], doc="epochs at which a step schedule multiplies by factor"),
             "factor": Field(float, 0.1, gt=0),
             "power": Field(float, 2.0, gt=0),

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import mxnet as mx
 import numpy as np
 
-DATASETS = ("digits", "cifar10", "imagenet", "synthetic")
+from ssdsgd.config import DATASETS
+
 
 # gluoncv's CIFAR-10 recipe (scripts/classification/cifar/train_cifar10.py).
 _CIFAR_MEAN = np.array([0.4914, 0.4822, 0.4465], np.float32).reshape(1, 3, 1, 1)

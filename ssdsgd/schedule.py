@@ -7,10 +7,13 @@ mx.optimizer.Optimizer sets) and our own round-based server, which builds it fro
 import math
 
 
+KINDS = ("constant", "step", "cosine", "poly")
+
+
 class LRSchedule:
     def __init__(self, kind="constant", base_lr=0.1, total_updates=1, warmup_updates=0,
                  milestones=(), factor=0.1, power=2.0, final_lr=0.0):
-        if kind not in ("constant", "step", "cosine", "poly"):
+        if kind not in KINDS:
             raise ValueError(f"unknown lr schedule {kind!r}")
         self.kind = kind
         self.base_lr = float(base_lr)

@@ -27,6 +27,7 @@ class StockClient:
         # 2-bit packs 16 gradient values into one float32 on the wire (MXNet's GradientCompression).
         self.push_bytes_per_step = sum(-(-p.data().size // 16) * 4 for p in params) if self.two_bit else 4 * n
         self.pull_bytes_per_step = 4 * n
+        self.staleness = 0 if cfg.algorithm.type == "ssgd" else None     # dist_async: not tracked
 
     @staticmethod
     def kvstore_type(cfg):
@@ -57,7 +58,7 @@ class StockClient:
             self.kv.push(i, p.grad(), priority=-i)
             self.kv.pull(i, out=p.data(), priority=-i)
         return {"push_bytes": self.push_bytes_per_step, "pull_bytes": self.pull_bytes_per_step,
-                "staleness": 0 if self.cfg.algorithm.type == "ssgd" else None, "wait_seconds": None}
+                "staleness": self.staleness, "wait_seconds": None}
 
     def global_weights(self, steps_done):
         """The weights to evaluate: after the step's pulls, the parameters are the global ones."""

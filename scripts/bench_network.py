@@ -40,6 +40,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 import netns  # noqa: E402
+from results_io import COMPUTE_BOUND, rate_name, read_jsonl, stop_on_sigterm  # noqa: E402
 
 DEFAULT_CONFIG = "configs/bench_cifar_resnet20.yaml"
 
@@ -57,7 +58,6 @@ ALGORITHMS = {
     "ssd_topk_s2k": ("SSD-SGD+top-k 1%, S=2k", ["algorithm.type=ssd", "compression.type=topk",
                                                "compression.density=0.01", "algorithm.max_staleness=10"]),
 }
-COMPUTE_BOUND = "compute_bound"
 COMPUTE_BOUND_LABEL = "compute bound (1 worker, no comm.)"
 # Dense pushes, not top-k: the bound must not include the compressor's own compute. On an unlimited
 # loopback the asynchronous push of a ResNet-20 gradient costs the worker a copy; the server's update
@@ -79,26 +79,7 @@ QUICK = dict(steps=20, repeats=1, rates="0,20", job_timeout=300.0)
 BUSY = 0.10     # a run during which other processes used more than this share of the CPU is flagged
 
 
-class Stop(Exception):
-    """SIGTERM: stop like Ctrl-C (the running job and its namespace are cleaned up)."""
-
-
 # ------------------------------------------------------------------------------------------ running
-
-def _run_metrics(run_dir):
-    """Records of rank 0's metrics.jsonl ([] when missing)."""
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    out = []
-    with open(path) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-    return out
-
 
 def _interp(samples, t):
     """Counter value at time t, linearly interpolated between (time, value) samples."""
@@ -312,7 +293,7 @@ def run_one(job, args):
         row["status"] = "ok"
     if row["status"] != "ok":
         row["error"] = _last_error(log_path)
-    records = _run_metrics(run_dir)
+    records = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))   # rank 0's
     losses = [r["loss"] for r in records if "loss" in r]
     if losses:
         row["final_loss"] = round(losses[-1], 5)
@@ -453,10 +434,6 @@ def _fmt(v, spec="{:.1f}", none="–"):
     return none if v is None else spec.format(v)
 
 
-def _rate_name(rate):
-    return "unlimited" if not rate else f"{rate:g} Mbit/s"
-
-
 def markdown_table(agg, title="Bandwidth-limited benchmark"):
     groups, cb = agg["groups"], agg["compute_bound"]
     lines = [f"## {title}", ""]
@@ -470,7 +447,7 @@ def markdown_table(agg, title="Bandwidth-limited benchmark"):
         pct = 100.0 * ips / bound if ips and bound else None
         mb = lambda v: None if v is None else v / 1e6  # noqa: E731
         lines.append("| " + " | ".join([
-            g["label"], _rate_name(g["rate_mbit"]), f"{g['ok']}/{g['runs']}",
+            g["label"], rate_name(g["rate_mbit"]), f"{g['ok']}/{g['runs']}",
             _fmt(g["images_per_sec"]), _fmt(g["speedup"], "{:.2f}×"),
             _fmt(g["steady_images_per_sec"]), _fmt(g["steady_speedup"], "{:.2f}×"), _fmt(pct, "{:.0f}%"),
             _fmt(mb(g["kernel_bytes_per_step"]), "{:.3f}"), _fmt(g["bytes_ratio"], "{:.3f}"),
@@ -491,7 +468,7 @@ def markdown_table(agg, title="Bandwidth-limited benchmark"):
     comm = communication_share(agg)
     if comm:
         lines.append("SSGD communication share (1 − SSGD steady img/s ÷ compute bound): " +
-                     ", ".join(f"{_rate_name(r)} {100 * s:.0f}%" for r, s in comm.items()) + ".")
+                     ", ".join(f"{rate_name(r)} {100 * s:.0f}%" for r, s in comm.items()) + ".")
     lines += ["",
               "Medians over repeats; `× SSGD` columns are medians of per-repeat ratios to SSGD at the same rate "
               "and repeat. img/s is the job's summary (all workers, all steps incl. warm-up); steady img/s is "
@@ -508,7 +485,7 @@ def markdown_table(agg, title="Bandwidth-limited benchmark"):
                       "Re-run on an idle machine or with `--wait-idle`."]
     failed = [(g["label"], g["rate_mbit"], f) for g in groups for f in g["failed"]]
     if failed:
-        lines += ["", "Failed runs:"] + [f"- {lab} at {_rate_name(rate)}: {f}" for lab, rate, f in failed]
+        lines += ["", "Failed runs:"] + [f"- {lab} at {rate_name(rate)}: {f}" for lab, rate, f in failed]
     targets = check_targets(agg)
     if targets:
         lines += ["", "Targets:"] + [f"- {t}" for t in targets]
@@ -542,7 +519,7 @@ def check_targets(agg):
                 continue
             sp = g["steady_speedup"] or g["speedup"]
             verdict = "n/a" if sp is None else ("met" if sp >= need else "NOT met")
-            out.append(f"{g['label']} ≥ {need}× SSGD img/s at {_rate_name(rate)} (SSGD comm. share "
+            out.append(f"{g['label']} ≥ {need}× SSGD img/s at {rate_name(rate)} (SSGD comm. share "
                        f"{100 * comm[rate]:.0f}%): {_fmt(sp, '{:.2f}×')} (steady) / {_fmt(g['speedup'], '{:.2f}×')} "
                        f"(summary) → {verdict}")
     if comm and not heavy:
@@ -551,13 +528,13 @@ def check_targets(agg):
         if alg == "ssd_topk":
             r = g["steady_bytes_ratio"] if g["steady_bytes_ratio"] is not None else g["bytes_ratio"]
             verdict = "n/a" if r is None else ("met" if r <= 0.15 else "NOT met")
-            out.append(f"{g['label']} kernel bytes/step ≤ 15% of SSGD's at {_rate_name(rate)}: steady "
+            out.append(f"{g['label']} kernel bytes/step ≤ 15% of SSGD's at {rate_name(rate)}: steady "
                        f"{_fmt(g['steady_bytes_ratio'], '{:.1%}')}, whole job {_fmt(g['bytes_ratio'], '{:.1%}')} "
                        f"→ {verdict}")
     for (alg, rate), g in by.items():
         if alg in COMPRESSED and g["rss_ratio"] is not None:
             verdict = "met" if g["rss_ratio"] <= 1.3 else "NOT met"
-            out.append(f"{g['label']} worker peak RSS ≤ 1.3× SSGD's at {_rate_name(rate)}: "
+            out.append(f"{g['label']} worker peak RSS ≤ 1.3× SSGD's at {rate_name(rate)}: "
                        f"{g['rss_ratio']:.2f}× → {verdict}")
     return out
 
@@ -664,7 +641,7 @@ def main(argv=None):
     jobs = plan(args)
     if args.dry_run:
         for j in jobs:
-            print(f"rep {j['repeat']}  {_rate_name(j['rate']):>13}  {j['label']:<36} {' '.join(j['sets'])}")
+            print(f"rep {j['repeat']}  {rate_name(j['rate']):>13}  {j['label']:<36} {' '.join(j['sets'])}")
         return 0
     try:
         netns.check_tools()
@@ -683,22 +660,20 @@ def main(argv=None):
             print(f"bench_network: {csv_path} has other columns; not appending", file=sys.stderr)
             return 2
 
-    def on_term(signum, frame):
-        raise Stop()
-    old_term = signal.signal(signal.SIGTERM, on_term)
+    old_term = stop_on_sigterm()          # SIGTERM stops like Ctrl-C: the running job is cleaned up
     # Ctrl-C must stop the suite cleanly even when we were started with SIGINT ignored (e.g. `cmd &`).
     old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     t_suite = time.monotonic()
     interrupted = setup_error = False
     print(f"bench_network: {len(jobs)} jobs, {args.steps} steps each, rates "
-          f"{', '.join(_rate_name(r) for r in args.rate_list)}; results in {args.out}", flush=True)
+          f"{', '.join(rate_name(r) for r in args.rate_list)}; results in {args.out}", flush=True)
     try:
         with open(csv_path, mode, newline="") as f:
             writer = csv.DictWriter(f, fieldnames=fields)
             if mode == "w":
                 writer.writeheader()
             for i, job in enumerate(jobs, 1):
-                print(f"[{i}/{len(jobs)}] rep {job['repeat']} {_rate_name(job['rate'])} {job['label']} ...",
+                print(f"[{i}/{len(jobs)}] rep {job['repeat']} {rate_name(job['rate'])} {job['label']} ...",
                       end=" ", flush=True)
                 waited = wait_until_idle(args.wait_idle) if args.wait_idle > 0 else 0.0
                 row = run_one(job, args)
@@ -710,7 +685,7 @@ def main(argv=None):
                       f"steady {_fmt(_num(row['steady_images_per_sec']))}, kernel "
                       f"{_fmt(_num(row['kernel_bytes_per_step']), '{:,.0f}')} B/step, "
                       f"{row['job_seconds']} s" + (f" -- {row['error']}" if row["error"] else ""), flush=True)
-    except (KeyboardInterrupt, Stop):
+    except KeyboardInterrupt:
         interrupted = True
         print("\nbench_network: interrupted; the running job and its namespace were cleaned up", file=sys.stderr)
     except netns.NetnsError as e:           # the set-up itself is broken: every further job would fail too

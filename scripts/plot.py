@@ -25,7 +25,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
-COMPUTE_BOUND = "compute_bound"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results_io import COMPUTE_BOUND, rate_name, read_jsonl  # noqa: E402
+
 
 
 def _num(v):
@@ -33,10 +35,6 @@ def _num(v):
         return float(v) if v not in (None, "") else None
     except (TypeError, ValueError):
         return None
-
-
-def _rate_name(rate):
-    return "unlimited" if not rate else f"{rate:g} Mbit/s"
 
 
 def _grouped(rows, field, fallback=None):
@@ -76,7 +74,7 @@ def _bars(ax, algs, rates, labels, values, scale=1.0, value_fmt="%.0f"):
             bars = ax.bar(xs, ys, width, label=labels[alg], yerr=[lo, hi], capsize=3)
             ax.bar_label(bars, fmt=value_fmt, fontsize=7, padding=2)
     ax.set_xticks(range(len(rates)))
-    ax.set_xticklabels([_rate_name(r) for r in rates])
+    ax.set_xticklabels([rate_name(r) for r in rates])
     ax.set_xlabel("link rate (loopback tbf)")
     ax.grid(axis="y", alpha=0.3)
 
@@ -147,16 +145,7 @@ def _save(fig, out_dir, name):
 
 def load_run(run_dir):
     """(label, test points [(seconds, epochs, acc)], loss points [(seconds, loss)]) of a run folder."""
-    path = os.path.join(run_dir, "metrics.jsonl")
-    records = []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                try:
-                    records.append(json.loads(line))
-                except ValueError:
-                    pass
+    records = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
     label = os.path.basename(os.path.normpath(run_dir))
     summary_path = os.path.join(run_dir, "summary.json")
     if os.path.exists(summary_path):

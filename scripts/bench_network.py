@@ -365,11 +365,13 @@ def aggregate(rows):
         if key not in groups:
             order.append(key)
             groups[key] = {"algorithm": r["algorithm"], "label": r.get("label") or r["algorithm"],
-                           "rate_mbit": rate(r), "runs": 0, "ok": 0, "_rows": []}
+                           "rate_mbit": rate(r), "runs": 0, "ok": 0, "_rows": [], "_failed": []}
         groups[key]["runs"] += 1
         if r.get("status") == "ok":
             groups[key]["ok"] += 1
             groups[key]["_rows"].append(r)
+        else:
+            groups[key]["_failed"].append(r)
 
     def ratios(rs, field):
         out = []
@@ -387,7 +389,7 @@ def aggregate(rows):
     result = []
     for key in order:
         g = groups[key]
-        rs = g.pop("_rows")
+        rs, failed = g.pop("_rows"), g.pop("_failed")
         med = lambda f: _median([_num(r.get(f)) for r in rs])  # noqa: E731
         g.update(
             images_per_sec=med("images_per_sec"), steady_images_per_sec=med("steady_images_per_sec"),
@@ -402,8 +404,7 @@ def aggregate(rows):
             bytes_ratio=ratios(rs, "kernel_bytes_per_step"),
             steady_bytes_ratio=ratios(rs, "steady_kernel_bytes_per_step"),
             rss_ratio=ratios(rs, "peak_rss_worker_mb"),
-            failed=[f"rep {r['repeat']}: {r['status']} (exit {r['exit_code']})"
-                    for r in _group_rows(rows, key, rate) if r.get("status") != "ok"])
+            failed=[f"rep {r['repeat']}: {r['status']} (exit {r['exit_code']})" for r in failed])
         result.append(g)
 
     busy = [r for r in ok if (_num(r.get("other_cpu_share")) or 0.0) > BUSY]
@@ -418,10 +419,6 @@ def aggregate(rows):
                          "steady_images_per_sec": n * one_steady if one_steady else None,
                          "runs": len(cb_rows)}
     return {"groups": result, "compute_bound": compute_bound, "busy_runs": len(busy), "ok_runs": len(ok)}
-
-
-def _group_rows(rows, key, rate):
-    return [r for r in rows if r["algorithm"] == key[0] and rate(r) == key[1]]
 
 
 def _infer_workers(ok_rows):

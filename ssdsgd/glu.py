@@ -33,5 +33,57 @@ class GLU(mx.optimizer.Optimizer):
         mx.nd.elemwise_sub(weight, lr * step, out=weight)
 
     @staticmethod
-    def snapshot(state, weight):
+    def refresh(state, weight, rounds=0):
+        """Take the snapshot w_s of the global weights just landed (`rounds`: unused here)."""
         weight.copyto(state)
+
+
+class LocalSGD(mx.optimizer.SGD):
+    """Plain local SGD (no compensation): MXNet's SGD, with the refresh hook the client calls."""
+
+    @staticmethod
+    def refresh(state, weight, rounds=0):
+        pass
+
+
+@mx.optimizer.Optimizer.register
+class GlobalMomentum(mx.optimizer.Optimizer):
+    """Local momentum SGD whose velocity is the global model's, re-estimated at every refresh.
+
+        at a refresh that advanced the global weights by r rounds:  v <- (w_new - w_prev) / r
+        every local step:  v <- mu * v - eta_l * (rescale_grad * g_i + wd * w_loc);  w_loc <- w_loc + v
+
+    Between refreshes the servers keep moving the global weights along their momentum; a worker
+    that only applies its own gradient falls behind them, so the gradients it pushes are computed
+    further and further from where they will be applied (staleness). Carrying the global velocity
+    forward makes w_loc track the global trajectory instead; with eta_l = N * eta_g (lr_scale = N)
+    the worker's own gradient stands in for the sum of all N that it cannot see yet. The update is
+    MXNet's sgd_mom_update, so with no refreshes it is the servers' own rule.
+
+    State per parameter: one array of shape (2,) + weight.shape holding [w_prev, v], so checkpoints
+    store it like the other local optimizers' single-array state.
+    """
+
+    def __init__(self, momentum=0.9, **kwargs):
+        super().__init__(**kwargs)
+        self.momentum = float(momentum)
+
+    def create_state(self, index, weight):
+        state = mx.nd.zeros((2,) + weight.shape, dtype=weight.dtype)
+        state[0] = weight
+        return state
+
+    def update(self, index, weight, grad, state):
+        self._update_count(index)
+        lr = self._get_lr(index)
+        wd = self._get_wd(index)
+        velocity = state[1]
+        velocity[:] = self.momentum * velocity - lr * (grad * self.rescale_grad + wd * weight)
+        weight += velocity
+
+    @staticmethod
+    def refresh(state, weight, rounds):
+        """weight: the global weights just landed, `rounds` rounds newer than the previous refresh's."""
+        if rounds > 0:
+            state[1] = (weight - state[0]) / rounds
+        state[0] = weight

@@ -49,7 +49,7 @@ def test_glu_matches_numpy_with_refresh_and_schedule():
             for i, shape in enumerate(shapes):
                 new = rng.standard_normal(shape).astype(np.float32)
                 weights[i][:] = new
-                GLU.snapshot(states[i], weights[i])
+                GLU.refresh(states[i], weights[i])
                 ref_w[i] = new.astype(np.float64)
                 ref_s[i] = new.astype(np.float64)
                 np.testing.assert_array_equal(states[i].asnumpy(), new)
@@ -74,7 +74,7 @@ def test_states_are_independent_per_parameter():
     opt = GLU(c=c, learning_rate=0.1, wd=0.0, rescale_grad=1.0)
     wa, wb = mx.nd.array([1.0, 2.0]), mx.nd.array([[3.0], [4.0], [5.0]])
     sa, sb = opt.create_state(0, wa), opt.create_state(1, wb)
-    GLU.snapshot(sa, mx.nd.array([0.0, 0.0]))       # only parameter 0's snapshot moves
+    GLU.refresh(sa, mx.nd.array([0.0, 0.0]))       # only parameter 0's snapshot moves
     opt.update(0, wa, mx.nd.zeros(2), sa)
     opt.update(1, wb, mx.nd.zeros((3, 1)), sb)
     # zero gradient, no wd: w <- w - lr*c*(w_s - w)
@@ -128,3 +128,242 @@ def test_lr_mult_and_wd_mult_are_honoured():
     wn = np.array([1.0, -1.0])
     want = wn - 0.2 * (np.array([1.0, 1.0]) + 0.0 * wn + 0.5 * (np.array([0.5, 0.5]) - wn))
     np.testing.assert_allclose(w.asnumpy(), want, rtol=1e-6)
+
+
+# ------------------------------------------------------------------ GlobalMomentum and LocalSGD
+
+from ssdsgd.glu import GlobalMomentum, LocalSGD  # noqa: E402
+
+MU = 0.9
+
+
+def np_gm_update(w, v, g, lr, mu=MU, wd=WD, rescale=RESCALE):
+    """MXNet's sgd_mom_update, in float64."""
+    v = mu * v - lr * (rescale * g + wd * w)
+    return w + v, v
+
+
+def test_global_momentum_registered_and_state_layout():
+    opt = mx.optimizer.create("globalmomentum", momentum=0.7, learning_rate=0.1)
+    assert isinstance(opt, GlobalMomentum) and opt.momentum == 0.7
+    assert GlobalMomentum().momentum == 0.9
+    w = mx.nd.array([[1.0, -2.0], [3.0, 4.5]])
+    s = opt.create_state(0, w)
+    assert s.shape == (2, 2, 2) and s.dtype == np.float32
+    np.testing.assert_array_equal(s[0].asnumpy(), w.asnumpy())   # w_prev: the initial weights
+    np.testing.assert_array_equal(s[1].asnumpy(), 0)             # v: zero
+    w[:] = 9.0
+    np.testing.assert_array_equal(s[0].asnumpy(), [[1.0, -2.0], [3.0, 4.5]])   # a copy, not a view
+
+
+def test_global_momentum_matches_numpy_with_refreshes_schedule_and_wd():
+    rng = np.random.RandomState(5)
+    shapes = [(3, 4), (5,)]
+    opt = GlobalMomentum(momentum=MU, learning_rate=BASE_LR, wd=WD, rescale_grad=RESCALE,
+                         lr_scheduler=make_schedule())
+    w0 = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    weights = [mx.nd.array(w) for w in w0]
+    states = [opt.create_state(i, w) for i, w in enumerate(weights)]
+    ref_w = [w.astype(np.float64) for w in w0]
+    ref_prev = [w.astype(np.float64) for w in w0]
+    ref_v = [np.zeros(s) for s in shapes]
+    # updates interleaved with refreshes; per parameter rounds (they sit in different buffers)
+    events = ["u", "u", ("r", (1, 3)), "u", "u", ("r", (0, 2)), "u", ("r", (4, 0)), "u", "u"]
+    t = 0
+    checked = {"kept_v": False, "set_v": False}
+    for ev in events:
+        if ev == "u":
+            t += 1
+            lr = cosine(t)
+            for i, shape in enumerate(shapes):
+                g = (rng.standard_normal(shape) * 4).astype(np.float32)
+                opt.update(i, weights[i], mx.nd.array(g), states[i])
+                ref_w[i], ref_v[i] = np_gm_update(ref_w[i], ref_v[i], g.astype(np.float64), lr)
+            assert opt._index_update_count == {0: t, 1: t}
+        else:
+            for i, (shape, rounds) in enumerate(zip(shapes, ev[1])):
+                new = (ref_w[i] + rng.standard_normal(shape)).astype(np.float32)
+                weights[i][:] = new
+                v_before = states[i][1].asnumpy().copy()
+                GlobalMomentum.refresh(states[i], weights[i], rounds)
+                if rounds > 0:
+                    ref_v[i] = (new.astype(np.float64) - ref_prev[i]) / rounds
+                    checked["set_v"] = True
+                else:
+                    np.testing.assert_array_equal(states[i][1].asnumpy(), v_before)   # v kept
+                    assert np.abs(v_before).max() > 0
+                    checked["kept_v"] = True
+                ref_prev[i] = new.astype(np.float64)
+                ref_w[i] = new.astype(np.float64)
+                np.testing.assert_array_equal(states[i][0].asnumpy(), new)           # w_prev = w_new
+                np.testing.assert_array_equal(weights[i].asnumpy(), new)             # refresh leaves w
+        for i in range(len(shapes)):
+            np.testing.assert_allclose(weights[i].asnumpy(), ref_w[i], rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(states[i][1].asnumpy(), ref_v[i], rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(states[i][0].asnumpy(), ref_prev[i], rtol=1e-6, atol=1e-6)
+    assert checked == {"kept_v": True, "set_v": True}
+    # the re-estimated velocity really drives the next step: with a zero gradient and wd the
+    # weights move by mu * v
+    w_before, v_before = weights[0].asnumpy().copy(), states[0][1].asnumpy().copy()
+    GlobalMomentum(momentum=MU, learning_rate=0.3, wd=0.0).update(0, weights[0], mx.nd.zeros((3, 4)),
+                                                                  states[0])
+    np.testing.assert_allclose(weights[0].asnumpy(), w_before + MU * v_before, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("with_schedule", [False, True])
+def test_global_momentum_without_refresh_equals_mxnet_sgd_momentum(with_schedule):
+    rng = np.random.RandomState(2)
+    shapes = [(4, 3), (6,)]
+    kw = dict(learning_rate=BASE_LR, wd=WD, rescale_grad=RESCALE)
+    gm = GlobalMomentum(momentum=MU, lr_scheduler=make_schedule() if with_schedule else None, **kw)
+    sgd = mx.optimizer.SGD(momentum=MU, lr_scheduler=make_schedule() if with_schedule else None, **kw)
+    w0 = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    wg = [mx.nd.array(w) for w in w0]
+    ws = [mx.nd.array(w) for w in w0]
+    sg = [gm.create_state(i, w) for i, w in enumerate(wg)]
+    ss = [sgd.create_state(i, w) for i, w in enumerate(ws)]
+    for t in range(1, 7):
+        for i, shape in enumerate(shapes):
+            g = (rng.standard_normal(shape) * 3).astype(np.float32)
+            gm.update(i, wg[i], mx.nd.array(g), sg[i])
+            sgd.update(i, ws[i], mx.nd.array(g), ss[i])
+            np.testing.assert_allclose(wg[i].asnumpy(), ws[i].asnumpy(), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(sg[i][1].asnumpy(), ss[i].asnumpy(), rtol=1e-5, atol=1e-6)
+            np.testing.assert_array_equal(sg[i][0].asnumpy(), w0[i])     # w_prev moves only at refresh
+    assert not np.allclose(wg[0].asnumpy(), w0[0])
+    # momentum really accumulated (differs from plain SGD after several steps)
+    assert np.abs(sg[0][1].asnumpy()).max() > 0
+
+
+def test_global_momentum_state_survives_numpy_round_trip():
+    """As RoundClient.state()/load_state store it: state{i} = s.asnumpy(), then s[:] = arrays[...]."""
+    rng = np.random.RandomState(9)
+    shapes = [(2, 3), (4,)]
+    kw = dict(momentum=MU, learning_rate=BASE_LR, wd=WD, rescale_grad=RESCALE)
+    a = GlobalMomentum(lr_scheduler=make_schedule(), **kw)
+    wa = [mx.nd.array(rng.standard_normal(s)) for s in shapes]
+    sa = [a.create_state(i, w) for i, w in enumerate(wa)]
+    for t in range(3):
+        for i, s in enumerate(shapes):
+            a.update(i, wa[i], mx.nd.array(rng.standard_normal(s)), sa[i])
+            if t == 1:
+                wa[i][:] = wa[i] + 0.5
+                GlobalMomentum.refresh(sa[i], wa[i], 2)
+    arrays = {f"state{i}": s.asnumpy() for i, s in enumerate(sa)}
+    weights = [w.asnumpy() for w in wa]
+    counts, num_update = dict(a._index_update_count), a.num_update
+    # a fresh optimizer on other weights, restored from the saved arrays
+    b = GlobalMomentum(lr_scheduler=make_schedule(), **kw)
+    wb = [mx.nd.array(w) for w in weights]
+    sb = [b.create_state(i, mx.nd.zeros(s)) for i, s in enumerate(shapes)]
+    for i, s in enumerate(sb):
+        s[:] = arrays[f"state{i}"]
+    b._index_update_count, b.num_update = dict(counts), num_update
+    for i in range(len(shapes)):
+        np.testing.assert_array_equal(sb[i].asnumpy(), sa[i].asnumpy())
+    for t in range(3):
+        for i, s in enumerate(shapes):
+            g = rng.standard_normal(s)
+            a.update(i, wa[i], mx.nd.array(g), sa[i])
+            b.update(i, wb[i], mx.nd.array(g), sb[i])
+            if t == 1:
+                for w, st in ((wa[i], sa[i]), (wb[i], sb[i])):
+                    w[:] = w - 0.25
+                    GlobalMomentum.refresh(st, w, 3)
+    for i in range(len(shapes)):
+        np.testing.assert_array_equal(wb[i].asnumpy(), wa[i].asnumpy())
+        np.testing.assert_array_equal(sb[i].asnumpy(), sa[i].asnumpy())
+
+
+def test_local_sgd_is_mxnet_sgd_with_noop_refresh():
+    rng = np.random.RandomState(4)
+    kw = dict(momentum=0.0, learning_rate=0.3, wd=WD, rescale_grad=RESCALE, lr_scheduler=make_schedule())
+    loc, sgd = LocalSGD(**kw), mx.optimizer.SGD(**kw)
+    w0 = rng.standard_normal((3, 2)).astype(np.float32)
+    wl, ws = mx.nd.array(w0), mx.nd.array(w0)
+    assert loc.create_state(0, wl) is None          # no momentum: no state (the client skips it)
+    state = mx.nd.array(w0)
+    LocalSGD.refresh(state, mx.nd.zeros((3, 2)), 5)
+    np.testing.assert_array_equal(state.asnumpy(), w0)
+    for _ in range(4):
+        g = mx.nd.array(rng.standard_normal((3, 2)))
+        loc.update(0, wl, g, None)
+        sgd.update(0, ws, g, None)
+    np.testing.assert_allclose(wl.asnumpy(), ws.asnumpy(), rtol=1e-6, atol=1e-7)
+    assert not np.allclose(wl.asnumpy(), w0)
+
+
+# ------------------------------------------------------------------ RoundClient picks the local optimizer
+
+class _StubKV:
+    num_workers = 2
+    rank = 0
+
+
+class _StubParam:
+    def __init__(self, arr):
+        self._arr = arr
+        self.shape = arr.shape
+
+    def data(self):
+        return self._arr
+
+
+def _round_client(optimizer, *overrides):
+    import os
+
+    from ssdsgd.algorithms.ssd import RoundClient
+    from ssdsgd.config import load_config
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cfg = load_config(os.path.join(root, "configs", "demo_digits_ssd.yaml"),
+                      [f"algorithm.local.optimizer={optimizer}"] + list(overrides))
+    sched = LRSchedule("cosine", base_lr=cfg.train.lr, total_updates=100, final_lr=0.001)
+    rng = np.random.RandomState(0)
+    params = [_StubParam(mx.nd.array(rng.standard_normal(s))) for s in [(3, 2), (4,)]]
+    return RoundClient(_StubKV(), params, cfg, sched, log=None, total_steps=100), params, cfg
+
+
+@pytest.mark.parametrize("name, cls", [("global_momentum", GlobalMomentum), ("glu", GLU), ("sgd", LocalSGD)])
+def test_round_client_picks_local_optimizer(name, cls):
+    client, params, cfg = _round_client(name)
+    opt = client.local_opt
+    assert type(opt) is cls
+    scale = cfg.algorithm.local.lr_scale
+    assert scale == 4.0
+    assert opt.learning_rate == pytest.approx(scale * cfg.train.lr)
+    for t in (1, 50, 99):        # the local schedule follows the global one, scaled
+        assert opt.lr_scheduler(t) == pytest.approx(scale * client.schedule(t), rel=1e-12)
+    assert opt.rescale_grad == pytest.approx(1.0 / (2 * cfg.train.batch_size))
+    assert opt.wd == cfg.train.wd
+    if name == "global_momentum":
+        assert opt.momentum == cfg.train.momentum == 0.9
+        for p, s in zip(params, client.local_states):
+            assert s.shape == (2,) + p.shape
+            np.testing.assert_array_equal(s[0].asnumpy(), p.data().asnumpy())
+            np.testing.assert_array_equal(s[1].asnumpy(), 0)
+    elif name == "sgd":
+        assert opt.momentum == 0.0 and client.local_states == [None, None]
+
+
+def test_round_client_global_momentum_state_and_load_state_round_trip():
+    """RoundClient.state()/load_state carry GlobalMomentum's [w_prev, v] and its update counts."""
+    client, params, _ = _round_client("global_momentum")
+    # only the pieces state()/load_state read besides the local optimizer (no plan, no kvstore)
+    client.pull_bufs, client.encoders, client.stages, client.versions = [], [None], [], [3]
+    rng = np.random.RandomState(1)
+    for i, p in enumerate(params):
+        client.local_opt.update(i, p.data(), mx.nd.array(rng.standard_normal(p.shape)), client.local_states[i])
+        p.data()[:] = p.data() + 1.0
+        client.local_opt.refresh(client.local_states[i], p.data(), 2)
+        client.local_opt.update(i, p.data(), mx.nd.array(rng.standard_normal(p.shape)), client.local_states[i])
+    arrays, meta = client.state()
+    assert sorted(arrays) == ["state0", "state1"]
+    other, _, _ = _round_client("global_momentum")
+    other.pull_bufs, other.encoders, other.stages = [], [None], []
+    other.load_state(arrays, meta)
+    for s_new, s_old in zip(other.local_states, client.local_states):
+        assert np.abs(s_old[1].asnumpy()).max() > 0
+        np.testing.assert_array_equal(s_new.asnumpy(), s_old.asnumpy())
+    assert other.local_opt._index_update_count == {0: 2, 1: 2}
+    assert other.local_opt.num_update == client.local_opt.num_update == 2
+    assert other.versions == [3]

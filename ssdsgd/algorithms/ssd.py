@@ -34,7 +34,7 @@ from ssdsgd import commands
 from ssdsgd.commands import num_servers
 from ssdsgd.compression.codec import MAX_ROUND_FP16
 from ssdsgd.compression.encoders import flatten, make_stages, time_encoding
-from ssdsgd.glu import GLU
+from ssdsgd.glu import GLU, GlobalMomentum, LocalSGD
 
 class PullWatch:
     """Tells, without blocking the training loop, whether pulled arrays have landed.
@@ -154,12 +154,14 @@ class RoundClient:
         alg, train = self.cfg.algorithm, self.cfg.train
         scale = 1.0 / (self.kv.num_workers * train.batch_size)
         local_sched = self.schedule.scaled(alg.local.lr / train.lr if alg.local.lr else alg.local.lr_scale)
+        common = dict(learning_rate=local_sched.base_lr, wd=train.wd, rescale_grad=scale,
+                      lr_scheduler=local_sched)
         if alg.local.optimizer == "glu":
-            opt = GLU(c=alg.local.c, learning_rate=local_sched.base_lr, wd=train.wd,
-                      rescale_grad=scale, lr_scheduler=local_sched)
+            opt = GLU(c=alg.local.c, **common)
+        elif alg.local.optimizer == "global_momentum":
+            opt = GlobalMomentum(momentum=train.momentum, **common)
         else:
-            opt = mx.optimizer.SGD(learning_rate=local_sched.base_lr, momentum=0.0, wd=train.wd,
-                                   rescale_grad=scale, lr_scheduler=local_sched)
+            opt = LocalSGD(momentum=0.0, **common)
         states = [opt.create_state(i, p.data()) for i, p in enumerate(self.params)]
         return opt, states
 
@@ -286,11 +288,12 @@ class RoundClient:
         """Copy a landed weight pull into the parameters; returns its version."""
         b, buf = self.buffers[bi], self.pull_bufs[bi]
         version = int(buf[b.size].asscalar())           # waits for the pull to land
+        rounds = version - self.versions[bi]
         for i, off, n in zip(b.params, b.offsets, b.sizes):
             p = self.params[i].data()
             buf[off:off + n].reshape(p.shape).copyto(p)
-            if isinstance(self.local_opt, GLU):
-                GLU.snapshot(self.local_states[i], p)
+            if self.local_states[i] is not None:
+                self.local_opt.refresh(self.local_states[i], p, rounds)
         self.versions[bi] = version
         return version
 

@@ -154,6 +154,9 @@ SCHEMA = {
         },
         "max_steps": Field(int, None, nullable=True, min=1, doc="stop after this many steps"),
         "eval_every_epochs": Field(int, 1, min=1),
+        "eval_bn_batches": Field(int, 0, min=0,
+                                 doc="recompute BatchNorm statistics for the evaluated global weights on this "
+                                     "many training batches first (0: rank 0's running statistics)"),
         "nonfinite": Field(str, "fail", choices=("fail", "skip"),
                            doc="NaN/Inf in loss or gradient: stop, or push a zero gradient"),
     },
@@ -164,7 +167,7 @@ SCHEMA = {
         "max_staleness": Field(int, None, nullable=True, min=1, doc="S; default k"),
         "strict": Field(bool, False),
         "local": {
-            "optimizer": Field(str, "glu", choices=("glu", "sgd")),
+            "optimizer": Field(str, "glu", choices=("glu", "sgd", "global_momentum")),
             "lr": Field(float, None, nullable=True, gt=0),
             "lr_scale": Field(float, 4.0, gt=0, doc="local lr = lr_scale * global lr (if lr unset)"),
             "c": Field(float, 0.5, min=0, doc="GLU compensation coefficient"),

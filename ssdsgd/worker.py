@@ -4,6 +4,7 @@ The communication of each algorithm lives in a client (ssdsgd/algorithms): Stock
 stock-KVStore baselines, RoundClient for SSD-SGD and compressed SSGD. The loop is the same for all:
 forward/backward, then `client.after_backward(step)` pushes, pulls and updates the local weights.
 """
+import itertools
 import json
 import os
 import socket
@@ -189,7 +190,10 @@ def run_worker(cfg, resume=False):
         if cfg.checkpoint.dir and every and (epoch + 1) % every == 0:
             _save_checkpoint(cfg, kv, rank, net, params, client, epoch + 1, step)
         if rank == 0 and ((epoch + 1) % cfg.train.eval_every_epochs == 0 or last):
-            acc, pulled = _evaluate_global(net, params, client, data.test, bsz, step)
+            bn_batches = None
+            if cfg.train.eval_bn_batches:
+                bn_batches = itertools.islice(data.train.epoch(epoch), cfg.train.eval_bn_batches)
+            acc, pulled = _evaluate_global(net, params, client, data.test, bsz, step, bn_batches)
             totals["eval_pull_bytes"] += pulled
             best_acc, final_acc = max(best_acc, acc), acc
             history.append({"epoch": epoch, f"{tag}_acc": acc})
@@ -344,7 +348,83 @@ def _with_weights(params, weights, fn):
             s.copyto(p.data())
 
 
-def _evaluate_global(net, params, client, test_set, batch_size, steps_done):
+def _evaluate_global(net, params, client, test_set, batch_size, steps_done, bn_batches=None):
+    """Accuracy of the global weights. bn_batches: training batches on which to recompute the
+    BatchNorm statistics for those weights first (None: use rank 0's running statistics)."""
     weights, pulled = client.global_weights(steps_done)
-    acc = _with_weights(params, weights, lambda: evaluate(net, test_set, batch_size))
-    return acc, pulled
+
+    def run():
+        if bn_batches is None:
+            return evaluate(net, test_set, batch_size)
+        with _bn_stats_restored(net):
+            recompute_bn_stats(net, bn_batches)
+            return evaluate(net, test_set, batch_size)
+    return _with_weights(params, weights, run), pulled
+
+
+class _bn_stats_restored:
+    """Context manager: the BatchNorm running statistics (and gradients) are put back on exit."""
+
+    def __init__(self, net):
+        self.arrays = [p.data() for p in _aux_params(net)]
+
+    def __enter__(self):
+        self.saved = [a.copy() for a in self.arrays]
+
+    def __exit__(self, *exc):
+        for a, s in zip(self.arrays, self.saved):
+            s.copyto(a)
+
+
+def recompute_bn_stats(net, batches):
+    """Set every BatchNorm layer's running mean and variance to the average over `batches` of the
+    batch statistics the current weights produce.
+
+    Rank 0's running statistics were gathered on its local weights over the last few dozen steps;
+    under SSD-SGD the global weights being evaluated are not those weights, and early in training
+    (large steps) even SSGD's statistics lag the weights. In MXNet 1.9's CPU BatchNorm the running
+    statistics are updated in the backward pass (r <- m*r + (1-m)*batch stat), so each batch is
+    run forward and backward from zeroed statistics and its batch statistics read back as r/(1-m).
+    The backward pass overwrites the parameters' gradient arrays: call between steps only."""
+    import mxnet as mx
+    from mxnet import autograd
+
+    layers = _batchnorm_layers(net)
+    sums = [[mx.nd.zeros_like(bn.running_mean.data()), mx.nd.zeros_like(bn.running_var.data())]
+            for bn in layers]
+    count = 0
+    for data, _ in batches:
+        for bn in layers:
+            bn.running_mean.data()[:] = 0
+            bn.running_var.data()[:] = 0
+        with autograd.record():
+            out = net(data)
+        out.backward()
+        # The backward pass writes the running statistics without declaring them to the engine as
+        # outputs, so reads queued after it can run first: wait for it explicitly.
+        mx.nd.waitall()
+        for bn, (mean_sum, var_sum) in zip(layers, sums):
+            keep = 1.0 - bn._kwargs["momentum"]
+            mean_sum += bn.running_mean.data() / keep
+            var_sum += bn.running_var.data() / keep
+        count += 1
+    if count == 0:
+        raise ValueError("recompute_bn_stats: no batches")
+    for bn, (mean_sum, var_sum) in zip(layers, sums):
+        (mean_sum / count).copyto(bn.running_mean.data())
+        (var_sum / count).copyto(bn.running_var.data())
+    mx.nd.waitall()
+
+
+def _batchnorm_layers(net):
+    from mxnet import gluon
+    found = []
+
+    def walk(block):
+        # Frozen layers (use_global_stats) never update their statistics: leave them alone.
+        if isinstance(block, gluon.nn.BatchNorm) and not block._kwargs.get("use_global_stats"):
+            found.append(block)
+        for child in block._children.values():
+            walk(child)
+    walk(net)
+    return found

@@ -1,10 +1,13 @@
-"""Accuracy and traffic of the algorithms and their ablations on the digits demo, over several seeds.
+"""Accuracy and traffic of the algorithms and their ablations, over several seeds: on the digits demo
+(`--suite digits`) or on Fashion-MNIST with ResNet-20 (`--suite fmnist`).
 
-    python scripts/accuracy_digits.py [--seeds 0 1 2] [--out results/accuracy_digits]
+    python scripts/accuracy.py [--suite digits] [--seeds 0 1 2] [--variants LABEL ...]
+        [--set KEY=VALUE ...] [--out results/accuracy_digits]
 
 Every variant runs through the real launcher (1 scheduler, 1 server, 2 workers), one job at a
 time, seeds interleaved. Writes runs.csv (one row per job) and table.md (mean and spread per
-variant) and prints the table.
+variant) and prints the table. `--set data.validation=0.1` tunes on a validation split carved from
+the training set (the table then says so); without it the runs report the test set.
 """
 import argparse
 import json
@@ -17,6 +20,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from results_io import write_csv, write_text  # noqa: E402
+sys.path.insert(0, ROOT)
+from ssdsgd.metrics import ACC_TAG, final_acc  # noqa: E402
 
 SSGD = "configs/demo_digits_ssgd.yaml"
 SSD = "configs/demo_digits_ssd.yaml"
@@ -72,6 +77,27 @@ VARIANTS = {
                                                                 "compression.fusion=behind"]),
 }
 
+F_SSGD = "configs/fmnist_resnet20_ssgd.yaml"
+F_SSD = "configs/fmnist_resnet20_ssd.yaml"
+F_TOPK = "configs/fmnist_resnet20_ssd_topk.yaml"
+# The shipped settings, and one change at a time away from them (the ablation of the convergence work).
+F_OLD_LOCAL = ["algorithm.local.optimizer=glu", "algorithm.local.lr_scale=4.0"]
+FMNIST = {
+    "SSGD": (F_SSGD, []),
+    "SSD-SGD": (F_SSD, []),
+    "SSD-SGD + top-k 1%": (F_TOPK, []),
+    "SSGD + top-k 1%": (F_TOPK, ["algorithm.type=ssgd"]),
+    "SSD-SGD, GLU local update (4x lr)": (F_SSD, F_OLD_LOCAL),
+    "SSD-SGD, plain local SGD (2x lr)": (F_SSD, ["algorithm.local.optimizer=sgd"]),
+    "SSD-SGD + top-k 1%, GLU local update (4x lr)": (F_TOPK, F_OLD_LOCAL),
+    "SSD-SGD + top-k 1%, quotas by size": (F_TOPK, ["compression.allocation=size"]),
+    "SSD-SGD + top-k 1%, quotas by size, GLU (4x lr)": (F_TOPK, ["compression.allocation=size"] + F_OLD_LOCAL),
+    "SSD-SGD + top-k 1%, behind (one global top-k)": (F_TOPK, ["compression.allocation=size",
+                                                              "compression.fusion=behind"]),
+    "SSD-SGD + top-k 1%, no momentum correction": (F_TOPK, ["compression.momentum_correction=false"]),
+}
+SUITES = {"digits": VARIANTS, "fmnist": FMNIST}
+
 
 def run(label, config, sets, seed, out):
     name = re.sub(r"[^A-Za-z0-9]+", "_", f"{label} s{seed}").strip("_")
@@ -86,8 +112,10 @@ def run(label, config, sets, seed, out):
         return {"variant": label, "seed": seed, "rc": proc.returncode}
     with open(os.path.join(out, "runs", name, "summary.json")) as f:
         s = json.load(f)
-    return {"variant": label, "seed": seed, "rc": 0, "final_test_acc": s["final_test_acc"],
-            "best_test_acc": s["best_test_acc"], "images_per_sec": s["images_per_sec"],
+    acc, eval_set = final_acc(s)
+    tag = ACC_TAG[eval_set]
+    return {"variant": label, "seed": seed, "rc": 0, "eval_set": eval_set, "final_acc": acc,
+            "best_acc": s[f"best_{tag}_acc"], "images_per_sec": s["images_per_sec"],
             "push_bytes_per_step": s["bytes_per_step"]["push"], "pull_bytes_per_step": s["bytes_per_step"]["pull"],
             "max_staleness": s["max_staleness"], "mean_staleness": s["mean_staleness"], "steps": s["steps"]}
 
@@ -97,17 +125,18 @@ def _staleness(rows):
     return max(values) if values else "n/a (not tracked for ASGD)"
 
 
-def table(rows):
-    lines = ["| variant | final acc (mean ± sd over seeds) | per seed | push B/step | pull B/step | max staleness |",
-             "|---|---|---|---|---|---|"]
-    for label in VARIANTS:
+def table(rows, variants=VARIANTS):
+    sets = sorted({r["eval_set"] for r in rows if r["rc"] == 0}) or ["test"]
+    lines = [f"| variant | final {'/'.join(sets)} acc (mean ± sd over seeds) | per seed | push B/step | pull B/step "
+             f"| max staleness |", "|---|---|---|---|---|---|"]
+    for label in variants:
         rs = [r for r in rows if r["variant"] == label and r["rc"] == 0]
         if not any(r["variant"] == label for r in rows):
             continue                                  # not run (--variants)
         if not rs:
             lines.append(f"| {label} | failed | | | | |")
             continue
-        accs = [r["final_test_acc"] for r in rs]
+        accs = [r["final_acc"] for r in rs]
         sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
         lines.append(f"| {label} | {statistics.mean(accs):.4f} ± {sd:.4f} | {' '.join(f'{a:.4f}' for a in accs)} "
                      f"| {statistics.median(r['push_bytes_per_step'] for r in rs):.0f} "
@@ -116,15 +145,15 @@ def table(rows):
     return "\n".join(lines)
 
 
-def paired_ahead_behind(rows):
+def paired_ahead_behind(rows, variants=VARIANTS):
     """Per-seed comparison of every 'ahead' variant with its 'behind' twin (same seeds, same config
     otherwise): wins / ties / losses of ahead, and the mean and sd of the paired difference."""
     lines = []
-    for label in VARIANTS:
+    for label in variants:
         twin = label.replace("ahead", "behind")
-        if "ahead" not in label or twin not in VARIANTS:
+        if "ahead" not in label or twin not in variants:
             continue
-        acc = {v: {r["seed"]: r["final_test_acc"] for r in rows if r["variant"] == v and r["rc"] == 0}
+        acc = {v: {r["seed"]: r["final_acc"] for r in rows if r["variant"] == v and r["rc"] == 0}
                for v in (label, twin)}
         seeds = sorted(set(acc[label]) & set(acc[twin]))
         if not seeds:
@@ -140,21 +169,30 @@ def paired_ahead_behind(rows):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", choices=sorted(SUITES), default="digits")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), help="labels to run")
-    ap.add_argument("--out", default="results/accuracy_digits")
+    ap.add_argument("--variants", nargs="+", help="labels to run (default: all of the suite's)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override for every job (repeatable), e.g. data.validation=0.1")
+    ap.add_argument("--out", default=None, help="default: results/accuracy_<suite>")
     args = ap.parse_args()
-    out = os.path.abspath(args.out)
+    variants = SUITES[args.suite]
+    unknown = [v for v in args.variants or [] if v not in variants]
+    if unknown:
+        ap.error(f"unknown variant(s) {unknown}; the {args.suite} suite has: {', '.join(variants)}")
+    out = os.path.abspath(args.out or f"results/accuracy_{args.suite}")
     os.makedirs(out, exist_ok=True)
     rows = []
     for seed in args.seeds:
-        for label in args.variants:
-            config, sets = VARIANTS[label]
+        for label in args.variants or list(variants):
+            config, sets = variants[label]
             print(f"[seed {seed}] {label}", flush=True)
-            rows.append(run(label, config, sets, seed, out))
-    write_csv(os.path.join(out, "runs.csv"), rows)
-    text = table(rows)
-    pairs = paired_ahead_behind(rows)
+            rows.append(run(label, config, sets + args.set, seed, out))
+            if rows[-1]["rc"] == 0:
+                print(f"  final {rows[-1]['eval_set']} accuracy {rows[-1]['final_acc']:.4f}", flush=True)
+            write_csv(os.path.join(out, "runs.csv"), rows)          # after every job: a partial result survives
+    text = table(rows, variants)
+    pairs = paired_ahead_behind(rows, variants)
     if pairs:
         text += "\n\n" + pairs
     write_text(os.path.join(out, "table.md"), text)

@@ -1,6 +1,8 @@
-"""Time to accuracy on a slow link: the digits demo, SSGD vs SSD-SGD vs SSD-SGD + top-k 1%.
+"""Time to accuracy on a slow link: SSGD vs SSD-SGD vs SSD-SGD + top-k 1%, on the digits demo or on
+the Fashion-MNIST ResNet-20 configs.
 
-    sudo python scripts/time_to_accuracy.py [--rate 20] [--seeds 0 1 2] [--out results/time_to_accuracy]
+    sudo python scripts/time_to_accuracy.py [--suite digits|fmnist] [--rate 20] [--seeds 0 1 2]
+        [--set KEY=VALUE ...] [--out results/time_to_accuracy]
 
 Each job runs in a fresh network namespace whose loopback is limited to --rate Mbit/s (tc tbf), jobs
 interleaved by seed. Writes evals.csv (variant, seed, epoch, seconds since launch, test accuracy),
@@ -23,17 +25,24 @@ sys.path.insert(0, HERE)
 from netns import Namespace, NetnsError, check_tools  # noqa: E402
 from results_io import stop_on_sigterm, write_csv  # noqa: E402
 
-VARIANTS = {
-    "SSGD": "configs/demo_digits_ssgd.yaml",
-    "SSD-SGD": "configs/demo_digits_ssd.yaml",
-    "SSD-SGD + top-k 1%": "configs/demo_digits_ssd_topk.yaml",
+SUITES = {
+    "digits": ("Digits demo", {
+        "SSGD": "configs/demo_digits_ssgd.yaml",
+        "SSD-SGD": "configs/demo_digits_ssd.yaml",
+        "SSD-SGD + top-k 1%": "configs/demo_digits_ssd_topk.yaml"}),
+    "fmnist": ("Fashion-MNIST, ResNet-20", {
+        "SSGD": "configs/fmnist_resnet20_ssgd.yaml",
+        "SSD-SGD": "configs/fmnist_resnet20_ssd.yaml",
+        "SSD-SGD + top-k 1%": "configs/fmnist_resnet20_ssd_topk.yaml"}),
 }
 
 
-def run(label, config, seed, rate, out, timeout):
+def run(label, config, seed, rate, out, timeout, overrides=()):
     name = re.sub(r"[^A-Za-z0-9]+", "_", f"{label} s{seed}").strip("_")
     cmd = [sys.executable, "-m", "ssdsgd.run", "--config", os.path.join(ROOT, config), "--set", f"seed={seed}",
            "--set", f"log.dir={out}/runs", "--set", f"name={name}", "--set", f"cluster.timeout={timeout}"]
+    for text in overrides:
+        cmd += ["--set", text]
     with Namespace(rate_mbit=rate) as ns:
         before = ns.counters()["tx_bytes"]
         t0 = time.time()
@@ -64,8 +73,8 @@ def time_to(evals, target):
     return min(hit) if hit else None
 
 
-def table(jobs, evals, rate):
-    lines = [f"Digits demo at {rate:g} Mbit/s (2 workers, 1 server; medians over seeds; "
+def table(jobs, evals, rate, title, variants):
+    lines = [f"{title} at {rate:g} Mbit/s (2 workers, 1 server; medians over seeds; "
              f"target = the SSGD run's final accuracy of the same seed)", "",
              "| variant | final acc | job seconds | kernel MB | time to SSGD's final acc (s) | vs SSGD |",
              "|---|---|---|---|---|---|"]
@@ -74,7 +83,7 @@ def table(jobs, evals, rate):
                        and j["rc"] == 0), None) for s in seeds}
     ssgd_tta = {s: time_to([e for e in evals if e["variant"] == "SSGD" and e["seed"] == s], target[s])
                 for s in seeds if target[s] is not None}
-    for label in VARIANTS:
+    for label in variants:
         js = [j for j in jobs if j["variant"] == label and j["rc"] == 0]
         if not js:
             lines.append(f"| {label} | failed | | | | |")
@@ -101,6 +110,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rate", type=float, default=20.0, help="link rate in Mbit/s (0 = unlimited)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--suite", choices=sorted(SUITES), default="digits")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override for every job (repeatable)")
     ap.add_argument("--timeout", type=float, default=900, help="per job, seconds")
     ap.add_argument("--out", default="results/time_to_accuracy")
     args = ap.parse_args()
@@ -111,18 +123,19 @@ def main():
         return 2
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
+    title, variants = SUITES[args.suite]
     jobs, evals = [], []
     for seed in args.seeds:
-        for label, config in VARIANTS.items():
+        for label, config in variants.items():
             print(f"[seed {seed}] {label} at {args.rate:g} Mbit/s", flush=True)
-            job, ev = run(label, config, seed, args.rate, out, args.timeout)
+            job, ev = run(label, config, seed, args.rate, out, args.timeout, args.set)
             jobs.append(job)
             evals += ev
             print(f"  exit {job['rc']}, {job['seconds']:.1f} s, {job['kernel_bytes'] / 1e6:.1f} MB on the link",
                   flush=True)
     write_csv(os.path.join(out, "jobs.csv"), jobs)
     write_csv(os.path.join(out, "evals.csv"), evals)
-    text = table(jobs, evals, args.rate)
+    text = table(jobs, evals, args.rate, title, variants)
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(text + "\n")
     print(text)

@@ -216,12 +216,12 @@ def test_table_warns_about_runs_on_a_busy_machine():
 
 
 def test_paired_ahead_behind_counts_wins_ties_losses():
-    import accuracy_digits as ad
+    import accuracy as ad
     ahead, behind = "top-k 1% ahead, one buffer", "top-k 1% behind, one buffer"
     accs = {ahead: [0.98, 0.97, 0.96, 0.95], behind: [0.97, 0.97, 0.97, 0.94]}
-    rows = [{"variant": v, "seed": s, "rc": 0, "final_test_acc": a}
+    rows = [{"variant": v, "seed": s, "rc": 0, "final_acc": a}
             for v, values in accs.items() for s, a in enumerate(values)]
-    rows.append({"variant": behind, "seed": 9, "rc": 0, "final_test_acc": 0.5})   # no ahead twin: unpaired
+    rows.append({"variant": behind, "seed": 9, "rc": 0, "final_acc": 0.5})   # no ahead twin: unpaired
     (line,) = ad.paired_ahead_behind(rows).splitlines()
     # differences in points: +1, 0, -1, +1 -> mean 0.25, sd 0.957
     assert line == (f"- {ahead} vs behind, 4 seeds: ahead wins 2, ties 1, loses 1; "

@@ -637,3 +637,71 @@ def test_allocate_by_threshold_sends_every_nonzero_when_budget_allows():
     new = allocate_by_threshold(accs, [2, 2, 3], set())
     assert sum(new) == 7
     assert new[0] >= 3 and new[2] >= 2 and new[1] >= 1
+
+
+# ------------------------------------------------------------------ 10. quantised link costs
+
+from ssdsgd.algorithms.ssd import quantise_costs  # noqa: E402
+
+
+def _q(x, steps_per_octave=2):
+    return quantise_costs({"x": x}, steps_per_octave)["x"]
+
+
+@pytest.mark.parametrize("steps_per_octave", [2, 4])
+def test_quantise_costs_lands_on_nearest_grid_point(steps_per_octave):
+    rng = np.random.default_rng(7)
+    values = 10.0 ** rng.uniform(-9, 2, 200)
+    ks = np.arange(-40 * steps_per_octave, 10 * steps_per_octave)
+    grid = 2.0 ** (ks / steps_per_octave)
+    for x in values:
+        got = _q(float(x), steps_per_octave)
+        assert type(got) is float
+        k = np.log2(got) * steps_per_octave
+        assert k == pytest.approx(round(k), abs=1e-9)                   # on the 2**(k/s) grid
+        nearest = grid[np.argmin(np.abs(np.log2(grid) - np.log2(x)))]   # nearest in log scale
+        assert got == pytest.approx(nearest, rel=1e-12)
+        assert abs(np.log2(got / x)) <= 0.5 / steps_per_octave + 1e-12
+    # default is half-octaves
+    assert quantise_costs({"a": 3.0}) == {"a": 2.0 ** 1.5}
+    assert quantise_costs({"a": 1.0, "b": 2.0 ** -20}) == {"a": 1.0, "b": 2.0 ** -20}
+
+
+def test_quantise_costs_within_15_percent_of_a_grid_point_agree():
+    for k in range(-60, 8):
+        g = 2.0 ** (k / 2)
+        quantised = {f: _q(g * f) for f in (0.85, 0.9, 0.97, 1.0, 1.04, 1.1, 1.15)}
+        assert len(set(quantised.values())) == 1, (k, quantised)       # exactly equal
+        assert quantised[1.0] == pytest.approx(g, rel=1e-12), (k, quantised)
+        # the cells are 2**(1/4) (~19%) either way: 25% off is in the neighbouring cell
+        assert _q(g * 1.25) == pytest.approx(g * 2 ** 0.5, rel=1e-12)
+        assert _q(g / 1.25) == pytest.approx(g / 2 ** 0.5, rel=1e-12)
+
+
+def test_quantise_costs_keeps_zero_and_names():
+    cost = {"alpha": 0.0, "beta": 3.1e-9, "backward": 0.0123}
+    q = quantise_costs(cost)
+    assert list(q) == ["alpha", "beta", "backward"]
+    assert q["alpha"] == 0.0 and type(q["alpha"]) is float
+    assert q["beta"] == pytest.approx(2.0 ** -28.5, rel=1e-12)        # log2(3.1e-9) = -28.27
+    assert q["backward"] == pytest.approx(2.0 ** -6.5, rel=1e-12)     # log2(0.0123) = -6.35
+    assert cost == {"alpha": 0.0, "beta": 3.1e-9, "backward": 0.0123}  # input untouched
+
+
+def test_cost_model_plan_is_stable_under_10_percent_noise_once_quantised():
+    """Costs measured within +-10% of a grid point give one plan after quantise_costs, although the
+    raw costs give several different plans (so the quantisation is what makes them agree)."""
+    sizes = [432, 16, 16, 2304, 16, 16, 2304, 16, 16, 4608, 32, 32, 9216, 32, 32, 18432, 64, 64,
+             36864, 64, 64, 640, 10]
+    counts = [max(1, s // 100) for s in sizes]
+    at_grid = {"alpha": 2.0 ** -9, "beta": 2.0 ** -25, "backward": 2.0 ** -6}
+    assert quantise_costs(at_grid) == at_grid
+    plan = plan_cost_model(sizes, counts, True, **at_grid)
+    assert 1 < len(plan) < len(sizes)
+    assert [p for g in plan for p in g] == list(range(len(sizes)))
+    raw_plans = set()
+    for factors in itertools.product((0.9, 1.0, 1.1), repeat=3):
+        noisy = {name: v * f for (name, v), f in zip(at_grid.items(), factors)}
+        raw_plans.add(str(plan_cost_model(sizes, counts, True, **noisy)))
+        assert plan_cost_model(sizes, counts, True, **quantise_costs(noisy)) == plan, factors
+    assert len(raw_plans) > 1

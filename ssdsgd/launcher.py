@@ -159,6 +159,14 @@ def ssh_base(host, ssh_options=()):
     return argv + [host.name]
 
 
+def _with_interpreter(command, python):
+    """A command starting with `python`, `python3` or the launching interpreter runs `python` instead:
+    roles use the launching interpreter (and its virtual environment) unless the host file names one."""
+    if command and command[0] in ('python', 'python3', sys.executable):
+        return [python] + list(command[1:])
+    return list(command)
+
+
 def _placement(hosts, count):
     """Host of each of `count` processes: round robin over the hosts, each taking `slots` in a row."""
     cycle = [h for h in hosts for _ in range(h.slots)]
@@ -181,7 +189,8 @@ def _ssh_specs(command, hosts, num_workers, num_servers, env, cwd, ssh_options=(
                   + ''.join(f'export {k}={shlex.quote(v)}\n' for k, v in this_env.items())
                   + f'export PATH={shlex.quote(os.path.dirname(python))}:"$PATH"\n'
                   + f'cd {shlex.quote(cwd)}\n'
-                  + f'exec {shlex.quote(python)} -c {shlex.quote(_remote_source())} {shlex.join(command)}\n')
+                  + f'exec {shlex.quote(python)} -c {shlex.quote(_remote_source())} '
+                  + f'{shlex.join(_with_interpreter(command, python))}\n')
         base = ssh_base(host, ssh_options)
         specs.append(_Spec(name, host.name, base + ['bash -s'], this_env, script, base))
     return specs
@@ -253,12 +262,12 @@ def _plan(command, num_workers, num_servers, launcher, hostfile, env, port, inte
     local_env = {**job_env, 'DMLC_NODE_HOST': root_uri,
                  'PATH': os.pathsep.join([os.path.dirname(sys.executable), os.environ.get('PATH', '')])}
     if launcher == 'local':
-        specs = [_Spec(name, 'localhost', list(command),
+        specs = [_Spec(name, 'localhost', _with_interpreter(command, sys.executable),
                        _role_env(local_env, role, task_id, name, job_dir, role_env), None, None)
                  for role, task_id, name in _roles(num_workers, num_servers)]
         return specs, secret
     # ssh: the scheduler runs here, on the interface the remote hosts connect to.
-    scheduler = _Spec('scheduler', 'localhost', list(command),
+    scheduler = _Spec('scheduler', 'localhost', _with_interpreter(command, sys.executable),
                       _role_env(local_env, 'scheduler', 0, 'scheduler', None, role_env), None, None)
     return [scheduler] + _ssh_specs(command, hosts, num_workers, num_servers, job_env, os.getcwd(),
                                     ssh_options, job_dir, role_env), secret

@@ -61,10 +61,10 @@ def _run_cmd(vc, tmp_path, *sets):
                             *[a for s in sets for a in ("--set", s)]]), os.path.join(log_dir, "job")
 
 
-def _start(argv, tmp_path):
+def _start(argv, tmp_path, cwd=ROOT):
     out = open(tmp_path / "launcher.out", "w+")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
                             start_new_session=True)
     return proc, out
 
@@ -214,7 +214,7 @@ def test_remote_roles_die_with_a_sigkilled_launcher(vc, tmp_path):
     argv = vc.exec_argv(0, [sys.executable, LAUNCH, "-n", "2", "-s", "1", "--launcher", "ssh",
                             "-H", _hostfile(vc, tmp_path), "--ssh-config", vc.ssh_config, "--interface", "eth0",
                             "sleep", "600"])
-    proc, out = _start(argv, tmp_path)
+    proc, out = _start(argv, tmp_path, cwd=tmp_path)   # a killed launcher cannot remove its job folder
     try:
         _wait_for(lambda: all(_role_pid(vc, r) for r in HOSTS), 30, "every remote role")
     finally:
@@ -249,3 +249,36 @@ def test_shaping_and_crash_leftovers(tmp_path):
     assert {n for n in removed if n.startswith(name + "-")} >= {f"{name}-sw", f"{name}-h0", f"{name}-h1"}
     assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not [d for d in os.listdir(vcluster.TMP) if d.startswith(name)]
+
+
+@pytest.mark.timeout(120)
+def test_mpi_hostfile_and_stock_script(vc, tmp_path):
+    """An MPI-style host file (`host slots=N`) and a stock dist_sync script, over ssh."""
+    from test_stock import STOCK
+    script = tmp_path / "stock.py"
+    script.write_text(STOCK)
+    hostfile = tmp_path / "mpi_hosts"
+    hostfile.write_text("h1 slots=2\nh2 slots=2\n")   # server 0 and worker 0 on h1, worker 1 on h2
+    argv = vc.exec_argv(0, [sys.executable, LAUNCH, "-n", "2", "-s", "1", "--launcher", "ssh", "-H", str(hostfile),
+                            "--ssh-config", vc.ssh_config, "--interface", "eth0", "python", str(script)])
+    rc, out = _finish(*_start(argv, tmp_path), timeout=90)
+    assert rc == 0, out
+    assert len(re.findall(r"rank \d of 2 sum 3 ", out)) == 2, out
+
+
+@pytest.mark.timeout(120)
+def test_stalled_remote_worker(vc, tmp_path):
+    """Heartbeat files live in the shared working directory, so stall detection works over ssh."""
+    argv = vc.exec_argv(0, [sys.executable, LAUNCH, "-n", "2", "-s", "1", "--launcher", "ssh",
+                            "-H", _hostfile(vc, tmp_path), "--ssh-config", vc.ssh_config, "--interface", "eth0",
+                            "--env", "SSDSGD_TEST_FAULT=slow:1:60", "--stall-timeout", "8",
+                            "python", "-m", "ssdsgd.train", "--config", SSD, "--set", "train.epochs=5",
+                            "--set", f"log.dir={tmp_path / 'runs'}"])
+    before = {d for d in os.listdir(ROOT) if d.startswith(".ssdsgd-launch-")}
+    t0 = time.monotonic()
+    rc, out = _finish(*_start(argv, tmp_path), timeout=60)
+    assert rc == 1, out
+    assert re.search(r"launch: worker [01](, rank 1)? made no progress for 8 s", out), out
+    assert time.monotonic() - t0 < 8 + STOP_SECONDS
+    assert "every process on every host has ended" in out
+    assert {d for d in os.listdir(ROOT) if d.startswith(".ssdsgd-launch-")} == before   # heartbeat folder removed

@@ -394,7 +394,7 @@ def test_ssh_dry_run(tmp_path):
                             capture_output=True, text=True, timeout=20)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert 'scheduler on localhost: python -m ssdsgd.train' in out
+    assert f'scheduler on localhost: {sys.executable} -m ssdsgd.train' in out  # `python`: the launching one
     assert "server 0 on alpha: ssh -o StrictHostKeyChecking=no -o BatchMode=yes alpha 'bash -s'" in out
     assert 'worker 0 on beta:' in out and 'worker 1 on alpha:' in out
     assert 'DMLC_PS_ROOT_URI=127.0.0.1' in out

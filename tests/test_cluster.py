@@ -121,7 +121,9 @@ def test_ssh_launcher_environment_on_hosts(vc, tmp_path):
     """Per-host interface and address, the launching interpreter, user ssh options, stock -s default."""
     toy = tmp_path / "toy"
     toy.mkdir()
-    cmd = vc.exec_argv(0, [sys.executable, LAUNCH, "-n", "2", "--launcher", "ssh", "-H", _hostfile(vc, tmp_path),
+    hostfile = tmp_path / "hosts"   # h1 names its interface, h2 its interpreter, h3 neither
+    hostfile.write_text(f"h1 interface=eth0\nh2 python={sys.executable}\nh3\n")
+    cmd = vc.exec_argv(0, [sys.executable, LAUNCH, "-n", "2", "--launcher", "ssh", "-H", str(hostfile),
                            "--ssh-config", vc.ssh_config, "--ssh-option", "ConnectTimeout=7",
                            "--interface", "eth0", "--env", f"TOY_DIR={toy}", "--env-worker", "TOY_W:1",
                            "python", "-c", TOY])
@@ -182,6 +184,7 @@ def test_sigkill_of_a_remote_role(vc, tmp_path, victim):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+    print(f"{victim} SIGKILLed: launcher exit {rc} after {elapsed:.1f} s")
     assert rc == 1, text
     assert elapsed < STOP_SECONDS
     host = vc.hostnames[HOSTS[victim]]
@@ -202,6 +205,7 @@ def test_sigterm_to_the_launcher(vc, tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+    print(f"launcher SIGTERMed: exit {rc} after {elapsed:.1f} s")
     assert rc == 128 + signal.SIGTERM, text
     assert elapsed < STOP_SECONDS
     assert "received SIGTERM" in text

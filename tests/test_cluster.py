@@ -286,3 +286,17 @@ def test_stalled_remote_worker(vc, tmp_path):
     assert time.monotonic() - t0 < 8 + STOP_SECONDS
     assert "every process on every host has ended" in out
     assert {d for d in os.listdir(ROOT) if d.startswith(".ssdsgd-launch-")} == before   # heartbeat folder removed
+
+
+@pytest.mark.timeout(60)
+def test_unreachable_host_is_named(vc, tmp_path):
+    """A host nobody answers on (an unused address inside the cluster's subnet): the job fails, naming it."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(f"{vcluster.SUBNET}.250\nh2\n")
+    argv = vc.exec_argv(0, [sys.executable, LAUNCH, "-n", "1", "-s", "1", "--launcher", "ssh", "-H", str(hostfile),
+                            "--ssh-config", vc.ssh_config, "--interface", "eth0", "sleep", "600"])
+    t0 = time.monotonic()
+    rc, out = _finish(*_start(argv, tmp_path), timeout=40)
+    assert rc == 1, out
+    assert time.monotonic() - t0 < STOP_SECONDS
+    assert f"launch: server 0 lost: ssh to {vcluster.SUBNET}.250 exited with code 255" in out, out

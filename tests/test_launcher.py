@@ -400,3 +400,10 @@ def test_ssh_dry_run(tmp_path):
     assert 'DMLC_PS_ROOT_URI=127.0.0.1' in out
     assert out.count('SSDSGD_JOB_SECRET=<redacted>') == 4
     assert not re.search(r'[0-9a-f]{64}', out)
+
+
+def test_ssh_options_from_settings():
+    from ssdsgd.launcher import ssh_options
+    assert ssh_options('me', '/k', '/cfg', ['A=1', 'B=2']) == ['-F', '/cfg', '-i', '/k', '-l', 'me', '-o', 'A=1',
+                                                              '-o', 'B=2']
+    assert ssh_options() == []

@@ -319,7 +319,7 @@ class _Child:
         self.reader.start()
 
     def label(self):
-        return self.name if self.rank is None else f'{self.name}, rank {self.rank}'
+        return self.name if self.rank is None else f'{self.name} (rank {self.rank})'
 
     def _marker(self, line):
         """Take in a `remote.MARK` line; False if it is not one of ours (it is shown then)."""

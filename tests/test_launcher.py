@@ -27,8 +27,9 @@ n_workers, n_servers = int(os.environ['DMLC_NUM_WORKER']), int(os.environ['DMLC_
 me = role + task
 with open(os.path.join(out, 'env.' + me + '.json'), 'w') as f:
     json.dump({k: v for k, v in os.environ.items() if k.startswith(('DMLC_', 'SSDSGD_', 'OMP_', 'TOY_'))}, f)
-with open(os.path.join(out, 'pid.' + me), 'w') as f:
+with open(os.path.join(out, 'tmp.' + me), 'w') as f:  # renamed, so a reader never sees an empty pid file
     f.write(str(os.getpid()))
+os.replace(os.path.join(out, 'tmp.' + me), os.path.join(out, 'pid.' + me))
 print(me + ' started', flush=True)
 
 if role != 'worker':
@@ -53,8 +54,9 @@ if task == '0':
     if os.environ.get('TOY_IGNORE_TERM'):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     grandchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)  # toy grandchild'])
-    with open(os.path.join(out, 'pid.grandchild'), 'w') as f:
+    with open(os.path.join(out, 'tmp.grandchild'), 'w') as f:
         f.write(str(grandchild.pid))
+    os.replace(os.path.join(out, 'tmp.grandchild'), os.path.join(out, 'pid.grandchild'))
 # Misbehave only once every process of the job is up, so the tests see all of them.
 while len(glob.glob(os.path.join(out, 'pid.*'))) < 1 + n_servers + n_workers + 1:
     time.sleep(0.05)

@@ -80,7 +80,7 @@ def test_raising_stock_worker_fails_the_job_fast(script, tmp_path):
     assert rc == 1, out
     assert seconds < 30
     assert "ValueError: stock worker fails" in out
-    assert re.search(r"launch: worker \d(, rank 1)? exited with code 1", out), out
+    assert re.search(r"launch: worker \d( \(rank 1\))? exited with code 1", out), out
 
 
 def test_env_forms_and_refusals(tmp_path):

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from jobs import ROOT, processes_with
@@ -52,13 +53,13 @@ def _hostfile(vc, tmp_path):
     return vc.write_hostfile(tmp_path / "hosts", [1, 2, 3])
 
 
-def _run_cmd(vc, tmp_path, *sets):
+def _run_cmd(vc, tmp_path, *sets, config=SSD, hostfile=None, name="job"):
     log_dir = str(tmp_path / "runs")
-    return vc.exec_argv(0, [sys.executable, "-m", "ssdsgd.run", "--config", SSD, "--set", f"log.dir={log_dir}",
-                            "--set", "name=job", "--set", "cluster.launcher=ssh",
-                            "--set", f"cluster.hostfile={_hostfile(vc, tmp_path)}",
+    return vc.exec_argv(0, [sys.executable, "-m", "ssdsgd.run", "--config", config, "--set", f"log.dir={log_dir}",
+                            "--set", f"name={name}", "--set", "cluster.launcher=ssh",
+                            "--set", f"cluster.hostfile={hostfile or _hostfile(vc, tmp_path)}",
                             "--set", "cluster.interface=eth0", "--set", f"cluster.ssh_config={vc.ssh_config}",
-                            *[a for s in sets for a in ("--set", s)]]), os.path.join(log_dir, "job")
+                            *[a for s in sets for a in ("--set", s)]]), os.path.join(log_dir, name)
 
 
 def _start(argv, tmp_path, cwd=ROOT):
@@ -300,3 +301,38 @@ def test_unreachable_host_is_named(vc, tmp_path):
     assert rc == 1, out
     assert time.monotonic() - t0 < STOP_SECONDS
     assert f"launch: server 0 lost: ssh to {vcluster.SUBNET}.250 exited with code 255" in out, out
+
+
+def _params(path):
+    import mxnet as mx
+    return {k: v.asnumpy() for k, v in mx.nd.load(path).items()}
+
+
+STRICT = ["algorithm.warmup_iters=3", "algorithm.delay=2", "algorithm.strict=true"]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("config, sets", [
+    ("demo_digits_ssgd.yaml", []),
+    ("demo_digits_ssd.yaml", STRICT),
+    # fixed buffers: the same buffers whatever the server count, placed by bytes across the servers
+    ("demo_digits_ssd_topk.yaml", STRICT + ["compression.buffers=fixed", "compression.buffer_bytes=16384"]),
+], ids=["ssgd", "ssd", "ssd_topk"])
+def test_two_servers_on_two_hosts_match_one_server(vc, tmp_path, config, sets):
+    """Servers on h1 and h2, both workers on h3: the global model equals a 1-server run's."""
+    hostfile = tmp_path / "own_hosts"
+    hostfile.write_text("h1\nh2\nh3 slots=2\n")
+    common = ["train.epochs=1", "train.max_steps=12", "log.every_steps=4", *sets]
+    models = {}
+    for servers in (1, 2):
+        argv, run_dir = _run_cmd(vc, tmp_path, *common, f"cluster.servers={servers}", config=os.path.join(
+            ROOT, "configs", config), hostfile=str(hostfile), name=f"s{servers}")
+        rc, out = _finish(*_start(argv, tmp_path), timeout=60)
+        assert rc == 0, out
+        assert f"2 workers, {servers} servers" in out
+        summary = json.load(open(os.path.join(run_dir, "summary.json")))
+        assert summary["steps"] == 12
+        models[servers] = _params(summary["checkpoint"])
+    assert models[1].keys() == models[2].keys()
+    for k in models[1]:
+        np.testing.assert_allclose(models[2][k], models[1][k], rtol=1e-5, atol=1e-6, err_msg=k)

@@ -114,7 +114,9 @@ class StrListField(Field):
 
 
 ALGORITHMS = ("ssgd", "asgd", "ssd")
-DATASETS = ("digits", "cifar10", "imagenet", "synthetic")
+DATASETS = ("digits", "cifar10", "mnist", "fashion_mnist", "imagenet", "synthetic")
+IN_MEMORY_DATASETS = ("digits", "cifar10", "mnist", "fashion_mnist")   # can be cut down and split
+ROOTED_DATASETS = ("cifar10", "mnist", "fashion_mnist", "imagenet")   # read from data.root
 COMPRESSORS = ("none", "topk", "randomk", "dgc", "2bit")
 
 SCHEMA = {
@@ -143,6 +145,11 @@ SCHEMA = {
         "synthetic_samples": Field(int, 1024, min=1),
         "augment": Field(bool, True),
         "preprocess_threads": Field(int, 2, min=1),
+        "train_per_class": Field(int, None, nullable=True, min=1,
+                                 doc="keep the first n training images of each class (a fixed subset)"),
+        "validation": Field(float, 0.0, min=0,
+                            doc="fraction (< 1) or count of training images held out for validation; "
+                                "evaluation then uses them instead of the test set"),
     },
     "model": {
         "name": Field(str, "small_cnn"),
@@ -188,6 +195,10 @@ SCHEMA = {
         "fp16_values": Field(bool, False),
         "min_dense_bytes": Field(int, 0, min=0, doc="tensors smaller than this are sent dense"),
         "fusion": Field(str, "ahead", choices=("ahead", "behind")),
+        "allocation": Field(str, "size", choices=("size", "gradient"),
+                            doc="fusion ahead: k_i proportional to tensor size, or re-allocated from the "
+                                "accumulated gradient every allocate_every steps (same total per buffer)"),
+        "allocate_every": Field(int, 10, min=1, doc="steps between re-allocations (allocation: gradient)"),
         "buffers": Field(str, "one", choices=("one", "fixed", "cost_model")),
         "buffer_bytes": Field(int, 4 << 20, min=1024),
         "threshold": Field(float, 0.5, gt=0, doc="2bit threshold"),
@@ -260,6 +271,10 @@ def _check_consistency(c):
     if comp["fp16_values"] and not sparsifier:
         raise ConfigError("compression.fp16_values: only sparse pushes have an fp16 wire format; "
                           f"set compression.type to topk, randomk or dgc (got {comp['type']})")
+    if comp["allocation"] == "gradient" and (not sparsifier or comp["fusion"] != "ahead"):
+        raise ConfigError("compression.allocation: gradient re-allocates the per-tensor quotas of "
+                          "sparsification ahead of fusion; it needs compression.fusion: ahead and a "
+                          f"sparsifier (got fusion {comp['fusion']}, type {comp['type']})")
     if comp["warmup"] and not sparsifier:
         raise ConfigError("compression.warmup: a density warm-up needs a sparsifier; "
                           f"set compression.type to topk, randomk or dgc (got {comp['type']})")
@@ -272,7 +287,14 @@ def _check_consistency(c):
     cl = c["cluster"]
     if cl["launcher"] == "ssh" and not cl["hostfile"]:
         raise ConfigError("cluster.hostfile: required when cluster.launcher is ssh")
-    if c["data"]["dataset"] in ("cifar10", "imagenet") and not c["data"]["root"]:
+    d = c["data"]
+    for key in ("train_per_class", "validation"):
+        if d[key] and d["dataset"] not in IN_MEMORY_DATASETS:
+            raise ConfigError(f"data.{key}: works on the in-memory datasets ({', '.join(IN_MEMORY_DATASETS)}), "
+                              f"not on {d['dataset']}")
+    if d["validation"] >= 1 and d["validation"] != int(d["validation"]):
+        raise ConfigError(f"data.validation: a fraction below 1 or a whole count; got {d['validation']}")
+    if c["data"]["dataset"] in ROOTED_DATASETS and not c["data"]["root"]:
         raise ConfigError(f"data.root: required for dataset {c['data']['dataset']} "
                           "(the local folder holding the dataset files; nothing is downloaded)")
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import mxnet as mx
 import numpy as np
 
-from ssdsgd.config import DATASETS
+from ssdsgd import idx
+from ssdsgd.config import DATASETS, IN_MEMORY_DATASETS as IN_MEMORY
 
 
 # gluoncv's CIFAR-10 recipe (scripts/classification/cifar/train_cifar10.py).
@@ -40,28 +41,77 @@ class DataError(Exception):
 @dataclass
 class DataBundle:
     train: "ShardedTrainSet | RecordTrainSet"  # this worker's shard of the training set
-    test: "TestSet | RecordTestSet"  # the full test set (evaluated on rank 0)
+    test: "TestSet | RecordTestSet"  # the full test set, or the validation split (evaluated on rank 0)
     num_classes: int
     image_shape: tuple  # (C, H, W)
+    eval_set: str = "test"  # what `test` holds: "test" or "validation"
+
+
+VALIDATION_SEED = 20240607  # fixed: every run and seed validates on the same images
+
+
+def split_train(x, y, train_per_class=None, validation=0):
+    """(train x, train y, validation x or None, validation y or None).
+
+    train_per_class: keep the first n images of each class (in file order), e.g. a fixed
+    class-balanced subset. validation: a fraction in (0, 1) or a count of the (kept) training
+    images, drawn with a fixed seed, so the split never depends on the run's seed."""
+    if train_per_class:
+        keep = np.concatenate([np.flatnonzero(y == c)[:train_per_class] for c in np.unique(y)])
+        keep.sort()
+        x, y = x[keep], y[keep]
+    if not validation:
+        return x, y, None, None
+    n_val = int(round(validation * len(y))) if validation < 1 else int(validation)
+    if validation >= 1 and validation != n_val:
+        raise DataError(f"data.validation: a count must be a whole number, got {validation}")
+    if not 0 < n_val < len(y):
+        raise DataError(f"data.validation: {validation} gives {n_val} of {len(y)} training images; "
+                        f"it must leave at least one on each side")
+    perm = np.random.RandomState(VALIDATION_SEED).permutation(len(y))
+    val, train = np.sort(perm[:n_val]), np.sort(perm[n_val:])
+    return x[train], y[train], x[val], y[val]
+
+
+def _bundle(x_train, y_train, x_test, y_test, shard, split, image_shape, train_transform=None,
+            test_transform=None):
+    """Training shard plus the test set, or the validation split carved from the training set."""
+    x_train, y_train, x_val, y_val = split_train(x_train, y_train, **split)
+    eval_set = "test"
+    if x_val is not None:
+        x_test, y_test, eval_set = x_val, y_val, "validation"
+    return DataBundle(train=ShardedTrainSet(x_train, y_train, transform=train_transform, **shard),
+                      test=TestSet(x_test, y_test, transform=test_transform),
+                      num_classes=10, image_shape=image_shape, eval_set=eval_set)
 
 
 def build_data(dataset, *, batch_size, rank, num_workers, seed, root=None, shape=None,
                num_classes=None, synthetic_samples=1024, augment=True,
-               preprocess_threads=2) -> DataBundle:
+               preprocess_threads=2, train_per_class=None, validation=0) -> DataBundle:
     """Load `dataset` and return this worker's training shard and the full test set.
 
-    `root` is the data folder (cifar10, imagenet), `shape` the (C, H, W) image shape
-    (default per dataset), `num_classes` is used by imagenet and synthetic and must be
-    10 (or None) for digits and cifar10.
+    `root` is the data folder (cifar10, imagenet, mnist, fashion_mnist), `shape` the (C, H, W)
+    image shape (default per dataset), `num_classes` is used by imagenet and synthetic and must
+    be 10 (or None) for the others.
+    In-memory datasets (digits, cifar10, mnist, fashion_mnist) can be cut down and split:
+    `train_per_class` keeps the first n training images of each class; `validation` (a fraction
+    below 1, or a count) then moves a fixed, seed-independent random part of those into a
+    validation set, which replaces the test set as `DataBundle.test` (`eval_set` says which).
     """
     if not 0 <= rank < num_workers or batch_size < 1:
         raise ValueError(f"need batch_size >= 1 and 0 <= rank < num_workers, got "
                          f"batch_size={batch_size}, rank={rank}, num_workers={num_workers}")
     shard = dict(batch_size=batch_size, rank=rank, num_workers=num_workers, seed=seed)
+    split = dict(train_per_class=train_per_class, validation=validation)
+    if dataset not in IN_MEMORY and (train_per_class or validation):
+        raise DataError(f"data.train_per_class and data.validation work on the in-memory datasets "
+                        f"({', '.join(IN_MEMORY)}), not on {dataset}")
     if dataset == "digits":
-        return _build_digits(shape, num_classes, shard)
+        return _build_digits(shape, num_classes, shard, split)
     if dataset == "cifar10":
-        return _build_cifar10(root, shape, num_classes, augment, shard)
+        return _build_cifar10(root, shape, num_classes, augment, shard, split)
+    if dataset in ("mnist", "fashion_mnist"):
+        return _build_idx(dataset, root, shape, num_classes, augment, shard, split)
     if dataset == "imagenet":
         return _build_imagenet(root, shape, num_classes, augment, preprocess_threads, shard)
     if dataset == "synthetic":
@@ -156,7 +206,7 @@ def _check_ten_classes(dataset, num_classes):
 
 # ---------------------------------------------------------------- digits
 
-def _build_digits(shape, num_classes, shard):
+def _build_digits(shape, num_classes, shard, split):
     # Imported here: scikit-learn is only needed for this small test dataset.
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
@@ -178,14 +228,12 @@ def _build_digits(shape, num_classes, shard):
         images = np.kron(images, np.ones((1, 1, scale, scale), np.float32))
         return np.repeat(images, channels, axis=1)
 
-    return DataBundle(train=ShardedTrainSet(to_images(x_train), y_train, **shard),
-                      test=TestSet(to_images(x_test), y_test),
-                      num_classes=10, image_shape=shape)
+    return _bundle(to_images(x_train), y_train, to_images(x_test), y_test, shard, split, shape)
 
 
 # ---------------------------------------------------------------- cifar10
 
-def _build_cifar10(root, shape, num_classes, augment, shard):
+def _build_cifar10(root, shape, num_classes, augment, shard, split):
     _check_ten_classes("cifar10", num_classes)
     if shape is not None and tuple(shape) != (3, 32, 32):
         raise DataError(f"cifar10 images are (3, 32, 32); data.shape is {tuple(shape)}")
@@ -199,9 +247,7 @@ def _build_cifar10(root, shape, num_classes, augment, shard):
     y_train = np.concatenate([labels for _, labels in parts[:5]])
     x_test, y_test = parts[5]
     transform = _cifar_train_transform if augment else _cifar_eval_transform
-    return DataBundle(train=ShardedTrainSet(x_train, y_train, transform=transform, **shard),
-                      test=TestSet(x_test, y_test, transform=_cifar_normalize),
-                      num_classes=10, image_shape=(3, 32, 32))
+    return _bundle(x_train, y_train, x_test, y_test, shard, split, (3, 32, 32), transform, _cifar_normalize)
 
 
 def _find_cifar10(root):
@@ -271,15 +317,47 @@ def _cifar_eval_transform(images, rng):  # train transform signature, without au
 
 def _cifar_train_transform(images, rng):
     """Random 32x32 crop of the 4-pixel zero-padded image, random horizontal flip, normalize."""
-    # Padding with 0 before normalizing, as gluoncv's RandomCrop(32, pad=4) does.
-    padded = np.pad(images, ((0, 0), (0, 0), (4, 4), (4, 4)))
-    offsets = rng.randint(0, 9, size=(len(images), 2))
-    flips = rng.rand(len(images)) < 0.5
+    return _cifar_normalize(random_crop_flip(images, rng, pad=4))
+
+
+def random_crop_flip(images, rng, pad, flip=True):
+    """Random crop of the `pad`-pixel zero-padded (N, C, H, W) images back to (H, W), and a random
+    horizontal flip (unless flip=False): gluoncv's RandomCrop(size, pad) + RandomFlipLeftRight, on
+    stored pixels (padding with 0 before normalizing, as gluoncv does)."""
+    height, width = images.shape[2:]
+    padded = np.pad(images, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    offsets = rng.randint(0, 2 * pad + 1, size=(len(images), 2))
+    flips = (rng.rand(len(images)) < 0.5) & flip
     out = np.empty_like(images)
     for i, ((dy, dx), flip) in enumerate(zip(offsets, flips)):
-        crop = padded[i, :, dy:dy + 32, dx:dx + 32]
+        crop = padded[i, :, dy:dy + height, dx:dx + width]
         out[i] = crop[:, :, ::-1] if flip else crop
-    return _cifar_normalize(out)
+    return out
+
+
+# ---------------------------------------------------------------- mnist, fashion_mnist (IDX files)
+
+def _build_idx(dataset, root, shape, num_classes, augment, shard, split):
+    _check_ten_classes(dataset, num_classes)
+    shape = _check_shape(shape or (1, idx.NATIVE_SIZE, idx.NATIVE_SIZE))
+    try:
+        (x_train, y_train), (x_test, y_test) = idx.load(root, dataset)
+        x_train, x_test = idx.fit_to_shape(x_train, shape), idx.fit_to_shape(x_test, shape)
+    except idx.IdxError as err:
+        raise DataError(str(err)) from None
+    mean, std = idx.STATS[dataset]
+
+    def normalize(images):
+        return (images.astype(np.float32) / 255 - mean) / std
+
+    def train_transform(images, rng):
+        # Crop with 2 pixels of padding (1/14 of the side, as pad 4 is for CIFAR); flip clothes,
+        # not digits (a mirrored 2 is no 2).
+        if augment:
+            images = random_crop_flip(images, rng, pad=2, flip=dataset == "fashion_mnist")
+        return normalize(images)
+
+    return _bundle(x_train, y_train, x_test, y_test, shard, split, shape, train_transform, normalize)
 
 
 # ---------------------------------------------------------------- imagenet (RecordIO)

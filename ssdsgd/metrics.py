@@ -41,11 +41,24 @@ def human_bytes(n):
         n /= 1024.0
 
 
+# Accuracy keys are named after what was evaluated: final_test_acc, or final_val_acc when the run
+# evaluates a validation split carved from the training set (data.validation); the other is null.
+ACC_TAG = {"test": "test", "validation": "val"}
+
+
+def final_acc(summary):
+    """(final accuracy, 'test' or 'validation') of a summary.json dict."""
+    eval_set = summary.get("eval_set", "test")
+    return summary[f"final_{ACC_TAG[eval_set]}_acc"], eval_set
+
+
 def summary_table(summary):
+    acc, eval_set = final_acc(summary)
+    tag = ACC_TAG[eval_set]
     rows = [("algorithm", summary["algorithm"]), ("compression", summary["compression"]),
             ("workers", summary["num_workers"]), ("epochs / steps", f"{summary['epochs']} / {summary['steps']}"),
-            ("final test acc", f"{summary['final_test_acc']:.4f}"),
-            ("best test acc", f"{summary['best_test_acc']:.4f}"),
+            (f"final {eval_set} acc", f"{acc:.4f}"),
+            (f"best {eval_set} acc", f"{summary[f'best_{tag}_acc']:.4f}"),
             ("images/s (all workers)", f"{summary['images_per_sec']:.1f}"),
             ("wall seconds", f"{summary['wall_seconds']:.1f}"),
             ("push / pull per step", f"{human_bytes(summary['bytes_per_step']['push'])} / "
@@ -63,7 +76,7 @@ def comparison_table(summaries):
     lines = [head, "-" * len(head)]
     for s in summaries:
         bps = s["bytes_per_step"]
-        lines.append(f"{s['name']:<28} {s['algorithm']:<9} {s['compression']:<7} {s['final_test_acc']:>9.4f} "
+        lines.append(f"{s['name']:<28} {s['algorithm']:<9} {s['compression']:<7} {final_acc(s)[0]:>9.4f} "
                      f"{s['images_per_sec']:>9.1f} {human_bytes(bps['push']):>11} {human_bytes(bps['pull']):>11} "
                      f"{str(s['max_staleness']):>9}")
     return "\n".join(lines)

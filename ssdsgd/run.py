@@ -6,6 +6,7 @@ running `python -m ssdsgd.train` with the same config and overrides.
 import os
 import sys
 
+from ssdsgd.config import ROOTED_DATASETS
 from ssdsgd.train import config_from_args, parse_args
 
 
@@ -18,8 +19,9 @@ def preflight(cfg, resume):
     except ModelError as err:
         return str(err)
     root = cfg.data.root
-    if cfg.data.dataset in ("cifar10", "imagenet") and not os.path.isdir(root):
-        return (f"data.root: folder {root} does not exist (put the {cfg.data.dataset} files there; "
+    if cfg.data.dataset in ROOTED_DATASETS and not os.path.isdir(root):
+        what = "is a file, not a folder" if os.path.exists(root) else "does not exist"
+        return (f"data.root: {root} {what} (put the {cfg.data.dataset} files in that folder; "
                 f"nothing is downloaded)")
     if cfg.cluster.launcher == "ssh":
         for key in ("hostfile", "ssh_identity", "ssh_config"):

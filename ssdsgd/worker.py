@@ -58,7 +58,7 @@ def run_worker(cfg, resume=False):
     from ssdsgd import checkpoint as ckpt
     from ssdsgd.data import build_data
     from ssdsgd.faults import FaultPlan
-    from ssdsgd.metrics import MetricsLog, human_bytes, run_dir, summary_table, write_json_atomic
+    from ssdsgd.metrics import ACC_TAG, MetricsLog, human_bytes, run_dir, summary_table, write_json_atomic
     from ssdsgd.schedule import schedule_from_config
     from ssdsgd.commands import num_servers
     from ssdsgd.config import dump_config
@@ -88,7 +88,8 @@ def run_worker(cfg, resume=False):
     data = build_data(d.dataset, batch_size=cfg.train.batch_size, rank=rank, num_workers=nworkers,
                       seed=cfg.seed, root=d.root, shape=tuple(d.shape) if d.shape else None,
                       num_classes=d.num_classes, synthetic_samples=d.synthetic_samples,
-                      augment=d.augment, preprocess_threads=d.preprocess_threads)
+                      augment=d.augment, preprocess_threads=d.preprocess_threads,
+                      train_per_class=d.train_per_class, validation=d.validation)
     steps_per_epoch = data.train.steps_per_epoch
     total_steps = cfg.train.epochs * steps_per_epoch
     if cfg.train.max_steps is not None:
@@ -114,7 +115,7 @@ def run_worker(cfg, resume=False):
                              steps_per_epoch=steps_per_epoch)
     else:
         client = StockClient(kv, params, cfg, schedule, log)
-    client.setup(resume_dir)
+    client.setup(resume_dir, saved[1] if saved else None)
     if saved is not None:
         client.load_state(*saved)
     if rank == 0:
@@ -132,6 +133,7 @@ def run_worker(cfg, resume=False):
               "eval_pull_bytes": 0}
     staleness = []
     best_acc, final_acc, history = 0.0, 0.0, []
+    tag = ACC_TAG[data.eval_set]          # test_acc, or val_acc when a validation split is evaluated
     t_start = time.perf_counter()
     window = _log_window(time.perf_counter())
     epochs_run = 0
@@ -193,9 +195,9 @@ def run_worker(cfg, resume=False):
             acc, pulled = _evaluate_global(net, params, client, data.test, bsz, step)
             totals["eval_pull_bytes"] += pulled
             best_acc, final_acc = max(best_acc, acc), acc
-            history.append({"epoch": epoch, "test_acc": acc})
-            log.write(epoch=epoch, step=step, test_acc=acc, epoch_seconds=epoch_seconds)
-            print(f"epoch {epoch} test accuracy {acc:.4f} ({epoch_seconds:.1f} s)", flush=True)
+            history.append({"epoch": epoch, f"{tag}_acc": acc})
+            log.write(epoch=epoch, step=step, epoch_seconds=epoch_seconds, **{f"{tag}_acc": acc})
+            print(f"epoch {epoch} {data.eval_set} accuracy {acc:.4f} ({epoch_seconds:.1f} s)", flush=True)
     totals["images"] = step * bsz
     client.finish()
 
@@ -218,7 +220,8 @@ def run_worker(cfg, resume=False):
         summary = {
             "name": cfg.name, "algorithm": cfg.algorithm.type, "compression": cfg.compression.type,
             "num_workers": nworkers, "num_servers": num_servers(kv), "epochs": epochs_run, "steps": step,
-            "final_test_acc": final_acc, "best_test_acc": best_acc, "test_acc_history": history,
+            "eval_set": data.eval_set, "final_test_acc": None, "best_test_acc": None,
+            f"final_{tag}_acc": final_acc, f"best_{tag}_acc": best_acc, f"{tag}_acc_history": history,
             "images_per_sec": sum(p["images"] / max(1e-9, p["train_seconds"]) for p in parts),
             "wall_seconds": time.perf_counter() - t_start,
             "push_bytes": totals["push_bytes"], "pull_bytes": totals["pull_bytes"],

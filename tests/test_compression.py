@@ -544,3 +544,96 @@ def test_momentum_correction_against_numpy_dgc(small, min_dense_bytes):
         np.testing.assert_allclose(sent[0], want, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
         u[1] = m * u[1] + grads[1]
         np.testing.assert_allclose(sent[1], u[1], rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
+
+
+# ------------------------------------------------------- 12. allocation by the accumulated gradient
+
+def _np_global_topk_counts(mags, budget):
+    """Reference: how many of a global top-`budget` over the concatenated magnitudes fall in each tensor."""
+    flat = np.concatenate(mags)
+    owner = np.concatenate([np.full(len(m), j) for j, m in enumerate(mags)])
+    top = np.argsort(-flat, kind="stable")[:budget]
+    return np.bincount(owner[top], minlength=len(mags))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_allocate_by_threshold_matches_global_topk(seed):
+    from ssdsgd.compression.encoders import allocate_by_threshold
+    rng = np.random.default_rng(seed)
+    sizes = [50, 7, 200, 3, 31, 120]
+    whole = {3: None}                        # tensor 3 is sent whole (SparseEncoder's whole_idx is a dict)
+    counts = [n if j in whole else max(1, int(0.1 * n)) for j, n in enumerate(sizes)]
+    # Distinct magnitudes, tensor by tensor on very different scales (so the budget moves), and each
+    # non-whole tensor's largest value above every other value, so the floor of one never binds.
+    values = rng.permutation(sum(sizes)).astype(np.float64) + 1
+    accs, mags, start = [], [], 0
+    scales = rng.permutation([0.01, 0.1, 1.0, 5.0, 30.0, 100.0])
+    for j, n in enumerate(sizes):
+        m = values[start:start + n] * scales[j]
+        start += n
+        m[rng.integers(n)] = 1e7 * (j + 1)
+        mags.append(m)
+        accs.append(mx.nd.array(m * rng.choice([-1, 1], n), dtype="float32"))
+    part = [j for j in range(len(sizes)) if j not in whole]
+    budget = sum(counts[j] for j in part)
+    expected = _np_global_topk_counts([mags[j] for j in part], budget)
+    assert expected.min() >= 1
+
+    new = allocate_by_threshold(accs, counts, whole)
+    assert len(new) == len(counts) and all(isinstance(c, int) for c in new)
+    assert new[3] == counts[3] == 3
+    assert sum(new[j] for j in part) == budget
+    np.testing.assert_array_equal([new[j] for j in part], expected)
+    assert new != counts                     # it really re-allocated
+    assert all(1 <= new[j] <= sizes[j] for j in part)
+
+
+def test_allocate_by_threshold_floor_of_one_keeps_total():
+    from ssdsgd.compression.encoders import allocate_by_threshold
+    rng = np.random.default_rng(5)
+    sizes = [40, 10, 60, 5]
+    counts = [4, 1, 6, 1]
+    big = rng.permutation(100) + 1000.0      # distinct, interleaved between tensors 0 and 2
+    mags = [big[:40], rng.permutation(10) * 1e-3 + 1e-3,       # tensor 1: all tiny
+            big[40:], rng.permutation(5) * 1e-3 + 2e-3]        # tensor 3: all tiny
+    accs = [mx.nd.array(m, dtype="float32") for m in mags]
+    ref = _np_global_topk_counts(mags, 12)
+    assert ref[1] == ref[3] == 0 and ref[0] >= 3 and ref[2] >= 3     # the floor binds
+    new = allocate_by_threshold(accs, counts, set())
+    assert sum(new) == sum(counts) == 12
+    assert new[1] == 1 and new[3] == 1       # the floor: every tensor still sends
+    # The two floor slots come out of the large tensors' global top-k shares.
+    assert new[0] + new[2] == 10
+    assert ref[0] - 2 <= new[0] <= ref[0] and ref[2] - 2 <= new[2] <= ref[2]
+
+
+@pytest.mark.parametrize("whole", [set(), {0}], ids=["none_whole", "first_whole"])
+def test_allocate_by_threshold_all_zero_accumulators_keep_total(whole):
+    from ssdsgd.compression.encoders import allocate_by_threshold
+    sizes = [5, 30, 2, 64]
+    counts = [5 if 0 in whole else 1, 3, 1, 6]
+    accs = [mx.nd.zeros(n) for n in sizes]
+    new = allocate_by_threshold(accs, counts, whole)
+    part = [j for j in range(4) if j not in whole]
+    assert sum(new[j] for j in part) == sum(counts[j] for j in part)
+    assert all(1 <= new[j] <= sizes[j] for j in part)
+    assert all(new[j] == counts[j] for j in whole)
+
+
+def test_allocate_by_threshold_single_sparse_tensor_unchanged():
+    from ssdsgd.compression.encoders import allocate_by_threshold
+    accs = [mx.nd.array(np.arange(10.0)), mx.nd.array(np.arange(4.0))]
+    assert allocate_by_threshold(accs, [2, 4], {1: None}) == [2, 4]
+
+
+def test_allocate_by_threshold_sends_every_nonzero_when_budget_allows():
+    """Mostly-zero accumulators (ties at 0): the global top-k takes every nonzero entry first."""
+    from ssdsgd.compression.encoders import allocate_by_threshold
+    a = np.zeros(20)
+    a[[2, 9, 15]] = [0.5, -3.0, 1.0]
+    c = np.zeros(30)
+    c[[0, 29]] = [-0.25, 2.0]
+    accs = [mx.nd.array(a), mx.nd.zeros(20), mx.nd.array(c)]
+    new = allocate_by_threshold(accs, [2, 2, 3], set())
+    assert sum(new) == 7
+    assert new[0] >= 3 and new[2] >= 2 and new[1] >= 1

@@ -443,3 +443,89 @@ def test_cluster_stall_timeout_can_be_off_and_ssh_options():
     cfg = load_config(SSGD, ["cluster.ssh_options=[ConnectTimeout=5, Compression=no]", "cluster.ssh_user=me"])
     assert cfg.cluster.ssh_options == ["ConnectTimeout=5", "Compression=no"] and cfg.cluster.ssh_user == "me"
     assert config_error(SSGD, ["cluster.ssh_options=[1]"]).startswith("cluster.ssh_options")
+
+
+# ---------------------------------------------------------------- data subsets, IDX datasets, allocation
+
+@pytest.mark.parametrize("override, key", [
+    ("data.train_per_class=0", "data.train_per_class"),
+    ("data.train_per_class=-2", "data.train_per_class"),
+    ("data.train_per_class=2.5", "data.train_per_class"),
+    ("data.train_per_class=true", "data.train_per_class"),
+    ("data.validation=-0.1", "data.validation"),
+    ("data.validation=abc", "data.validation"),
+    ("data.validation=true", "data.validation"),
+    ("data.validation=2.5", "data.validation"),      # a count must be whole
+    ("data.validation=1.5", "data.validation"),
+])
+def test_data_subset_keys_bad_values(override, key):
+    assert config_error(SSGD, [override]).startswith(key)
+
+
+def test_data_subset_keys_defaults_and_accepted_values():
+    cfg = load_config(SSGD)
+    assert cfg.data.train_per_class is None and cfg.data.validation == 0.0
+    cfg = load_config(SSGD, ["data.train_per_class=100", "data.validation=0.1"])
+    assert cfg.data.train_per_class == 100 and type(cfg.data.train_per_class) is int
+    assert cfg.data.validation == 0.1
+    cfg = load_config(SSGD, ["data.validation=200"])
+    assert cfg.data.validation == 200.0 and type(cfg.data.validation) is float   # a count, as float
+    assert load_config(SSGD, ["data.validation=1"]).data.validation == 1.0
+    assert load_config(SSGD, ["data.validation=0.999"]).data.validation == 0.999
+
+
+@pytest.mark.parametrize("dataset", ["imagenet", "synthetic"])
+@pytest.mark.parametrize("key, value", [("train_per_class", "10"), ("validation", "0.1"),
+                                        ("validation", "50")])
+def test_data_subset_keys_only_on_in_memory_datasets(tmp_path, dataset, key, value):
+    msg = config_error(SSGD, [f"data.dataset={dataset}", f"data.root={tmp_path}", f"data.{key}={value}"])
+    assert msg.startswith(f"data.{key}")
+    assert "digits, cifar10, mnist, fashion_mnist" in msg and dataset in msg
+
+
+@pytest.mark.parametrize("dataset", ["digits", "cifar10", "mnist", "fashion_mnist"])
+def test_data_subset_keys_on_in_memory_datasets(tmp_path, dataset):
+    cfg = load_config(SSGD, [f"data.dataset={dataset}", f"data.root={tmp_path}",
+                             "data.train_per_class=50", "data.validation=0.2"])
+    assert (cfg.data.dataset, cfg.data.train_per_class, cfg.data.validation) == (dataset, 50, 0.2)
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "fashion_mnist", "cifar10", "imagenet"])
+def test_file_datasets_need_root(tmp_path, dataset):
+    msg = config_error(SSGD, [f"data.dataset={dataset}"])
+    assert msg.startswith("data.root") and dataset in msg
+    assert config_error(SSGD, [f"data.dataset={dataset}", "data.root="]).startswith("data.root")
+    cfg = load_config(SSGD, [f"data.dataset={dataset}", f"data.root={tmp_path}"])
+    assert (cfg.data.dataset, cfg.data.root) == (dataset, str(tmp_path))
+
+
+def test_unknown_dataset_lists_idx_datasets():
+    msg = config_error(SSGD, ["data.dataset=svhn"])
+    assert msg.startswith("data.dataset") and "mnist" in msg and "fashion_mnist" in msg
+
+
+def test_allocation_keys():
+    cfg = load_config(SSD, ["compression.type=topk"])
+    assert (cfg.compression.allocation, cfg.compression.allocate_every) == ("size", 10)
+    cfg = load_config(SSD, ["compression.type=topk", "compression.allocation=gradient",
+                            "compression.allocate_every=1"])
+    assert (cfg.compression.allocation, cfg.compression.allocate_every) == ("gradient", 1)
+    for comp in ("randomk", "dgc"):
+        assert load_config(SSD, [f"compression.type={comp}", "compression.allocation=gradient"]) \
+            .compression.allocation == "gradient"
+    assert config_error(SSD, ["compression.allocation=topk"]).startswith("compression.allocation")
+    assert config_error(SSD, ["compression.allocate_every=0"]).startswith("compression.allocate_every")
+    assert config_error(SSD, ["compression.allocate_every=2.5"]).startswith("compression.allocate_every")
+
+
+@pytest.mark.parametrize("overrides", [
+    ["compression.type=topk", "compression.fusion=behind"],
+    ["compression.type=none"],
+    ["compression.type=2bit", "algorithm.type=ssgd"],
+], ids=["fusion_behind", "no_compression", "2bit"])
+def test_gradient_allocation_needs_sparsifier_ahead(overrides):
+    msg = config_error(SSD, overrides + ["compression.allocation=gradient"])
+    assert msg.startswith("compression.allocation")
+    assert "fusion" in msg and "sparsifier" in msg
+    # The same settings with the default allocation are fine.
+    assert load_config(SSD, overrides).compression.allocation == "size"

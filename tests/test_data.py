@@ -1,13 +1,15 @@
 """Tests for ssdsgd.data on small generated datasets (nothing is downloaded)."""
+import gzip
 import os
 import pickle
 import shutil
+import struct
 
 import mxnet as mx
 import numpy as np
 import pytest
 
-from ssdsgd import data
+from ssdsgd import data, idx
 
 CIFAR_MEAN = np.array([0.4914, 0.4822, 0.4465]).reshape(1, 3, 1, 1)
 CIFAR_STD = np.array([0.2023, 0.1994, 0.2010]).reshape(1, 3, 1, 1)
@@ -366,5 +368,455 @@ def test_zero_steps_per_epoch():
 
 
 def test_unknown_dataset_lists_valid_names():
-    with pytest.raises(data.DataError, match="digits, cifar10, imagenet, synthetic"):
-        data.build_data("mnist", batch_size=8, **SHARD)
+    # (mnist was the unknown name here before it became a dataset.)
+    with pytest.raises(data.DataError, match="digits, cifar10, mnist, fashion_mnist, imagenet, synthetic"):
+        data.build_data("svhn", batch_size=8, **SHARD)
+
+
+# ---------------------------------------------------------------- mnist, fashion_mnist (IDX files)
+
+IDX_NAMES = {"train_images": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
+             "test_images": "t10k-images-idx3-ubyte", "test_labels": "t10k-labels-idx1-ubyte"}
+# The published per-dataset pixel statistics (0..1 scale).
+IDX_STATS = {"mnist": (0.1307, 0.3081), "fashion_mnist": (0.2860, 0.3530)}
+# 60 training images: class 0 has 10, class 9 only 2, the others 6 each (an uneven split, so that
+# train_per_class=3 keeps 3 of most classes but both images of class 9).
+IDX_TRAIN_COUNTS = [10, 6, 6, 6, 6, 6, 6, 6, 6, 2]
+
+
+def idx_bytes(array, type_byte=0x08):
+    """The IDX encoding of a uint8 array: 0, 0, type, ndim, big-endian uint32 dims, data."""
+    array = np.asarray(array, np.uint8)
+    header = bytes([0, 0, type_byte, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    return header + array.tobytes()
+
+
+def write_raw(folder, key, raw, gz=True):
+    """Write one of the four files (raw IDX bytes), gzip-compressed or plain; return its path."""
+    path = os.path.join(str(folder), IDX_NAMES[key] + (".gz" if gz else ""))
+    with open(path, "wb") as f:
+        f.write(gzip.compress(raw) if gz else raw)
+    return path
+
+
+def write_idx_set(folder, arrays, gz=True):
+    os.makedirs(str(folder), exist_ok=True)
+    return {key: write_raw(folder, key, idx_bytes(arrays[key]), gz) for key in IDX_NAMES}
+
+
+@pytest.fixture(scope="module")
+def idx_arrays():
+    rng = np.random.RandomState(2024)
+    train_labels = rng.permutation(np.repeat(np.arange(10), IDX_TRAIN_COUNTS)).astype(np.uint8)
+    return {"train_images": rng.randint(0, 256, size=(60, 28, 28)).astype(np.uint8),
+            "train_labels": train_labels,
+            "test_images": rng.randint(0, 256, size=(20, 28, 28)).astype(np.uint8),
+            "test_labels": rng.randint(0, 10, size=20).astype(np.uint8)}
+
+
+@pytest.fixture
+def idx_root(tmp_path, idx_arrays):
+    write_idx_set(tmp_path, idx_arrays)
+    return tmp_path
+
+
+def denormalize_idx(x, dataset):
+    mean, std = IDX_STATS[dataset]
+    return np.round((x.astype(np.float64) * std + mean) * 255).astype(np.int64)
+
+
+def build_idx(dataset, root, **kwargs):
+    args = dict(batch_size=10, rank=0, num_workers=1, seed=0, augment=False)
+    args.update(kwargs)
+    return data.build_data(dataset, root=str(root), **args)
+
+
+def first_per_class(labels, n):
+    """Indices kept by train_per_class=n, computed by walking the file in order."""
+    seen = np.zeros(10, int)
+    keep = []
+    for i, label in enumerate(labels):
+        if seen[label] < n:
+            keep.append(i)
+            seen[label] += 1
+    return np.array(keep)
+
+
+def test_idx_stats_are_the_published_values():
+    assert idx.STATS == IDX_STATS
+
+
+@pytest.mark.parametrize("gz", [True, False], ids=["gz", "plain"])
+@pytest.mark.parametrize("dataset", ["mnist", "fashion_mnist"])
+def test_idx_loads_exact_pixels_labels_and_normalization(tmp_path, idx_arrays, gz, dataset):
+    paths = write_idx_set(tmp_path, idx_arrays, gz=gz)
+    # Decode the written test files again with plain numpy, independently of idx.py.
+    raw = {}
+    for key in ("test_images", "test_labels"):
+        with (gzip.open if gz else open)(paths[key], "rb") as f:
+            content = f.read()
+        ndim = content[3]
+        shape = struct.unpack(f">{ndim}I", content[4:4 + 4 * ndim])
+        raw[key] = np.frombuffer(content[4 + 4 * ndim:], np.uint8).reshape(shape)
+    assert raw["test_images"].shape == (20, 28, 28)
+
+    bundle = build_idx(dataset, tmp_path)
+    assert (bundle.num_classes, bundle.image_shape, bundle.eval_set) == (10, (1, 28, 28), "test")
+    assert (bundle.train.num_samples, bundle.test.num_samples) == (60, 20)
+
+    test_x, test_y = collect(bundle.test.batches(7))
+    assert test_x.shape == (20, 1, 28, 28) and test_x.dtype == np.float32
+    mean, std = IDX_STATS[dataset]
+    np.testing.assert_allclose(test_x[:, 0], (raw["test_images"] / 255.0 - mean) / std, atol=1e-5)
+    np.testing.assert_array_equal(denormalize_idx(test_x[:, 0], dataset), raw["test_images"])
+    np.testing.assert_array_equal(test_y, raw["test_labels"])
+
+    # One worker with 6 x 10 batches sees every training image once, with its label.
+    assert bundle.train.steps_per_epoch == 6
+    train_x, train_y = collect(bundle.train.epoch(0))
+    index = match_rows(denormalize_idx(train_x, dataset), idx_arrays["train_images"])
+    assert sorted(index) == list(range(60))
+    np.testing.assert_array_equal(train_y, idx_arrays["train_labels"][index])
+    np.testing.assert_allclose(train_x[:, 0], (idx_arrays["train_images"][index] / 255.0 - mean) / std,
+                               atol=1e-5)
+
+
+def test_idx_prefers_gz_and_mixes_gz_and_plain(tmp_path, idx_arrays):
+    write_idx_set(tmp_path, idx_arrays, gz=True)
+    # A damaged plain copy next to a good .gz is ignored: the .gz is read first.
+    (tmp_path / IDX_NAMES["train_images"]).write_bytes(b"garbage")
+    # And a set may mix compressed and plain files.
+    os.remove(str(tmp_path / (IDX_NAMES["test_labels"] + ".gz")))
+    write_raw(tmp_path, "test_labels", idx_bytes(idx_arrays["test_labels"]), gz=False)
+    bundle = build_idx("mnist", tmp_path)
+    np.testing.assert_array_equal(collect(bundle.test.batches(20))[1], idx_arrays["test_labels"])
+    train_x, _ = collect(bundle.train.epoch(0))
+    assert sorted(match_rows(denormalize_idx(train_x, "mnist"), idx_arrays["train_images"])) == \
+        list(range(60))
+
+
+@pytest.mark.parametrize("shape", [(3, 32, 32), (1, 31, 30), (3, 28, 28)])
+def test_idx_padding_centred_with_zeros_and_channels_repeated(idx_root, idx_arrays, shape):
+    channels, height, width = shape
+    bundle = build_idx("fashion_mnist", idx_root, shape=shape)
+    assert bundle.image_shape == shape
+    test_x, _ = collect(bundle.test.batches(8))
+    assert test_x.shape == (20,) + shape
+    top, left = (height - 28) // 2, (width - 28) // 2
+    expected = np.pad(idx_arrays["test_images"],
+                      ((0, 0), (top, height - 28 - top), (left, width - 28 - left)))
+    pixels = denormalize_idx(test_x, "fashion_mnist")
+    for c in range(channels):
+        np.testing.assert_array_equal(pixels[:, c], expected)
+    np.testing.assert_array_equal(test_x, np.repeat(test_x[:, :1], channels, axis=1))
+    if shape == (3, 32, 32):
+        # The padding is 0 before normalisation: two rows/columns of -mean/std on every side.
+        border = -IDX_STATS["fashion_mnist"][0] / IDX_STATS["fashion_mnist"][1]
+        for edge in (test_x[:, :, :2], test_x[:, :, -2:], test_x[:, :, :, :2], test_x[:, :, :, -2:]):
+            np.testing.assert_allclose(edge, border, atol=1e-6)
+    train_x, _ = collect(bundle.train.epoch(0))
+    assert train_x.shape == (60,) + shape
+
+
+@pytest.mark.parametrize("shape", [(1, 14, 14), (3, 20, 36), (1, 16, 28)])
+def test_idx_resize_gives_requested_shape(tmp_path, idx_arrays, shape):
+    # Constant images (each its own grey level) must stay exactly constant after resizing, and a
+    # left-to-right ramp must stay non-decreasing along the width.
+    levels = np.arange(20, dtype=np.uint8) * 12
+    test_images = np.repeat(levels, 28 * 28).reshape(20, 28, 28)
+    test_images[-1] = np.tile(np.arange(0, 252, 9, dtype=np.uint8), (28, 1))   # ramp 0..243
+    arrays = dict(idx_arrays, test_images=test_images)
+    write_idx_set(tmp_path, arrays)
+    bundle = build_idx("mnist", tmp_path, shape=shape)
+    assert bundle.image_shape == shape
+    test_x, _ = collect(bundle.test.batches(20))
+    assert test_x.shape == (20,) + shape
+    pixels = denormalize_idx(test_x, "mnist")
+    np.testing.assert_array_equal(pixels[:-1], np.broadcast_to(levels[:-1, None, None, None],
+                                                               (19,) + shape))
+    ramp = pixels[-1]
+    assert ramp.min() >= 0 and ramp.max() <= 243
+    assert (np.diff(ramp, axis=2) >= 0).all() and ramp[:, :, -1].min() > ramp[:, :, 0].max()
+    np.testing.assert_array_equal(test_x, np.repeat(test_x[:, :1], shape[0], axis=1))
+    assert collect(bundle.train.epoch(0))[0].shape == (60,) + shape
+
+
+def test_idx_bad_shape_and_classes(idx_root):
+    with pytest.raises(data.DataError, match="channel"):
+        build_idx("mnist", idx_root, shape=(2, 28, 28))
+    with pytest.raises(data.DataError, match="data.shape"):
+        build_idx("mnist", idx_root, shape=(1, 28))
+    with pytest.raises(data.DataError, match="10 classes"):
+        build_idx("mnist", idx_root, num_classes=5)
+
+
+def test_idx_train_per_class_keeps_first_n_of_each_class_in_file_order(idx_root, idx_arrays):
+    labels = idx_arrays["train_labels"]
+    keep = first_per_class(labels, 3)
+    assert len(keep) == 9 * 3 + 2      # class 9 has only two images: both kept
+    bundle = build_idx("mnist", idx_root, train_per_class=3, batch_size=29)
+    assert bundle.train.num_samples == 29 and bundle.eval_set == "test"
+    assert bundle.test.num_samples == 20     # the test set is untouched
+    train_x, train_y = collect(bundle.train.epoch(0))
+    index = match_rows(denormalize_idx(train_x, "mnist"), idx_arrays["train_images"])
+    np.testing.assert_array_equal(np.sort(index), keep)
+    np.testing.assert_array_equal(train_y, labels[index])
+    assert np.bincount(train_y.astype(int), minlength=10).tolist() == [3] * 9 + [2]
+
+    # split_train directly: the kept images in file order.
+    x, y, vx, vy = data.split_train(idx_arrays["train_images"], labels, train_per_class=3)
+    assert vx is None and vy is None
+    np.testing.assert_array_equal(x, idx_arrays["train_images"][keep])
+    np.testing.assert_array_equal(y, labels[keep])
+    x, y, _, _ = data.split_train(idx_arrays["train_images"], labels, train_per_class=100)
+    np.testing.assert_array_equal(y, labels)      # more than any class has: everything
+
+
+@pytest.mark.parametrize("validation,n_val", [(0.25, 7), (5, 5), (5.0, 5), (1, 1)])
+def test_split_train_validation_sizes_disjoint_and_fixed(idx_arrays, validation, n_val):
+    images, labels = idx_arrays["train_images"], idx_arrays["train_labels"]
+    keep = first_per_class(labels, 3)        # 29 images; 0.25 * 29 = 7.25 -> 7
+    x, y, vx, vy = data.split_train(images, labels, train_per_class=3, validation=validation)
+    assert (len(x), len(vx)) == (29 - n_val, n_val) and (len(y), len(vy)) == (29 - n_val, n_val)
+    train_rows = match_rows(x, images)
+    val_rows = match_rows(vx, images)
+    assert set(train_rows).isdisjoint(val_rows)
+    np.testing.assert_array_equal(np.sort(np.concatenate([train_rows, val_rows])), keep)
+    np.testing.assert_array_equal(y, labels[train_rows])
+    np.testing.assert_array_equal(vy, labels[val_rows])
+    # The documented draw: a permutation of the kept images from RandomState(VALIDATION_SEED).
+    perm = np.random.RandomState(data.VALIDATION_SEED).permutation(29)
+    np.testing.assert_array_equal(val_rows, np.sort(keep[perm[:n_val]]))
+    # Independent of any global random state.
+    np.random.seed(99)
+    again = data.split_train(images, labels, train_per_class=3, validation=validation)
+    np.testing.assert_array_equal(again[2], vx)
+
+
+def test_idx_validation_replaces_test_set_same_for_all_seeds_and_ranks(idx_root, idx_arrays):
+    images = idx_arrays["train_images"]
+    keep = first_per_class(idx_arrays["train_labels"], 3)
+    val_sets, shards = [], []
+    for seed, rank in [(0, 0), (0, 1), (7, 0), (7, 1)]:
+        # 29 kept, 5 validation, 24 train = 2 workers x 3 steps x 4: nothing is cut off.
+        bundle = build_idx("mnist", idx_root, train_per_class=3, validation=5, batch_size=4,
+                           rank=rank, num_workers=2, seed=seed)
+        assert bundle.eval_set == "validation"
+        assert (bundle.train.num_samples, bundle.test.num_samples) == (24, 5)
+        assert bundle.train.steps_per_epoch == 3
+        val_x, val_y = collect(bundle.test.batches(3))
+        val_rows = match_rows(denormalize_idx(val_x, "mnist"), images)
+        np.testing.assert_array_equal(val_y, idx_arrays["train_labels"][val_rows])
+        # Not the IDX test set: every validation image is a training image, none a test image.
+        test_flat = idx_arrays["test_images"].reshape(20, -1).astype(np.int64)
+        for image in denormalize_idx(val_x, "mnist").reshape(5, -1):
+            assert not (test_flat == image).all(axis=1).any()
+        val_sets.append(val_rows)
+        shards.append(match_rows(denormalize_idx(collect(bundle.train.epoch(0))[0], "mnist"), images))
+    for other in val_sets[1:]:
+        np.testing.assert_array_equal(other, val_sets[0])
+    for seed_shards in (shards[:2], shards[2:]):
+        rank0, rank1 = seed_shards
+        assert set(rank0).isdisjoint(rank1) and set(rank0).isdisjoint(val_sets[0])
+        np.testing.assert_array_equal(np.sort(np.concatenate([rank0, rank1, val_sets[0]])), keep)
+    assert not np.array_equal(shards[0], shards[2])     # the run seed still shuffles the train part
+
+
+@pytest.mark.parametrize("validation,message", [
+    (29, "gives 29 of 29"), (40, "gives 40 of 29"), (0.01, "gives 0 of 29"), (0.999, "gives 29 of 29"),
+    (2.5, "whole number"), (-3, "at least one on each side")])   # config forbids < 0 anyway
+def test_validation_that_leaves_a_side_empty_is_an_error(idx_root, validation, message):
+    with pytest.raises(data.DataError, match="data.validation") as err:
+        build_idx("mnist", idx_root, train_per_class=3, validation=validation)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("key,value", [("train_per_class", 3), ("validation", 0.2)])
+def test_split_only_on_in_memory_datasets(key, value):
+    with pytest.raises(data.DataError, match=r"in-memory datasets .*not on synthetic"):
+        data.build_data("synthetic", batch_size=8, synthetic_samples=64, **SHARD, **{key: value})
+
+
+def test_digits_validation_split():
+    bundle = data.build_data("digits", batch_size=32, validation=0.1, **SHARD)
+    assert bundle.eval_set == "validation"
+    # 1437 training images: round(143.7) = 144 validate, 1293 train; the 360 test images are unused.
+    assert (bundle.train.num_samples, bundle.test.num_samples) == (1293, 144)
+
+
+def test_idx_shards_of_an_epoch_are_disjoint(idx_root, idx_arrays):
+    images = idx_arrays["train_images"]
+    for epoch in (0, 3):
+        shards = []
+        for rank in range(3):
+            bundle = build_idx("fashion_mnist", idx_root, batch_size=5, rank=rank, num_workers=3, seed=11)
+            assert bundle.train.steps_per_epoch == 4       # 60 // (3 * 5)
+            x, y = collect(bundle.train.epoch(epoch))
+            rows = match_rows(denormalize_idx(x, "fashion_mnist"), images)
+            np.testing.assert_array_equal(y, idx_arrays["train_labels"][rows])
+            shards.append(rows)
+        for a in range(3):
+            assert len(shards[a]) == 20
+            for b in range(a + 1, 3):
+                assert set(shards[a]).isdisjoint(shards[b])
+        assert sorted(np.concatenate(shards)) == list(range(60))
+        if epoch == 0:
+            first = shards
+    assert not np.array_equal(first[0], shards[0])
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "fashion_mnist"])
+def test_idx_augmentation_is_padded_crop_flipping_only_clothes(idx_root, dataset):
+    def epoch(augment, shape=None):
+        bundle = build_idx(dataset, idx_root, batch_size=10, rank=1, num_workers=2, seed=3,
+                           augment=augment, shape=shape)
+        return collect(bundle.train.epoch(2))[0], collect(bundle.test.batches(20))[0]
+
+    (plain, plain_test), (augmented, augmented_test) = epoch(False), epoch(True)
+    assert augmented.shape == plain.shape == (30, 1, 28, 28)
+    np.testing.assert_array_equal(epoch(True)[0], augmented)      # deterministic
+    np.testing.assert_array_equal(augmented_test, plain_test)     # the test set is never augmented
+    # Zero padding (2 pixels) happens before normalisation, so padded pixels decode to 0.
+    padded = np.pad(denormalize_idx(plain, dataset), ((0, 0), (0, 0), (2, 2), (2, 2)))
+    transforms = []
+    for i, image in enumerate(denormalize_idx(augmented, dataset)):
+        found = [(dy, dx, flip) for dy in range(5) for dx in range(5) for flip in (False, True)
+                 if np.array_equal(image, padded[i, :, dy:dy + 28, dx:dx + 28][:, :, ::-1]
+                                   if flip else padded[i, :, dy:dy + 28, dx:dx + 28])]
+        assert len(found) == 1
+        transforms.append(found[0])
+    assert len({(dy, dx) for dy, dx, _ in transforms}) > 8       # the crops vary
+    flips = [flip for _, _, flip in transforms]
+    if dataset == "mnist":
+        assert not any(flips)                                    # a mirrored 2 is no 2
+    else:
+        assert any(flips) and not all(flips)
+    # With padding to 32x32 and 3 channels the crop works on the padded image, channels stay equal.
+    big = epoch(True, shape=(3, 32, 32))[0]
+    assert big.shape == (30, 3, 32, 32)
+    np.testing.assert_array_equal(big, np.repeat(big[:, :1], 3, axis=1))
+
+
+# ---- errors: each names the file (or folder) and says what is wrong
+
+def build_error(dataset, root):
+    with pytest.raises(data.DataError) as err:
+        data.build_data(dataset, batch_size=10, root=None if root is None else str(root), **SHARD)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "fashion_mnist"])
+def test_idx_missing_folder_or_unset_root(tmp_path, dataset):
+    missing = tmp_path / "no_such_folder"
+    message = build_error(dataset, missing)
+    assert message.startswith(dataset) and str(missing) in message and "does not exist" in message
+    assert "Nothing is downloaded" in message
+    for name in IDX_NAMES.values():
+        assert name + ".gz" in message
+    if dataset == "fashion_mnist":
+        assert "dataset-fashion-mnist" in message and "/usr/share/datasets/fashion-mnist" in message
+    else:
+        assert "dataset-fashion-mnist" not in message
+    assert "data.root is not set" in build_error(dataset, None)
+
+
+def test_idx_root_is_a_file(tmp_path):
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    path.write_bytes(b"x")
+    message = build_error("mnist", path)
+    assert str(path) in message and "is a file" in message
+
+
+@pytest.mark.parametrize("key", sorted(IDX_NAMES))
+def test_idx_one_missing_file_is_named(idx_root, key):
+    os.remove(str(idx_root / (IDX_NAMES[key] + ".gz")))
+    message = build_error("fashion_mnist", idx_root)
+    lacks = message.split("Nothing is downloaded")[0]
+    assert str(idx_root) in lacks and IDX_NAMES[key] in lacks
+    assert [name for name in IDX_NAMES.values() if name in lacks] == [IDX_NAMES[key]]
+
+
+def header(type_byte, ndim, *dims):
+    return bytes([0, 0, type_byte, ndim]) + struct.pack(f">{len(dims)}I", *dims)
+
+
+@pytest.mark.parametrize("gz", [True, False], ids=["gz", "plain"])
+@pytest.mark.parametrize("case", ["truncated", "truncated_header", "short", "magic", "type", "ndim",
+                                  "trailing", "not_28x28"])
+def test_idx_malformed_file_named(tmp_path, idx_arrays, gz, case):
+    write_idx_set(tmp_path, idx_arrays, gz=gz)
+    key, expected = {
+        "truncated": ("train_images", "truncated"),
+        "truncated_header": ("test_images", "truncated header"),
+        "short": ("train_labels", "not an IDX file"),
+        "magic": ("test_labels", "not an IDX file"),
+        "type": ("train_images", "element type 0x0d"),
+        "ndim": ("train_labels", "2 dimensions, expected 1"),
+        "trailing": ("test_images", "trailing bytes"),
+        "not_28x28": ("test_images", "expected 28x28"),
+    }[case]
+    good = idx_bytes(idx_arrays[key])
+    raw = {
+        "truncated": good[:-5],
+        "truncated_header": good[:10],                       # 4 + 3 * 4 = 16 header bytes needed
+        "short": b"\0\0",
+        "magic": b"\x08\x03" + good[2:],
+        "type": bytes([0, 0, 0x0D]) + good[3:],               # float32
+        "ndim": header(0x08, 2, 30, 2) + good[8:],            # 60 labels as 30 x 2
+        "trailing": good + b"\0\0\0",
+        "not_28x28": idx_bytes(idx_arrays["test_images"][:, :27]),   # 27 x 28 images
+    }[case]
+    path = write_raw(tmp_path, key, raw, gz=gz)
+    message = build_error("mnist", tmp_path)
+    assert message.startswith(path) and expected in message
+
+
+def test_idx_truncated_message_gives_sizes(tmp_path, idx_arrays):
+    write_idx_set(tmp_path, idx_arrays)
+    path = write_raw(tmp_path, "train_images", idx_bytes(idx_arrays["train_images"])[:-5])
+    message = build_error("mnist", tmp_path)
+    need = 16 + 60 * 28 * 28
+    assert f"{need - 5} bytes" in message and f"needs {need}" in message and "(60, 28, 28)" in message
+    assert message.startswith(path)
+
+
+@pytest.mark.parametrize("part", ["train", "test"])
+def test_idx_image_label_count_mismatch(tmp_path, idx_arrays, part):
+    write_idx_set(tmp_path, idx_arrays)
+    labels = idx_arrays[f"{part}_labels"][:-1]
+    write_raw(tmp_path, f"{part}_labels", idx_bytes(labels))
+    message = build_error("fashion_mnist", tmp_path)
+    n = len(idx_arrays[f"{part}_images"])
+    assert f"{IDX_NAMES[part + '_images']}.gz holds {n} images" in message
+    assert f"{IDX_NAMES[part + '_labels']}.gz {n - 1} labels" in message
+
+
+@pytest.mark.parametrize("part,value", [("train", 10), ("test", 255)])
+def test_idx_label_out_of_range(tmp_path, idx_arrays, part, value):
+    write_idx_set(tmp_path, idx_arrays)
+    labels = idx_arrays[f"{part}_labels"].copy()
+    labels[3] = value
+    path = write_raw(tmp_path, f"{part}_labels", idx_bytes(labels))
+    message = build_error("mnist", tmp_path)
+    assert message.startswith(path) and "0..9" in message and f"found {value}" in message
+
+
+@pytest.mark.parametrize("damage", ["not_gzip", "cut_stream", "bad_crc", "bad_deflate"])
+def test_idx_corrupt_gzip_named(tmp_path, idx_arrays, damage):
+    write_idx_set(tmp_path, idx_arrays)
+    path = str(tmp_path / (IDX_NAMES["test_images"] + ".gz"))
+    content = gzip.compress(idx_bytes(idx_arrays["test_images"]))
+    if damage == "not_gzip":
+        content = idx_bytes(idx_arrays["test_images"])          # plain bytes under a .gz name
+    elif damage == "cut_stream":
+        content = content[:len(content) // 2]
+    elif damage == "bad_deflate":
+        # A damaged stored-block header right after the 10-byte gzip header: zlib rejects the stream
+        # itself (zlib.error, not the OSError of a bad checksum).
+        content = content[:12] + bytes(b ^ 0xFF for b in content[12:20]) + content[20:]
+    else:
+        content = content[:-8] + bytes(b ^ 0xFF for b in content[-8:-4]) + content[-4:]
+    with open(path, "wb") as f:
+        f.write(content)
+    message = build_error("mnist", tmp_path)
+    assert message.startswith(path + ": cannot read")

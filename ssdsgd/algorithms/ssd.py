@@ -101,7 +101,18 @@ def probe_costs(kv, measure_backward, num_params, repeats=3):
     agreed = mx.nd.zeros(3)
     kv.pull(shared, out=agreed)
     alpha, beta, backward = (float(v) for v in agreed.asnumpy())
-    return {"alpha": alpha, "beta": beta, "backward": backward}
+    return quantise_costs({"alpha": alpha, "beta": beta, "backward": backward})
+
+
+def quantise_costs(cost, steps_per_octave=2):
+    """Round each measured cost to a grid of 2**(1/steps_per_octave) (half-octaves by default).
+
+    The timings vary by tens of percent from run to run on a shared machine; planned from the raw
+    numbers, the same config got 22 to 65 buffers on one machine, so no two runs were comparable.
+    On the grid, noise below ~19% either way cannot change the plan."""
+    def q(x):
+        return float(2.0 ** (round(np.log2(x) * steps_per_octave) / steps_per_octave)) if x > 0 else 0.0
+    return {name: q(v) for name, v in cost.items()}
 
 
 class RoundClient:
@@ -158,16 +169,22 @@ class RoundClient:
         os.environ["MXNET_KVSTORE_BIGARRAY_BOUND"] = str(1 << 30)
         return "dist_async"
 
-    def _plan(self):
+    def _plan(self, saved_cost=None):
+        """Buffers and encoders. A resumed run plans from the costs its checkpoint recorded, so it gets
+        the plan the servers saved, whatever the link and the load are now."""
         comp, kv = self.cfg.compression, self.kv
         cost = None
         if comp.buffers == "cost_model":
-            cost = probe_costs(kv, self.measure_backward, sum(p.data().size for p in self.params))
+            cost = saved_cost or probe_costs(kv, self.measure_backward, sum(p.data().size for p in self.params))
             self.stats["cost_model"] = cost
         shapes = [p.shape for p in self.params]
         self.stages = make_stages(shapes, num_servers(kv), comp, kv.rank, momentum=self.cfg.train.momentum,
                                   cost=cost, seed=self.cfg.seed)
         self.buffers, self.encoders = self.stages[-1]          # the steady state
+        if comp.fusion == "behind" and comp.type != "none" and all(len(b.params) == 1 for b in self.buffers):
+            raise ValueError(f"compression.fusion: behind over {len(self.buffers)} buffers of one tensor each "
+                             f"is sparsification ahead of fusion under another name; use compression.buffers: "
+                             f"one or fixed (a global top-k per buffer), or fusion: ahead")
         total = sum(b.size for b in self.buffers)
         self.stats.update(buffers=len(self.buffers), buffer_sizes=[b.size for b in self.buffers],
                           density_sent=sum(b.k for b in self.buffers) / total)
@@ -179,13 +196,18 @@ class RoundClient:
         self.clock_bufs = [mx.nd.zeros(1) for b in self.buffers]
         self.versions = [0] * len(self.buffers)
 
-    def setup(self, resume_dir=None):
+    def setup(self, resume_dir=None, saved_meta=None):
         """Plan, install the plan on the servers, initialise and bind the keys, get the weights.
 
         On resume the servers load their buffers from the checkpoint and the parameters already
         hold this worker's saved local weights (see load_state), so nothing is pulled here."""
         kv, train = self.kv, self.cfg.train
-        self._plan()
+        self._plan(saved_cost=(saved_meta or {}).get("cost_model"))
+        if kv.rank == 0:
+            sizes = [b.size for b in self.buffers]
+            print(f"buffer plan ({self.cfg.compression.buffers}): {len(sizes)} buffers of "
+                  f"{', '.join(map(str, sizes)) if len(sizes) <= 12 else f'{min(sizes)}..{max(sizes)}'} elements"
+                  + (f", from costs {self.stats['cost_model']}" if "cost_model" in self.stats else ""), flush=True)
         per_buffer = list(zip(*[bufs for bufs, _ in self.stages]))     # buffer -> itself per stage
         if kv.rank == 0:
             commands.send(kv, {
@@ -225,6 +247,8 @@ class RoundClient:
             arrays.update({f"residual{k}": v.asnumpy() for k, v in memory.residual.items()})
             arrays.update({f"velocity{k}": v.asnumpy() for k, v in memory.velocity.items()})
         meta = {"versions": self.versions, "pending_pull": self.pending_pull,
+                "cost_model": self.stats.get("cost_model"),
+                "tensor_counts": [[getattr(e, "counts", None) for e in encs] for _, encs in self.stages],
                 "local_counts": {str(k): c for k, c in self.local_opt._index_update_count.items()},
                 "local_num_update": self.local_opt.num_update}
         return arrays, meta
@@ -242,6 +266,10 @@ class RoundClient:
                     memory.residual[int(name[len("residual"):])] = mx.nd.array(arr)
                 elif name.startswith("velocity"):
                     memory.velocity[int(name[len("velocity"):])] = mx.nd.array(arr)
+        for (_, encs), counts in zip(self.stages, meta["tensor_counts"]):
+            for e, c in zip(encs, counts):
+                if c is not None:          # compression.allocation: gradient re-allocates them
+                    e.counts = list(c)
         self.versions = list(meta["versions"])
         self.pending_pull = meta["pending_pull"]
         self.watch = PullWatch([])         # the saved pull buffers have landed

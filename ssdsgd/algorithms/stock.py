@@ -33,7 +33,7 @@ class StockClient:
     def kvstore_type(cfg):
         return "dist_sync" if cfg.algorithm.type == "ssgd" else "dist_async"
 
-    def setup(self, resume_dir=None):
+    def setup(self, resume_dir=None, saved_meta=None):     # saved_meta: unused on the stock path
         """On resume the parameters hold the checkpoint's weights (rank 0's become the servers'),
         and the servers reload their optimizer state."""
         kv, cfg = self.kv, self.cfg

@@ -52,7 +52,7 @@ class DenseEncoder:
 class SparseEncoder:
     codec = "sparse"
 
-    def __init__(self, buffer, compressor, memory, whole, behind=False):
+    def __init__(self, buffer, compressor, memory, whole, behind=False, allocate_every=0):
         self.buffer = buffer
         self.compressor = compressor
         self.memory = memory
@@ -62,6 +62,8 @@ class SparseEncoder:
         self.whole_idx = {j: mx.nd.arange(n, dtype="float32") for j, (n, w) in
                           enumerate(zip(buffer.sizes, whole)) if w}
         self.offsets = buffer.offsets
+        self.counts = list(buffer.counts)       # k_i per tensor; their sum (the message size) is fixed
+        self.allocate_every = allocate_every    # compression.allocation: gradient (0: by size, fixed)
 
     def encode(self, grads, step):
         """The payload as float32: [idx, val], or for the fp16 wire [idx high, idx low, val]."""
@@ -69,10 +71,13 @@ class SparseEncoder:
         if self.behind:
             idx, val = self._sparsify(flatten(grads), b.k, key=-1 - b.id, step=step)
         else:
+            accs = [self.memory.accumulate(b.params[j], g.reshape(-1)) for j, g in enumerate(grads)]
+            if self.allocate_every and step % self.allocate_every == 0:
+                self.counts = allocate_by_threshold(accs, self.counts, self.whole_idx)
             idx_parts, val_parts = [], []
-            for j, g in enumerate(grads):
-                i, v = self._sparsify(g.reshape(-1), b.counts[j], key=b.params[j], step=step,
-                                      fixed_idx=self.whole_idx.get(j))
+            for j, acc in enumerate(accs):
+                i, v = self._select(acc, self.counts[j], key=b.params[j], step=step,
+                                    fixed_idx=self.whole_idx.get(j))
                 idx_parts.append(i + self.offsets[j] if self.offsets[j] else i)
                 val_parts.append(v)
             idx = mx.nd.concat(*idx_parts, dim=0) if len(idx_parts) > 1 else idx_parts[0]
@@ -87,8 +92,10 @@ class SparseEncoder:
         return msg.astype("float16") if self.fp16 else msg
 
     def _sparsify(self, x, k, key, step, fixed_idx=None):
-        """Select (or, for a tensor sent whole, take every index), send, remember the rest."""
-        acc = self.memory.accumulate(key, x)
+        """Accumulate, select (or, for a tensor sent whole, take every index), send, remember the rest."""
+        return self._select(self.memory.accumulate(key, x), k, key, step, fixed_idx)
+
+    def _select(self, acc, k, key, step, fixed_idx=None):
         idx = self.compressor.select(acc, k, key, step) if fixed_idx is None else fixed_idx
         val = mx.nd.take(acc, idx)
         lost = None
@@ -97,8 +104,40 @@ class SparseEncoder:
             val, lost = sent, val - sent
         # Every value sent (a small tensor sent whole, a 1-element tensor, a density-1 stage): keep
         # the momentum, see Memory.update.
-        self.memory.update(key, acc, idx, lost, whole=fixed_idx is not None or k >= x.shape[0])
+        self.memory.update(key, acc, idx, lost, whole=fixed_idx is not None or k >= acc.shape[0])
         return idx, val
+
+
+def allocate_by_threshold(accs, counts, whole_idx):
+    """New k_i for the sparsified tensors of one buffer, same total (the message size is fixed):
+    as many values from each tensor as a top-k over the whole buffer would take (the entries at or
+    above the buffer's K-th largest magnitude), but at least one per tensor, so every tensor still
+    sends every step (sparsification ahead's guarantee). Tensors sent whole keep their counts.
+
+    Per-tensor quotas proportional to size starve tensors whose few values carry large gradients
+    (the classifier, the first convolution, BatchNorm); this spends the same budget where the
+    accumulated gradient is. One host sync (a copy of the buffer's magnitudes): run it every
+    compression.allocate_every steps, not every step."""
+    part = [j for j in range(len(accs)) if j not in whole_idx]
+    budget = sum(counts[j] for j in part)
+    if len(part) < 2:
+        return list(counts)
+    mags = [np.abs(a.asnumpy()) for a in (accs[j] for j in part)]
+    sizes = np.array([m.size for m in mags])
+    flat = np.concatenate(mags)
+    tau = np.partition(flat, flat.size - budget)[flat.size - budget]
+    above = np.array([int((m > tau).sum()) for m in mags])
+    ties = np.array([int((m == tau).sum()) for m in mags])
+    # Entries equal to tau (all of them when most are 0) fill the rest of the budget in tensor order.
+    want = above + np.minimum(ties, np.maximum(0, budget - above.sum() - np.concatenate([[0], np.cumsum(ties)[:-1]])))
+    new = np.maximum(want, 1)
+    # The floor of one can overshoot by at most one per tensor: take the excess from the largest quotas.
+    for _ in range(int(new.sum()) - budget):
+        new[int(np.argmax(new))] -= 1
+    out = list(counts)
+    for j, c in zip(part, new):
+        out[j] = int(c)
+    return out
 
 
 def tensor_counts(shapes, comp, density=None):
@@ -138,8 +177,9 @@ def make_encoders(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, s
 
 
 def _sparse_encoders(buffers, compressor, memory, whole, comp):
+    every = comp.allocate_every if comp.allocation == "gradient" else 0
     return [SparseEncoder(b, compressor, memory, [whole[i] for i in b.params],
-                          behind=comp.fusion == "behind") for b in buffers]
+                          behind=comp.fusion == "behind", allocate_every=every) for b in buffers]
 
 
 def make_stages(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, seed=0):

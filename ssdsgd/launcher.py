@@ -466,7 +466,7 @@ def _cleanup(children):
         if c.popen.stdin:
             try:
                 c.popen.stdin.close()
-            except BrokenPipeError:
+            except OSError:  # ssh already gone
                 pass
     _signal_groups([c for c in children if not c.ssh], signal.SIGTERM)
     deadline = time.monotonic() + TERM_GRACE

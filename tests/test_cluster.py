@@ -336,3 +336,21 @@ def test_two_servers_on_two_hosts_match_one_server(vc, tmp_path, config, sets):
     assert models[1].keys() == models[2].keys()
     for k in models[1]:
         np.testing.assert_allclose(models[2][k], models[1][k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.timeout(60)
+def test_ssh_user_identity_and_options_without_a_config_file(vc, tmp_path):
+    """What a cluster without an ssh config file needs: user, key and -o options from the command line."""
+    toy = tmp_path / "toy"
+    toy.mkdir()
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(f"{vc.addresses[1]}\n{vc.addresses[2]}:22\n")
+    argv = vc.exec_argv(0, [sys.executable, LAUNCH, "-n", "1", "-s", "1", "--launcher", "ssh", "-H", str(hostfile),
+                            "--ssh-user", "root", "--ssh-identity", vc.key,
+                            "--ssh-option", "UserKnownHostsFile=/dev/null", "--ssh-option", "LogLevel=ERROR",
+                            "--interface", "eth0", "--env", f"TOY_DIR={toy}", "python", "-c", TOY])
+    rc, out = _finish(*_start(argv, tmp_path), timeout=40)
+    assert rc == 0, out
+    seen = {p.name: json.loads(p.read_text()) for p in toy.iterdir()}
+    assert seen["server0"]["DMLC_NODE_HOST"] == vc.addresses[1]
+    assert seen["worker0"]["DMLC_NODE_HOST"] == vc.addresses[2]

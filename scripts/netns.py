@@ -150,43 +150,13 @@ class Namespace:
         """The argv running `command` inside the namespace."""
         return ["ip", "netns", "exec", self.name] + list(command)
 
-    def inode(self):
-        return os.stat(os.path.join(NETNS_DIR, self.name)).st_ino
-
     def pids(self):
         """PIDs of the processes inside the namespace (what `ip netns pids` prints), without a fork."""
-        try:
-            ino = self.inode()
-        except FileNotFoundError:
-            return []
-        found = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    if os.stat(f"/proc/{entry}/ns/net").st_ino == ino:
-                        found.append(int(entry))
-                except OSError:
-                    continue
-        return found
+        return pids_in(self.name)
 
     def kill_all(self, grace=3.0):
-        """SIGTERM, then SIGKILL, every process still inside the namespace."""
-        pids = self.pids()
-        if not pids:
-            return []
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for pid in pids:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline:
-                pids = [p for p in pids if _alive(p)]
-                if not pids:
-                    return []
-                time.sleep(0.05)
-        return pids
+        """SIGTERM, then SIGKILL, every process still inside the namespace; returns the survivors."""
+        return kill_pids(self.pids(), grace)
 
     def counters(self, iface="lo"):
         """Exact byte/packet counters of the namespace's lo: {tx_bytes, rx_bytes, tx_packets, ...}."""
@@ -205,6 +175,41 @@ def _alive(pid):
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def pids_in(name):
+    """PIDs of the processes living in network namespace `name` (matched by its inode), without a fork."""
+    try:
+        ino = os.stat(os.path.join(NETNS_DIR, name)).st_ino
+    except FileNotFoundError:
+        return []
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}/ns/net").st_ino == ino:
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def kill_pids(pids, grace=3.0):
+    """SIGTERM, then SIGKILL after `grace` seconds, the given PIDs; returns those still alive."""
+    pids = [p for p in pids if _alive(p)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while pids and time.monotonic() < deadline:
+            pids = [p for p in pids if _alive(p)]
+            time.sleep(0.05)
+        if not pids:
+            break
+    return pids
 
 
 def read_status_kb(pid, field="VmHWM"):

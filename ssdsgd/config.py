@@ -101,6 +101,18 @@ class ListField(Field):
         return value
 
 
+class StrListField(Field):
+    """A list of non-empty strings."""
+
+    def __init__(self, default, doc=""):
+        super().__init__(list, default, doc=doc)
+
+    def check(self, path, value):
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise ConfigError(f"{path}: expected a list of strings, got {value!r}")
+        return list(value)
+
+
 ALGORITHMS = ("ssgd", "asgd", "ssd")
 DATASETS = ("digits", "cifar10", "mnist", "fashion_mnist", "imagenet", "synthetic")
 IN_MEMORY_DATASETS = ("digits", "cifar10", "mnist", "fashion_mnist")   # can be cut down and split
@@ -117,7 +129,12 @@ SCHEMA = {
         "hostfile": Field(str, None, nullable=True),
         "interface": Field(str, None, nullable=True, doc="network interface for ssh runs"),
         "timeout": Field(float, 3600.0, gt=0, doc="global job timeout, seconds"),
-        "stall_timeout": Field(float, 300.0, gt=0, doc="a worker silent this long fails the job"),
+        "stall_timeout": Field(float, 300.0, nullable=True, min=0,
+                               doc="a worker silent this long fails the job; null or 0: never"),
+        "ssh_user": Field(str, None, nullable=True, doc="ssh launcher: login user (ssh -l)"),
+        "ssh_identity": Field(str, None, nullable=True, doc="ssh launcher: private key file (ssh -i)"),
+        "ssh_config": Field(str, None, nullable=True, doc="ssh launcher: ssh configuration file (ssh -F)"),
+        "ssh_options": StrListField([], doc="ssh launcher: extra `Option=value` items (ssh -o)"),
         "port": Field(int, None, nullable=True, min=1, max=65535, doc="scheduler port; default: a free one"),
     },
     "data": {

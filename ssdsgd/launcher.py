@@ -4,8 +4,13 @@ Like MXNet's tools/launch.py (dmlc tracker), every role runs the SAME command; t
 branches on DMLC_ROLE. Unlike the dmlc tracker, any crashed, killed or stalled process stops
 the whole job with a non-zero exit code, and no process is left behind.
 
-Exit codes: 0 success, 1 a process failed or stalled, 2 bad usage, 124 timeout,
-128+signum when the launcher got SIGINT/SIGTERM.
+Exit codes: 0 success, 1 a process failed or stalled (or a remote process could not be confirmed
+gone), 2 bad usage, 124 timeout, 128+signum when the launcher got SIGINT/SIGTERM.
+
+ssh jobs: the scheduler runs here; each server and worker runs on its host under ssdsgd/remote.py
+(shipped as source), which starts it in its own process group, reports the group id and how the
+role ended, and ends the group when the ssh connection closes. Cleanup ends every reported group
+over ssh (SIGTERM, SIGKILL after TERM_GRACE) and checks that none is left.
 
 Standard library only: this module must not import mxnet.
 """
@@ -13,14 +18,12 @@ import argparse
 import collections
 import ctypes
 import errno
-import fcntl
 import os
 import re
 import secrets
 import shlex
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -28,15 +31,20 @@ import threading
 import time
 from typing import NamedTuple, Optional
 
+from ssdsgd import remote
+
 SECRET_ENV = 'SSDSGD_JOB_SECRET'
 HEARTBEAT_ENV = 'SSDSGD_HEARTBEAT_FILE'
 POLL_SECONDS = 0.1
 SHUTDOWN_GRACE = 10.0  # ps-lite servers/scheduler exit by themselves shortly after the workers
 TERM_GRACE = 3.0       # between SIGTERM and SIGKILL during cleanup
 TAIL_LINES = 30        # output lines kept per process for failure reports
-SSH_PORT = 22
-SIOCGIFADDR = 0x8915   # <linux/sockios.h>
+REMOTE_KILL_TIMEOUT = 20.0  # one ssh round to a host that ends and checks its process groups
 PR_SET_PDEATHSIG = 1   # <linux/prctl.h>
+
+HOOKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'pyhooks')  # sitecustomize for roles
+RANK_MARK = 'rank'     # a role prints `remote.MARK + 'rank N'` once it knows its KVStore rank
+_REMOTE_SOURCE = None  # ssdsgd/remote.py's text, read on first use
 
 # Resolved once here: the preexec_fn runs between fork and exec and must do as little as possible.
 _prctl = ctypes.CDLL(None, use_errno=True).prctl
@@ -53,10 +61,21 @@ class _Spec(NamedTuple):
     argv: list             # what the launcher executes on this machine
     env: dict              # variables the launcher sets (added to os.environ locally, exported via stdin for ssh)
     stdin: Optional[str]   # script fed to `ssh ... bash -s`; None for local processes
+    ssh: Optional[list]    # ssh argv up to and including the host, for cleanup; None for local processes
+
+
+class Host(NamedTuple):
+    """One host file line: `host[:sshport] [slots=N] [interface=IF] [python=PATH]`."""
+    name: str
+    port: Optional[int] = None     # None: ssh's default (or the ssh config file's)
+    slots: int = 1
+    interface: Optional[str] = None
+    python: Optional[str] = None
 
 
 def read_hostfile(path):
-    """Return [(host, ssh_port)] from a file of `host` or `host:port` lines; '#' starts a comment."""
+    """Return [Host] from a host file; '#' starts a comment. `slots=N` is the MPI-style count of
+    processes the host takes before the next host gets one (default 1)."""
     try:
         with open(path) as f:
             text = f.read()
@@ -67,10 +86,21 @@ def read_hostfile(path):
         line = line.split('#', 1)[0].strip()
         if not line:
             continue
-        host, sep, port = line.partition(':')
-        if sep and not port.isdigit():
-            raise UsageError(f'bad line in hostfile {path}: {line!r}')
-        hosts.append((host, int(port) if sep else SSH_PORT))
+        first, *options = line.split()
+        name, sep, port = first.partition(':')
+        if not name or (sep and not port.isdigit()) or '=' in first:
+            raise UsageError(f'bad host in hostfile {path}: {line!r} (expected host or host:sshport first)')
+        fields = {}
+        for opt in options:
+            key, eq, value = opt.partition('=')
+            if not eq or key not in ('slots', 'interface', 'python') or not value:
+                raise UsageError(f'bad option {opt!r} in hostfile {path} (known: slots=N, interface=IF, python=PATH)')
+            fields[key] = value
+        if 'slots' in fields:
+            if not fields['slots'].isdigit() or int(fields['slots']) < 1:
+                raise UsageError(f'bad slots in hostfile {path}: {line!r} (a positive integer)')
+            fields['slots'] = int(fields['slots'])
+        hosts.append(Host(name, int(port) if sep else None, **fields))
     if not hosts:
         raise UsageError(f'hostfile {path} lists no hosts')
     return hosts
@@ -78,12 +108,18 @@ def read_hostfile(path):
 
 def interface_ip(name):
     """IPv4 address of a network interface on this machine."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            ifreq = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack('256s', name.encode()[:15]))
-        except OSError:
-            raise UsageError(f'network interface {name!r} does not exist or has no IPv4 address') from None
-    return socket.inet_ntoa(ifreq[20:24])  # struct ifreq: 16-byte name, then sockaddr_in (family, port, addr)
+    address = remote.interface_ip(name)
+    if address is None:
+        raise UsageError(f'network interface {name!r} does not exist or has no IPv4 address')
+    return address
+
+
+def _remote_source():
+    global _REMOTE_SOURCE
+    if _REMOTE_SOURCE is None:
+        with open(remote.__file__) as f:
+            _REMOTE_SOURCE = f.read()
+    return _REMOTE_SOURCE
 
 
 def _pick_port(host, port):
@@ -107,40 +143,73 @@ def _roles(num_workers, num_servers):
             + [('worker', i, f'worker {i}') for i in range(num_workers)])
 
 
-def _role_env(job_env, role, task_id, name):
-    return {**job_env, 'DMLC_ROLE': role, 'DMLC_TASK_ID': str(task_id), 'SSDSGD_ROLE_NAME': name}
+def _role_env(job_env, role, task_id, name, job_dir=None, role_env=None):
+    env = {**job_env, **(role_env or {}).get(role, {}),
+           'DMLC_ROLE': role, 'DMLC_TASK_ID': str(task_id), 'SSDSGD_ROLE_NAME': name}
+    if role == 'worker' and job_dir:
+        env[HEARTBEAT_ENV] = os.path.join(job_dir, f'worker{task_id}.hb')  # the launcher watches its mtime
+    return env
 
 
-def _ssh_specs(command, hosts, num_workers, num_servers, env, cwd):
+def ssh_base(host, ssh_options=()):
+    """ssh argv up to the host. User options come first: ssh keeps the first value it sees."""
+    argv = ['ssh', *ssh_options, '-o', 'StrictHostKeyChecking=no', '-o', 'BatchMode=yes']
+    if host.port is not None:
+        argv += ['-p', str(host.port)]
+    return argv + [host.name]
+
+
+def _with_interpreter(command, python):
+    """A command starting with `python`, `python3` or the launching interpreter runs `python` instead:
+    roles use the launching interpreter (and its virtual environment) unless the host file names one."""
+    if command and command[0] in ('python', 'python3', sys.executable):
+        return [python] + list(command[1:])
+    return list(command)
+
+
+def _placement(hosts, count):
+    """Host of each of `count` processes: round robin over the hosts, each taking `slots` in a row."""
+    cycle = [h for h in hosts for _ in range(h.slots)]
+    return [cycle[i % len(cycle)] for i in range(count)]
+
+
+def _ssh_specs(command, hosts, num_workers, num_servers, env, cwd, ssh_options=(), job_dir=None, role_env=None):
     specs = []
-    # Servers and workers share one round-robin counter, so servers do not pile up with worker 0.
-    for i, (role, task_id, name) in enumerate(_roles(num_workers, num_servers)[1:]):
-        host, ssh_port = hosts[i % len(hosts)]
-        role_env = _role_env(env, role, task_id, name)
+    roles = _roles(num_workers, num_servers)[1:]
+    # Servers and workers share one placement, so servers do not pile up with worker 0.
+    for (role, task_id, name), host in zip(roles, _placement(hosts, len(roles))):
+        this_env = _role_env(env, role, task_id, name, job_dir, role_env)
+        if host.interface:
+            this_env['SSDSGD_HOST_INTERFACE'] = host.interface
+        python = host.python or sys.executable
         # The environment (with the secret) goes on stdin: argv is visible to every user via ps.
+        # PATH starts with the interpreter's folder, so a bare `python` in the command (or in a shell
+        # command) is that interpreter: the launching one unless the host file names another.
         script = ('set -e\n'
-                  + ''.join(f'export {k}={shlex.quote(v)}\n' for k, v in role_env.items())
+                  + ''.join(f'export {k}={shlex.quote(v)}\n' for k, v in this_env.items())
+                  + f'export PATH={shlex.quote(os.path.dirname(python))}:"$PATH"\n'
                   + f'cd {shlex.quote(cwd)}\n'
-                  + f'exec {shlex.join(command)}\n')
-        argv = ['ssh', '-o', 'StrictHostKeyChecking=no', '-o', 'BatchMode=yes',
-                '-p', str(ssh_port), host, 'bash -s']
-        specs.append(_Spec(name, host, argv, role_env, script))
+                  + f'exec {shlex.quote(python)} -c {shlex.quote(_remote_source())} '
+                  + f'{shlex.join(_with_interpreter(command, python))}\n')
+        base = ssh_base(host, ssh_options)
+        specs.append(_Spec(name, host.name, base + ['bash -s'], this_env, script, base))
     return specs
 
 
-def build_ssh_commands(command, hosts, num_workers, num_servers, env, cwd):
+def build_ssh_commands(command, hosts, num_workers, num_servers, env, cwd, ssh_options=()):
     """Plan the remote (server and worker) processes of an ssh job.
 
-    hosts: [(host, ssh_port)] as returned by read_hostfile; env: job variables to export
+    hosts: [Host] as returned by read_hostfile; env: job variables to export
     (DMLC_*, the secret, user variables); the per-role DMLC_ROLE, DMLC_TASK_ID and
     SSDSGD_ROLE_NAME are added here. Returns [(role_name, ssh_argv, stdin_script)].
     """
-    return [(s.name, s.argv, s.stdin) for s in _ssh_specs(command, hosts, num_workers, num_servers, env, cwd)]
+    return [(s.name, s.argv, s.stdin)
+            for s in _ssh_specs(command, hosts, num_workers, num_servers, env, cwd, ssh_options)]
 
 
 def _plan(command, num_workers, num_servers, launcher, hostfile, env, port, interface,
-          timeout, stall_timeout, heartbeat_dir):
-    """Validate the job and return (specs in start order, secret)."""
+          timeout, stall_timeout, job_dir, ssh_options=(), role_env=None):
+    """Validate the job and return (specs in start order, secret). role_env: {role: {K: V}}."""
     if not command:
         raise UsageError('no command given')
     if num_workers < 1 or num_servers < 1:
@@ -150,16 +219,16 @@ def _plan(command, num_workers, num_servers, launcher, hostfile, env, port, inte
     for label, value in (('--timeout', timeout), ('--stall-timeout', stall_timeout)):
         if value is not None and value <= 0:
             raise UsageError(f'{label} must be > 0')
-    for key in env:
+    for key in [*env, *(k for r in (role_env or {}).values() for k in r)]:
         if not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', key):
             raise UsageError(f'bad environment variable name {key!r}')
+    if len(command) == 1 and re.search(r'[\s;&|<>$`\'"*?]', command[0]):
+        command = ['/bin/sh', '-c', command[0]]  # one string: a shell command line, as MXNet's launcher runs it
 
     if launcher == 'local':
         interface = interface or 'lo'
         root_uri = '127.0.0.1'
     elif launcher == 'ssh':
-        if stall_timeout is not None:
-            raise UsageError('--stall-timeout needs --launcher local (heartbeat files are local files)')
         if not hostfile:
             raise UsageError('--launcher ssh needs -H HOSTFILE')
         hosts = read_hostfile(hostfile)
@@ -170,28 +239,38 @@ def _plan(command, num_workers, num_servers, launcher, hostfile, env, port, inte
         raise UsageError(f'unknown launcher {launcher!r}')
 
     secret = secrets.token_hex(32)
+    python_path = [HOOKS_DIR, env.get('PYTHONPATH', os.environ.get('PYTHONPATH'))]
     job_env = {
         **env,
-        'OMP_NUM_THREADS': env.get('OMP_NUM_THREADS', os.environ.get('OMP_NUM_THREADS', '1')),
         'DMLC_PS_ROOT_URI': root_uri,
         'DMLC_PS_ROOT_PORT': str(_pick_port(root_uri, port)),
         'DMLC_NUM_WORKER': str(num_workers),
         'DMLC_NUM_SERVER': str(num_servers),
         'DMLC_INTERFACE': interface,
+        # pyhooks/sitecustomize.py: an uncaught exception ends a role at once (see that file).
+        'PYTHONPATH': os.pathsep.join(filter(None, python_path)),
         SECRET_ENV: secret,
     }
+    if 'OMP_NUM_THREADS' not in env and 'OMP_NUM_THREADS' not in os.environ:
+        # Several roles per machine would each start one thread per core and fight over them.
+        print('launch: OMP_NUM_THREADS is not set; using 1 per process (set it to choose)', file=sys.stderr)
+        job_env['OMP_NUM_THREADS'] = '1'
+    elif launcher == 'ssh' and 'OMP_NUM_THREADS' not in env:
+        job_env['OMP_NUM_THREADS'] = os.environ['OMP_NUM_THREADS']  # as MXNet's ssh launcher forwards it
+
+    # Local processes: ps-lite binds this address; a bare `python` is the launching interpreter.
+    local_env = {**job_env, 'DMLC_NODE_HOST': root_uri,
+                 'PATH': os.pathsep.join([os.path.dirname(sys.executable), os.environ.get('PATH', '')])}
     if launcher == 'local':
-        job_env['DMLC_NODE_HOST'] = root_uri  # ps-lite then binds loopback only
-        specs = []
-        for role, task_id, name in _roles(num_workers, num_servers):
-            role_env = _role_env(job_env, role, task_id, name)
-            if role == 'worker':
-                role_env[HEARTBEAT_ENV] = os.path.join(heartbeat_dir, f'worker{task_id}.hb')
-            specs.append(_Spec(name, 'localhost', list(command), role_env, None))
+        specs = [_Spec(name, 'localhost', _with_interpreter(command, sys.executable),
+                       _role_env(local_env, role, task_id, name, job_dir, role_env), None, None)
+                 for role, task_id, name in _roles(num_workers, num_servers)]
         return specs, secret
     # ssh: the scheduler runs here, on the interface the remote hosts connect to.
-    scheduler = _Spec('scheduler', 'localhost', list(command), _role_env(job_env, 'scheduler', 0, 'scheduler'), None)
-    return [scheduler] + _ssh_specs(command, hosts, num_workers, num_servers, job_env, os.getcwd()), secret
+    scheduler = _Spec('scheduler', 'localhost', _with_interpreter(command, sys.executable),
+                      _role_env(local_env, 'scheduler', 0, 'scheduler', None, role_env), None, None)
+    return [scheduler] + _ssh_specs(command, hosts, num_workers, num_servers, job_env, os.getcwd(),
+                                    ssh_options, job_dir, role_env), secret
 
 
 def _print_plan(specs, secret):
@@ -209,14 +288,19 @@ def _die_with_parent(parent_pid):
 
 
 class _Child:
-    """A started process, the tail of its output and its heartbeat file."""
+    """A started process, the tail of its output, its heartbeat file and, for ssh, its remote group."""
 
     def __init__(self, spec):
         self.name = spec.name
+        self.host = spec.host
+        self.ssh = spec.ssh
         self.is_worker = spec.env['DMLC_ROLE'] == 'worker'
         self.heartbeat = spec.env.get(HEARTBEAT_ENV)
         self.tail = collections.deque(maxlen=TAIL_LINES)
         self.started = time.monotonic()
+        self.rank = None
+        self.pgid = None          # the remote process group (ssh), from remote.py's report
+        self.remote_code = None   # how the remote role ended (negative: signal), from remote.py
         self.popen = subprocess.Popen(
             spec.argv,
             env=None if spec.stdin else {**os.environ, **spec.env},  # ssh itself gets only our environment
@@ -225,22 +309,59 @@ class _Child:
             start_new_session=True,  # own process group: cleanup also reaches grandchildren
             preexec_fn=_die_with_parent(os.getpid()))
         if spec.stdin:
+            # The pipe stays open: remote.py ends the role when it closes (when this ssh client dies).
             try:
-                with self.popen.stdin:
-                    self.popen.stdin.write(spec.stdin.encode())
+                self.popen.stdin.write(spec.stdin.encode())
+                self.popen.stdin.flush()
             except BrokenPipeError:
                 pass  # ssh already exited; the supervisor reports its exit code
         self.reader = threading.Thread(target=self._pump, daemon=True)
         self.reader.start()
 
+    def label(self):
+        return self.name if self.rank is None else f'{self.name} (rank {self.rank})'
+
+    def _marker(self, line):
+        """Take in a `remote.MARK` line; False if it is not one of ours (it is shown then)."""
+        words = line[len(remote.MARK):].split()
+        try:
+            if words[0] == 'pgid' and self.ssh:
+                self.pgid = int(words[1])
+            elif words[0] == 'exit' and self.ssh:
+                self.remote_code = int(words[1])
+            elif words[0] == RANK_MARK:
+                self.rank = int(words[1])
+            else:
+                return False
+        except (IndexError, ValueError):
+            return False
+        return True
+
     def _pump(self):
         with self.popen.stdout as pipe:
             for raw in pipe:
                 line = raw.decode(errors='replace').rstrip('\r\n')
+                if line.startswith(remote.MARK) and self._marker(line):
+                    continue
                 self.tail.append(line)
                 with _print_lock:  # one write per line, so lines of different roles never interleave
-                    sys.stdout.write(f'[{self.name}] {line}\n')
+                    sys.stdout.write(f'[{self.label()}] {line}\n')
                     sys.stdout.flush()
+
+    def exit_code(self):
+        """How the role ended: None while running; for ssh the remote role's own code or signal."""
+        code = self.popen.poll()
+        if code is None or not self.ssh:
+            return code
+        self.reader.join(timeout=1.0)  # the exit report is the last line remote.py prints
+        return self.remote_code if self.remote_code is not None else code
+
+    def describe_exit(self):
+        code = self.exit_code()
+        if self.ssh and self.remote_code is None:
+            return f'lost: ssh to {self.host} exited with code {code} before the role reported its end'
+        where = f' on {self.host}' if self.ssh else ''
+        return _describe_exit(code) + where
 
     def idle_seconds(self):
         """Seconds since the worker last touched its heartbeat file (since its start if it never did)."""
@@ -252,9 +373,9 @@ class _Child:
     def report(self, what):
         if self.popen.returncode is not None:
             self.reader.join(timeout=1.0)  # let the reader catch the last lines the process printed
-        lines = [f'launch: {self.name} {what}']
+        lines = [f'launch: {self.label()} {what}']
         if self.tail:
-            lines += [f'launch: last output of {self.name}:'] + [f'  {line}' for line in self.tail]
+            lines += [f'launch: last output of {self.label()}:'] + [f'  {line}' for line in self.tail]
         print('\n'.join(lines), file=sys.stderr, flush=True)
 
 
@@ -277,13 +398,12 @@ def _supervise(children, timeout, stall_timeout, received):
             print(f'launch: received {signal.Signals(received[0]).name}, stopping the job', file=sys.stderr)
             return 128 + received[0]
         for c in children:
-            returncode = c.popen.poll()
-            if returncode not in (None, 0):
-                c.report(_describe_exit(returncode))
+            if c.exit_code() not in (None, 0):
+                c.report(c.describe_exit())
                 return 1
         now = time.monotonic()
-        if all(w.popen.returncode == 0 for w in workers):
-            if all(c.popen.returncode == 0 for c in children):
+        if all(w.exit_code() == 0 for w in workers):
+            if all(c.exit_code() == 0 for c in children):
                 return 0
             workers_done_at = workers_done_at or now
             if now - workers_done_at > SHUTDOWN_GRACE:
@@ -307,9 +427,48 @@ def _signal_groups(children, signum):
             pass  # the whole group is gone already
 
 
+# Run by `sh` on an ssh host with the process group ids as arguments: SIGTERM the groups, SIGKILL
+# what is left after the grace period, exit 0 only when no process of any group is left.
+_REMOTE_KILL = """
+alive() { left=; for g in "$@"; do kill -0 -- -$g 2>/dev/null && left="$left $g"; done; }
+for g in "$@"; do kill -TERM -- -$g 2>/dev/null; done
+n=0; alive "$@"
+while [ -n "$left" ] && [ $n -lt %d ]; do sleep 0.1; n=$((n+1)); alive $left; done
+for g in $left; do kill -KILL -- -$g 2>/dev/null; done
+n=0; alive $left
+while [ -n "$left" ] && [ $n -lt 20 ]; do sleep 0.1; n=$((n+1)); alive $left; done
+[ -z "$left" ] || { echo "process groups still alive:$left"; exit 1; }
+""" % int(TERM_GRACE * 10)
+
+
+def _start_remote_kills(children):
+    """One ssh per host that ends that host's reported process groups; [(host, [children], Popen)]."""
+    by_host = {}
+    for c in children:
+        if c.ssh and c.pgid is not None:
+            by_host.setdefault(tuple(c.ssh), []).append(c)
+    kills = []
+    for ssh, group in by_host.items():
+        argv = list(ssh) + [f'sh -c {shlex.quote(_REMOTE_KILL)} kill ' + ' '.join(str(c.pgid) for c in group)]
+        kills.append((group[0].host, group, subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                                             stderr=subprocess.STDOUT, start_new_session=True)))
+    return kills
+
+
 def _cleanup(children):
-    """SIGTERM every process group, SIGKILL whatever is left after TERM_GRACE, reap everything."""
-    _signal_groups(children, signal.SIGTERM)
+    """End every process of the job, here and on every ssh host; False if that cannot be confirmed.
+
+    Local process groups get SIGTERM, SIGKILL after TERM_GRACE. Remote groups are ended the same way
+    over one ssh connection per host, in parallel; closing our ssh clients' stdin also tells remote.py
+    to end its group, which covers roles that had not reported their group id yet."""
+    kills = _start_remote_kills(children)
+    for c in children:
+        if c.popen.stdin:
+            try:
+                c.popen.stdin.close()
+            except OSError:  # ssh already gone
+                pass
+    _signal_groups([c for c in children if not c.ssh], signal.SIGTERM)
     deadline = time.monotonic() + TERM_GRACE
     while any(c.popen.poll() is None for c in children) and time.monotonic() < deadline:
         time.sleep(POLL_SECONDS)
@@ -317,6 +476,23 @@ def _cleanup(children):
     for c in children:
         c.popen.wait()
         c.reader.join(timeout=1.0)
+    ok = True
+    for host, group, proc in kills:
+        try:
+            out, _ = proc.communicate(timeout=REMOTE_KILL_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+        if proc.returncode != 0:
+            ok = False
+            names = ', '.join(c.label() for c in group)
+            print(f'launch: cannot confirm that {names} on {host} ended (ssh exit {proc.returncode}): '
+                  f'{out.decode(errors="replace").strip()}', file=sys.stderr, flush=True)
+    lost = [c for c in children if c.ssh and c.pgid is None and c.remote_code is None]
+    for c in lost:
+        print(f'launch: {c.label()} on {c.host} never reported its process group; if it started, '
+              f'it ends when its ssh connection closes', file=sys.stderr, flush=True)
+    return ok
 
 
 def _catch_stop_signals(received):
@@ -336,6 +512,7 @@ def _run(specs, timeout, stall_timeout):
     received = []
     restore_signals = _catch_stop_signals(received)
     children = []
+    code = 1
     try:
         for spec in specs:
             try:
@@ -343,23 +520,46 @@ def _run(specs, timeout, stall_timeout):
             except OSError as e:
                 print(f'launch: cannot start {spec.name}: {e}', file=sys.stderr)
                 return 1
-        return _supervise(children, timeout, stall_timeout, received)
+        code = _supervise(children, timeout, stall_timeout, received)
+        return code
     finally:
-        _cleanup(children)
+        started = time.monotonic()
+        if _cleanup(children):
+            if any(c.ssh for c in children):
+                print(f'launch: every process on every host has ended ({time.monotonic() - started:.1f} s '
+                      f'cleanup)', file=sys.stderr, flush=True)
+        elif code == 0:
+            code = 1
         restore_signals()
 
 
-def run_job(command, num_workers, num_servers, *, launcher='local', hostfile=None, env=None,
-            timeout=None, port=None, interface=None, stall_timeout=None, dry_run=False):
+def run_job(command, num_workers, num_servers=None, *, launcher='local', hostfile=None, env=None,
+            timeout=None, port=None, interface=None, stall_timeout=None, dry_run=False, ssh_options=(),
+            role_env=None):
     """Run `command` as scheduler, servers and workers; return the exit code the CLI exits with.
 
-    Call from the main thread: SIGINT/SIGTERM handling and PR_SET_PDEATHSIG (which fires when
-    the forking *thread* exits) both assume it.
+    num_servers defaults to num_workers (as in MXNet's launcher). ssh_options: extra ssh arguments
+    (e.g. ['-F', config, '-i', key, '-l', user, '-o', 'Opt=v']); role_env: {role: {K: V}} added for
+    that role only ('scheduler', 'server', 'worker'). Call from the main thread:
+    SIGINT/SIGTERM handling and PR_SET_PDEATHSIG (which fires when the forking *thread* exits) both
+    assume it.
     """
-    with tempfile.TemporaryDirectory(prefix='ssdsgd-launch-') as heartbeat_dir:
+    if num_servers is None:
+        num_servers = num_workers
+    # Heartbeat files: ssh workers write them from their hosts, so for ssh jobs they live under the
+    # working directory, which every host shares (the remote roles run in it too).
+    try:
+        job_dir = tempfile.TemporaryDirectory(prefix='.ssdsgd-launch-' if launcher == 'ssh' else 'ssdsgd-launch-',
+                                              dir=os.getcwd() if launcher == 'ssh' else None)
+    except OSError as e:
+        print(f'launch: cannot create the job folder in {os.getcwd()} (the ssh launcher needs a writable '
+              f'working directory on the file system the hosts share): {e.strerror}', file=sys.stderr)
+        return 2
+    with job_dir as job_path:
         try:
             specs, secret = _plan(command, num_workers, num_servers, launcher, hostfile, dict(env or {}),
-                                  port, interface, timeout, stall_timeout, heartbeat_dir)
+                                  port, interface, timeout, stall_timeout, job_path, list(ssh_options),
+                                  role_env)
         except UsageError as e:
             print(f'launch: {e}', file=sys.stderr)
             return 2
@@ -369,11 +569,17 @@ def run_job(command, num_workers, num_servers, *, launcher='local', hostfile=Non
         return _run(specs, timeout, stall_timeout)
 
 
-def _env_pair(text):
-    key, sep, value = text.partition('=')
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f'expected K=V, got {text!r}')
-    return key, value
+def _env_item(text, *, allow_name):
+    """`K=V`, MXNet's `K:V`, or (with allow_name) a bare NAME taking its value from this environment."""
+    for sep in ('=', ':'):
+        key, found, value = text.partition(sep)
+        if found and key:
+            return key, value
+    if allow_name and re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', text):
+        if text not in os.environ:
+            raise argparse.ArgumentTypeError(f'--env {text}: {text} is not set in this environment')
+        return text, os.environ[text]
+    raise argparse.ArgumentTypeError(f'expected K=V{", K:V or NAME" if allow_name else " or K:V"}, got {text!r}')
 
 
 def _parser():
@@ -382,24 +588,65 @@ def _parser():
         description='Run COMMAND as 1 scheduler + S servers + W workers of an MXNet parameter-server job; '
                     'the command branches on DMLC_ROLE. Fails fast when any process fails.')
     p.add_argument('-n', '--num-workers', type=int, required=True, help='number of workers')
-    p.add_argument('-s', '--num-servers', type=int, required=True, help='number of servers')
+    p.add_argument('-s', '--num-servers', type=int, help='number of servers (default: the number of workers)')
     p.add_argument('--launcher', choices=('local', 'ssh'), default='local')
-    p.add_argument('-H', '--hostfile', help='ssh launcher: one host or host:sshport per line')
-    p.add_argument('--env', type=_env_pair, action='append', default=[], metavar='K=V',
-                   help='extra environment variable for every process (repeat for more)')
+    p.add_argument('-H', '--hostfile',
+                   help='ssh launcher: one `host[:sshport] [slots=N] [interface=IF] [python=PATH]` per line')
+    p.add_argument('--env', type=lambda t: _env_item(t, allow_name=True), action='append', default=[],
+                   metavar='K=V|NAME', help='environment variable for every process; a bare NAME passes its '
+                                            'value from here (repeat for more)')
+    p.add_argument('--env-server', type=lambda t: _env_item(t, allow_name=False), action='append', default=[],
+                   metavar='K=V', help='environment variable for the servers (and the scheduler) only')
+    p.add_argument('--env-worker', type=lambda t: _env_item(t, allow_name=False), action='append', default=[],
+                   metavar='K=V', help='environment variable for the workers only')
     p.add_argument('--timeout', type=float, help='stop the job (exit 124) after this many seconds')
     p.add_argument('--port', type=int, help='scheduler port (default: a free one)')
-    p.add_argument('--interface', help='network interface (default lo for local; required for ssh)')
+    p.add_argument('--interface', help='network interface of this machine (default lo for local; required '
+                                       'for ssh: the one the hosts reach it on)')
     p.add_argument('--stall-timeout', type=float,
                    help='fail when a worker does not touch its heartbeat file for this many seconds')
+    p.add_argument('--ssh-user', help='ssh: log in as this user (ssh -l)')
+    p.add_argument('--ssh-identity', help='ssh: private key file (ssh -i)')
+    p.add_argument('--ssh-config', help='ssh: configuration file (ssh -F)')
+    p.add_argument('--ssh-option', action='append', default=[], metavar='OPT=VALUE',
+                   help='ssh: extra option (ssh -o; repeat for more)')
+    p.add_argument('--sync-dst-dir', help=argparse.SUPPRESS)
     p.add_argument('--dry-run', action='store_true', help='print the planned processes and exit')
     p.add_argument('command', nargs=argparse.REMAINDER, help='command to run (optionally after --)')
     return p
 
 
+def ssh_options(user=None, identity=None, config=None, options=()):
+    """ssh arguments for the launcher from the CLI's or the YAML's ssh settings."""
+    argv = []
+    if config:
+        argv += ['-F', config]
+    if identity:
+        argv += ['-i', identity]
+    if user:
+        argv += ['-l', user]
+    for opt in options:
+        argv += ['-o', opt]
+    return argv
+
+
 def main(argv=None):
     args = _parser().parse_args(argv)
+    if args.sync_dst_dir:
+        # MXNet's launcher copies the working folder to every host; ours runs it in place on shared storage.
+        print('launch: --sync-dst-dir is not supported: the working directory must be on a file system '
+              'every host shares (the roles run in it)', file=sys.stderr)
+        sys.exit(2)
+    for path, what in ((args.ssh_identity, '--ssh-identity'), (args.ssh_config, '--ssh-config')):
+        if path and not os.path.isfile(path):
+            print(f'launch: {what}: file {path} does not exist', file=sys.stderr)
+            sys.exit(2)
     command = args.command[1:] if args.command[:1] == ['--'] else args.command
+    env = dict(args.env)
+    role_env = {'server': dict(args.env_server), 'scheduler': dict(args.env_server),
+                'worker': dict(args.env_worker)}
     sys.exit(run_job(command, args.num_workers, args.num_servers, launcher=args.launcher,
-                     hostfile=args.hostfile, env=dict(args.env), timeout=args.timeout, port=args.port,
-                     interface=args.interface, stall_timeout=args.stall_timeout, dry_run=args.dry_run))
+                     hostfile=args.hostfile, env=env, timeout=args.timeout, port=args.port,
+                     interface=args.interface, stall_timeout=args.stall_timeout, dry_run=args.dry_run,
+                     ssh_options=ssh_options(args.ssh_user, args.ssh_identity, args.ssh_config, args.ssh_option),
+                     role_env=role_env))

@@ -23,8 +23,11 @@ def preflight(cfg, resume):
         what = "is a file, not a folder" if os.path.exists(root) else "does not exist"
         return (f"data.root: {root} {what} (put the {cfg.data.dataset} files in that folder; "
                 f"nothing is downloaded)")
-    if cfg.cluster.launcher == "ssh" and not os.path.isfile(cfg.cluster.hostfile):
-        return f"cluster.hostfile: file {cfg.cluster.hostfile} does not exist"
+    if cfg.cluster.launcher == "ssh":
+        for key in ("hostfile", "ssh_identity", "ssh_config"):
+            path = getattr(cfg.cluster, key)
+            if path and not os.path.isfile(path):
+                return f"cluster.{key}: file {path} does not exist"
     if resume:
         try:
             resume_point(cfg)
@@ -42,7 +45,7 @@ def main(argv=None):
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    from ssdsgd.launcher import run_job
+    from ssdsgd.launcher import run_job, ssh_options
     cl = cfg.cluster
     command = [sys.executable, "-m", "ssdsgd.train", "--config", os.path.abspath(args.config)]
     for text in args.set:
@@ -52,8 +55,9 @@ def main(argv=None):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     return run_job(command, cl.workers, cl.servers, launcher=cl.launcher, hostfile=cl.hostfile,
-                   env=env, timeout=cl.timeout, interface=cl.interface, stall_timeout=cl.stall_timeout,
-                   port=cl.port)
+                   env=env, timeout=cl.timeout, interface=cl.interface, stall_timeout=cl.stall_timeout or None,
+                   port=cl.port, ssh_options=ssh_options(cl.ssh_user, cl.ssh_identity, cl.ssh_config,
+                                                         cl.ssh_options))
 
 
 if __name__ == "__main__":

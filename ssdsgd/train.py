@@ -37,6 +37,13 @@ def main(argv=None):
     if cfg is None:
         return 2
     role = os.environ.get("DMLC_ROLE")
+    if role and not os.environ.get("SSDSGD_JOB_SECRET"):
+        # Every role stops here, so a foreign launcher's job ends instead of hanging in ps-lite.
+        print(f"ssdsgd.train ({role}): SSDSGD_JOB_SECRET is not set. Our launcher sets it; under another\n"
+              "launcher export the same random value to every process, e.g.\n"
+              "  export SSDSGD_JOB_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))')",
+              file=sys.stderr)
+        return 2
     if role in ("server", "scheduler"):
         from ssdsgd.server import run_server
         run_server()

@@ -63,6 +63,8 @@ def run_worker(cfg, resume=False):
     from ssdsgd.schedule import schedule_from_config
     from ssdsgd.commands import num_servers
     from ssdsgd.config import dump_config
+    from ssdsgd.launcher import RANK_MARK
+    from ssdsgd.remote import MARK as REMOTE_MARK
 
     # The kvstore must exist before we know our rank; its type depends only on the config.
     from ssdsgd.algorithms.ssd import RoundClient
@@ -70,6 +72,7 @@ def run_worker(cfg, resume=False):
     round_based = cfg.algorithm.type == "ssd" or cfg.compression.type not in ("none", "2bit")
     kv = mx.kv.create((RoundClient if round_based else StockClient).kvstore_type(cfg))
     rank, nworkers = kv.rank, kv.num_workers
+    print(f"{REMOTE_MARK}{RANK_MARK} {rank}", flush=True)   # the launcher labels our output with the rank
     if nworkers != cfg.cluster.workers:
         raise RuntimeError(f"cluster.workers is {cfg.cluster.workers} but the job has {nworkers} workers")
 

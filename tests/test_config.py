@@ -436,6 +436,15 @@ def test_malformed_and_opless_commands_refused():
         commands.verify(commands.sign([1, 2], SECRET), SECRET)
 
 
+def test_cluster_stall_timeout_can_be_off_and_ssh_options():
+    for text, want in (("null", None), ("0", 0.0), ("12", 12.0)):
+        assert load_config(SSGD, [f"cluster.stall_timeout={text}"]).cluster.stall_timeout == want
+    assert config_error(SSGD, ["cluster.stall_timeout=-1"]).startswith("cluster.stall_timeout")
+    cfg = load_config(SSGD, ["cluster.ssh_options=[ConnectTimeout=5, Compression=no]", "cluster.ssh_user=me"])
+    assert cfg.cluster.ssh_options == ["ConnectTimeout=5", "Compression=no"] and cfg.cluster.ssh_user == "me"
+    assert config_error(SSGD, ["cluster.ssh_options=[1]"]).startswith("cluster.ssh_options")
+
+
 # ---------------------------------------------------------------- data subsets, IDX datasets, allocation
 
 @pytest.mark.parametrize("override, key", [

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ssdsgd.launcher import build_ssh_commands, read_hostfile, run_job
+from ssdsgd.launcher import Host, UsageError, build_ssh_commands, read_hostfile, run_job
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(REPO, 'launch', 'launch.py')
@@ -27,8 +27,9 @@ n_workers, n_servers = int(os.environ['DMLC_NUM_WORKER']), int(os.environ['DMLC_
 me = role + task
 with open(os.path.join(out, 'env.' + me + '.json'), 'w') as f:
     json.dump({k: v for k, v in os.environ.items() if k.startswith(('DMLC_', 'SSDSGD_', 'OMP_', 'TOY_'))}, f)
-with open(os.path.join(out, 'pid.' + me), 'w') as f:
+with open(os.path.join(out, 'tmp.' + me), 'w') as f:  # renamed, so a reader never sees an empty pid file
     f.write(str(os.getpid()))
+os.replace(os.path.join(out, 'tmp.' + me), os.path.join(out, 'pid.' + me))
 print(me + ' started', flush=True)
 
 if role != 'worker':
@@ -53,8 +54,9 @@ if task == '0':
     if os.environ.get('TOY_IGNORE_TERM'):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     grandchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)  # toy grandchild'])
-    with open(os.path.join(out, 'pid.grandchild'), 'w') as f:
+    with open(os.path.join(out, 'tmp.grandchild'), 'w') as f:
         f.write(str(grandchild.pid))
+    os.replace(os.path.join(out, 'tmp.grandchild'), os.path.join(out, 'pid.grandchild'))
 # Misbehave only once every process of the job is up, so the tests see all of them.
 while len(glob.glob(os.path.join(out, 'pid.*'))) < 1 + n_servers + n_workers + 1:
     time.sleep(0.05)
@@ -268,36 +270,108 @@ def test_bad_counts():
     assert run_job(['true'], 1, 0) == 2
 
 
-@pytest.mark.timeout(30)
+def _run_remote_script(script, timeout=20):
+    """What the remote `bash -s` does with a planned script, run locally; returns (output lines, marks).
+
+    stdin stays open until the role has reported its end: remote.py ends the role when stdin closes."""
+    proc = subprocess.Popen(['bash', '-s'], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        proc.stdin.write(script)
+        proc.stdin.flush()
+        lines, marks = [], {}
+        deadline = time.monotonic() + timeout
+        for line in proc.stdout:
+            if line.startswith('@ssdsgd '):
+                key, *value = line.split()[1:]
+                marks[key] = value
+                if key == 'exit':
+                    break
+            else:
+                lines.append(line.rstrip('\n'))
+            assert time.monotonic() < deadline
+        proc.stdin.close()
+        code = int(marks['exit'][0])
+        assert proc.wait(timeout=timeout) == (code if code >= 0 else 128 - code)  # like a shell's $?
+        return lines, marks
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.timeout(60)
 def test_build_ssh_commands(tmp_path):
     secret = 'ab' * 32
     cwd = tmp_path / "work dir with 'quotes'"
     cwd.mkdir()
     tricky = 'it\'s "quoted" $HOME `id` ; echo pwned'
-    env = {'DMLC_PS_ROOT_URI': '10.0.0.1', 'DMLC_PS_ROOT_PORT': '9091', 'DMLC_NUM_WORKER': '3',
+    env = {'DMLC_PS_ROOT_URI': '127.0.0.1', 'DMLC_PS_ROOT_PORT': '9091', 'DMLC_NUM_WORKER': '3',
            'DMLC_NUM_SERVER': '2', 'SSDSGD_JOB_SECRET': secret, 'TRICKY': tricky}
-    dump = ('import json, os; print(json.dumps({"cwd": os.getcwd(), '
+    dump = ('import json, os; print(json.dumps({"cwd": os.getcwd(), "pgid": os.getpgid(0), '
             '**{k: v for k, v in os.environ.items() if k.startswith(("DMLC_", "SSDSGD_", "TRICKY"))}}))')
-    planned = build_ssh_commands([sys.executable, '-c', dump], [('alpha', 22), ('beta', 2222)], 3, 2, env, str(cwd))
+    hosts = [Host('alpha'), Host('beta', 2222, interface='lo')]
+    planned = build_ssh_commands(['python', '-c', dump], hosts, 3, 2, env, str(cwd), ['-F', 'my config'])
 
-    assert [(name, argv[-2], argv[-3]) for name, argv, _ in planned] == [
-        ('server 0', 'alpha', '22'), ('server 1', 'beta', '2222'),
-        ('worker 0', 'alpha', '22'), ('worker 1', 'beta', '2222'), ('worker 2', 'alpha', '22')]
+    assert [(name, argv[-2]) for name, argv, _ in planned] == [
+        ('server 0', 'alpha'), ('server 1', 'beta'), ('worker 0', 'alpha'), ('worker 1', 'beta'),
+        ('worker 2', 'alpha')]
+    base = ['ssh', '-F', 'my config', '-o', 'StrictHostKeyChecking=no', '-o', 'BatchMode=yes']
     for name, argv, script in planned:
-        assert argv == ['ssh', '-o', 'StrictHostKeyChecking=no', '-o', 'BatchMode=yes',
-                        '-p', argv[-3], argv[-2], 'bash -s']
+        assert argv == base + (['-p', '2222', 'beta'] if argv[-2] == 'beta' else ['alpha']) + ['bash -s']
         assert secret not in ' '.join(argv)
-        # What the remote `bash -s` does with the script, run locally instead of through ssh.
-        result = subprocess.run(['bash', '-s'], input=script, capture_output=True, text=True, timeout=20, check=True)
-        seen = json.loads(result.stdout)
+        lines, marks = _run_remote_script(script)
+        seen = json.loads(lines[-1])
         role, task = name.split()
-        assert seen == {**env, 'cwd': str(cwd), 'DMLC_ROLE': role, 'DMLC_TASK_ID': task, 'SSDSGD_ROLE_NAME': name}
+        # The role runs in its own process group, whose id remote.py reported.
+        assert seen.pop('pgid') == int(marks['pgid'][0])
+        assert marks['exit'] == ['0']
+        # Without an interface in the host file, the one routing to the scheduler (here lo).
+        assert seen == {**env, 'cwd': str(cwd), 'DMLC_ROLE': role, 'DMLC_TASK_ID': task, 'SSDSGD_ROLE_NAME': name,
+                        'DMLC_INTERFACE': 'lo', 'DMLC_NODE_HOST': '127.0.0.1'}
+        assert marks['pgid'][2:] == ['lo', '127.0.0.1']
+
+
+@pytest.mark.timeout(60)
+def test_remote_wrapper_reports_signal_and_interpreter(tmp_path):
+    """A role killed by a signal is reported as such (not ssh's 255), and `python` is the launching one."""
+    env = {'DMLC_PS_ROOT_URI': '127.0.0.1', 'SSDSGD_JOB_SECRET': 'x'}
+    code = 'import os, signal, sys; print(sys.executable, flush=True); os.kill(os.getpid(), signal.SIGKILL)'
+    [(_, _, script)] = build_ssh_commands(['python', '-c', code], [Host('alpha')], 1, 1, env, str(tmp_path))[1:]
+    lines, marks = _run_remote_script(script)
+    assert lines == [sys.executable]
+    assert marks['exit'] == ['-9']
+
+
+def test_hostfile_interface_missing_on_host(tmp_path):
+    env = {'DMLC_PS_ROOT_URI': '127.0.0.1', 'SSDSGD_JOB_SECRET': 'x'}
+    [(_, _, script)] = build_ssh_commands(['true'], [Host('alpha', interface='nosuchif0')], 1, 1, env,
+                                          str(tmp_path))[1:]
+    proc = subprocess.run(['bash', '-s'], input=script, capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 2
+    assert "interface 'nosuchif0' (host file) does not exist" in proc.stdout
 
 
 def test_read_hostfile(tmp_path):
     hostfile = tmp_path / 'hosts'
-    hostfile.write_text('# cluster\nalpha\n\n  beta:2222  # second\nuser@gamma\n')
-    assert read_hostfile(str(hostfile)) == [('alpha', 22), ('beta', 2222), ('user@gamma', 22)]
+    hostfile.write_text('# cluster\nalpha\n\n  beta:2222  # second\nuser@gamma slots=4\n'
+                        'delta interface=eth1 python=/opt/venv/bin/python\n')
+    assert read_hostfile(str(hostfile)) == [
+        Host('alpha'), Host('beta', 2222), Host('user@gamma', slots=4),
+        Host('delta', interface='eth1', python='/opt/venv/bin/python')]
+    for bad, message in (('alpha slots=0', 'bad slots'), ('alpha cores=2', "bad option 'cores=2'"),
+                         ('alpha:x', 'bad host'), ('slots=2', 'bad host')):
+        hostfile.write_text(bad + '\n')
+        with pytest.raises(UsageError, match=message):
+            read_hostfile(str(hostfile))
+
+
+def test_mpi_slots_placement():
+    """`slots=N`: a host takes N processes in a row before the next host gets one, as MPI fills hosts."""
+    hosts = [Host('a', slots=2), Host('b')]
+    planned = build_ssh_commands(['true'], hosts, 3, 1, {}, '/')
+    assert [(name, argv[-2]) for name, argv, _ in planned] == [
+        ('server 0', 'a'), ('worker 0', 'a'), ('worker 1', 'b'), ('worker 2', 'a')]
 
 
 def test_ssh_usage_errors(tmp_path, capsys):
@@ -322,9 +396,16 @@ def test_ssh_dry_run(tmp_path):
                             capture_output=True, text=True, timeout=20)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert 'scheduler on localhost: python -m ssdsgd.train' in out
-    assert "server 0 on alpha: ssh -o StrictHostKeyChecking=no -o BatchMode=yes -p 22 alpha 'bash -s'" in out
+    assert f'scheduler on localhost: {sys.executable} -m ssdsgd.train' in out  # `python`: the launching one
+    assert "server 0 on alpha: ssh -o StrictHostKeyChecking=no -o BatchMode=yes alpha 'bash -s'" in out
     assert 'worker 0 on beta:' in out and 'worker 1 on alpha:' in out
     assert 'DMLC_PS_ROOT_URI=127.0.0.1' in out
     assert out.count('SSDSGD_JOB_SECRET=<redacted>') == 4
     assert not re.search(r'[0-9a-f]{64}', out)
+
+
+def test_ssh_options_from_settings():
+    from ssdsgd.launcher import ssh_options
+    assert ssh_options('me', '/k', '/cfg', ['A=1', 'B=2']) == ['-F', '/cfg', '-i', '/k', '-l', 'me', '-o', 'A=1',
+                                                              '-o', 'B=2']
+    assert ssh_options() == []

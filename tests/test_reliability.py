@@ -146,7 +146,7 @@ def _busy_port():
 BAD_INPUTS = [
     # (overrides, expected exit code, text the message must contain)
     (["model.name=resnet9000"], 2, "model.name"),
-    (["data.dataset=mnist"], 2, "data.dataset"),
+    (["data.dataset=svhn"], 2, "data.dataset"),  # mnist is a dataset now
     (["data.dataset=cifar10"], 2, "data.root"),
     (["data.dataset=cifar10", "data.root=/nonexistent/cifar"], 2, "/nonexistent/cifar"),
     (["compression.density=0"], 2, "compression.density"),

@@ -1,0 +1,110 @@
+"""Runs one role of an ssh job on its host: `python -c <this file's source> COMMAND...`.
+
+The launcher ships this file's source (the remote host may not have the package on its path) and
+reads the lines starting with MARK that it prints. What it does on the host:
+- picks the host's network interface: SSDSGD_HOST_INTERFACE (the host file's `interface=`), else
+  the interface that routes to the scheduler, and sets DMLC_INTERFACE and DMLC_NODE_HOST from it;
+- starts COMMAND in its own session (process group id = its PID) and reports that id, so the
+  launcher can end the whole group over ssh;
+- ends the group (SIGTERM, then SIGKILL) when its standard input closes, i.e. when the launcher's
+  ssh client is gone (a dead launcher leaves nothing behind), or when it gets SIGTERM/SIGHUP/SIGINT;
+- reports how COMMAND ended (exit code, or the signal that killed it) before exiting with it.
+
+Standard library only.
+"""
+import fcntl
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+
+MARK = '@ssdsgd '        # a line `@ssdsgd <key> <value>...` is for the launcher and is not shown
+TERM_GRACE = 3.0         # between SIGTERM and SIGKILL
+SIOCGIFADDR = 0x8915     # <linux/sockios.h>
+
+
+def interface_ip(name):
+    """IPv4 address of a network interface on this machine, or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            ifreq = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack('256s', name.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(ifreq[20:24])  # struct ifreq: 16-byte name, then sockaddr_in (family, port, addr)
+
+
+def route_interface(target):
+    """(interface, address) this host uses to reach `target`, or (None, None)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((target, 9))   # UDP connect sends nothing; it only picks the route
+        except OSError:
+            return None, None
+        source = s.getsockname()[0]
+    for _, name in socket.if_nameindex():
+        if interface_ip(name) == source:
+            return name, source
+    return None, None
+
+
+def _end_group(pgid):
+    for sig, wait in ((signal.SIGTERM, TERM_GRACE), (signal.SIGKILL, 0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = wait
+        while deadline > 0:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            threading.Event().wait(0.05)
+            deadline -= 0.05
+
+
+def main(command):
+    env = dict(os.environ)
+    iface = env.pop('SSDSGD_HOST_INTERFACE', '')
+    if iface:
+        address = interface_ip(iface)
+        if address is None:
+            print(f'error: interface {iface!r} (host file) does not exist on {socket.gethostname()}', flush=True)
+            return 2
+    else:
+        iface, address = route_interface(env['DMLC_PS_ROOT_URI'])
+        if iface is None:
+            print(f'error: no route from {socket.gethostname()} to the scheduler {env["DMLC_PS_ROOT_URI"]}',
+                  flush=True)
+            return 2
+    env['DMLC_INTERFACE'], env['DMLC_NODE_HOST'] = iface, address
+    child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    print(f'{MARK}pgid {child.pid} {socket.gethostname()} {iface} {address}', flush=True)
+
+    def stop(*_):
+        _end_group(child.pid)
+
+    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(s, stop)
+
+    def watch_stdin():
+        # Raw reads (no buffered-reader lock that would stall interpreter shutdown); b'' is EOF:
+        # the launcher's ssh client has gone away.
+        while os.read(0, 65536):
+            pass
+        stop()
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    code = child.wait()
+    try:
+        print(f'{MARK}exit {code}', flush=True)
+    except OSError:
+        pass  # nobody is listening any more
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == '__main__':
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,356 @@
+"""Multi-host jobs on a virtual cluster (scripts/vcluster.py): 4 hosts in network namespaces, one sshd each.
+
+h0 runs the launcher and the scheduler; the host file lists h1 h2 h3, so server 0 runs on h1, worker 0
+on h2 and worker 1 on h3. Every test checks that no process is left on any host afterwards.
+Skipped, with the reason, where namespaces or sshd cannot be had (not root, no iproute2/openssh).
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from jobs import ROOT, processes_with
+
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import vcluster  # noqa: E402
+
+LAUNCH = os.path.join(ROOT, "launch", "launch.py")
+SSD = os.path.join(ROOT, "configs", "demo_digits_ssd.yaml")
+HOSTS = {"server 0": 1, "worker 0": 2, "worker 1": 3}   # role -> host index, from the round robin
+STOP_SECONDS = 30   # a failed or stopped job must be gone from every host within this
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    try:
+        vc = vcluster.VCluster(hosts=4).create()
+    except vcluster.ClusterError as e:
+        pytest.skip(f"no virtual cluster here: {e}")
+    try:
+        yield vc
+    finally:
+        vc.delete()
+
+
+@pytest.fixture
+def vc(cluster, tmp_path):
+    """The cluster, checked to be empty after the test (and emptied, so one failure does not spread)."""
+    yield cluster
+    left = cluster.leftovers()
+    for i in range(cluster.n):
+        vcluster.netns.kill_pids([p for p in cluster.pids(i) if p not in {s.pid for s in cluster._sshd}])
+    assert left == {}, f"processes left on the hosts: {left}"
+    assert processes_with(str(tmp_path)) == []
+
+
+def _hostfile(vc, tmp_path):
+    return vc.write_hostfile(tmp_path / "hosts", [1, 2, 3])
+
+
+def _run_cmd(vc, tmp_path, *sets, config=SSD, hostfile=None, name="job"):
+    log_dir = str(tmp_path / "runs")
+    return vc.exec_argv(0, [sys.executable, "-m", "ssdsgd.run", "--config", config, "--set", f"log.dir={log_dir}",
+                            "--set", f"name={name}", "--set", "cluster.launcher=ssh",
+                            "--set", f"cluster.hostfile={hostfile or _hostfile(vc, tmp_path)}",
+                            "--set", "cluster.interface=eth0", "--set", f"cluster.ssh_config={vc.ssh_config}",
+                            *[a for s in sets for a in ("--set", s)]]), os.path.join(log_dir, name)
+
+
+def _start(argv, tmp_path, cwd=ROOT):
+    out = open(tmp_path / "launcher.out", "w+")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    return proc, out
+
+
+def _finish(proc, out, timeout):
+    try:
+        rc = proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    out.seek(0)
+    text = out.read()
+    out.close()
+    return rc, text
+
+
+def _role_pid(vc, role):
+    """PID of the role's own process on its host (not remote.py's `python -c` that started it)."""
+    kind, task = role.split()
+    for pid in vc.pids(HOSTS[role]):
+        env = vcluster.netns.read_environ(pid)
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if env.get("DMLC_ROLE") == kind and env.get("DMLC_TASK_ID") == task and argv[1:2] != [b"-c"]:
+            return pid
+    return None
+
+
+def _wait_for(predicate, seconds, what):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+TOY = r'''
+import json, os, sys
+env = {k: v for k, v in os.environ.items() if k.startswith(("DMLC_", "SSDSGD_ROLE", "OMP_", "TOY"))}
+env["python"] = sys.executable
+with open(os.path.join(os.environ["TOY_DIR"], os.environ["DMLC_ROLE"] + os.environ["DMLC_TASK_ID"]), "w") as f:
+    json.dump(env, f)
+'''
+
+
+@pytest.mark.timeout(90)
+def test_ssh_launcher_environment_on_hosts(vc, tmp_path):
+    """Per-host interface and address, the launching interpreter, user ssh options, stock -s default."""
+    toy = tmp_path / "toy"
+    toy.mkdir()
+    hostfile = tmp_path / "hosts"   # h1 names its interface, h2 its interpreter, h3 neither
+    hostfile.write_text(f"h1 interface=eth0\nh2 python={sys.executable}\nh3\n")
+    cmd = vc.exec_argv(0, [sys.executable, LAUNCH, "-n", "2", "--launcher", "ssh", "-H", str(hostfile),
+                           "--ssh-config", vc.ssh_config, "--ssh-option", "ConnectTimeout=7",
+                           "--interface", "eth0", "--env", f"TOY_DIR={toy}", "--env-worker", "TOY_W:1",
+                           "python", "-c", TOY])
+    t0 = time.monotonic()
+    rc, out = _finish(*_start(cmd, tmp_path), timeout=60)
+    assert rc == 0, out
+    assert time.monotonic() - t0 < 30
+    assert "every process on every host has ended" in out
+    seen = {p.name: json.loads(p.read_text()) for p in toy.iterdir()}
+    # -s defaults to -n, as in MXNet's launcher: 2 servers (h1, h2), 2 workers (h3, h1).
+    assert sorted(seen) == ["scheduler0", "server0", "server1", "worker0", "worker1"]
+    hosts = {"scheduler0": 0, "server0": 1, "server1": 2, "worker0": 3, "worker1": 1}
+    for name, env in seen.items():
+        assert env["DMLC_INTERFACE"] == "eth0"
+        assert env["DMLC_NODE_HOST"] == vc.addresses[hosts[name]]
+        assert env["DMLC_PS_ROOT_URI"] == vc.addresses[0]
+        assert env["python"] == sys.executable
+        assert env["OMP_NUM_THREADS"] == "1"
+        assert ("TOY_W" in env) == name.startswith("worker")
+
+
+@pytest.mark.timeout(150)
+def test_ssdsgd_run_on_four_hosts(vc, tmp_path):
+    argv, run_dir = _run_cmd(vc, tmp_path, "train.epochs=1", "log.every_steps=5", "cluster.stall_timeout=60")
+    rc, out = _finish(*_start(argv, tmp_path), timeout=120)
+    assert rc == 0, out
+    summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    assert summary["num_workers"] == 2 and summary["steps"] == 22
+    assert re.search(r"^\[worker [01] \(rank 0\)\] job: ssd", out, re.M), out   # labelled with the KVStore rank
+    assert "every process on every host has ended" in out
+
+
+@pytest.mark.timeout(150)
+def test_launch_py_ssh_job_on_four_hosts(vc, tmp_path):
+    log_dir = tmp_path / "runs"
+    argv = vc.exec_argv(0, [sys.executable, LAUNCH, "-n", "2", "-s", "1", "--launcher", "ssh",
+                            "-H", _hostfile(vc, tmp_path), "--ssh-config", vc.ssh_config, "--interface", "eth0",
+                            "--stall-timeout", "60", "--timeout", "110",
+                            "python", "-m", "ssdsgd.train", "--config", SSD, "--set", "train.epochs=1",
+                            "--set", f"log.dir={log_dir}", "--set", "name=direct"])
+    rc, out = _finish(*_start(argv, tmp_path), timeout=120)
+    assert rc == 0, out
+    assert json.load(open(log_dir / "direct" / "summary.json"))["steps"] == 22
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("victim", ["worker 1", "server 0"])
+def test_sigkill_of_a_remote_role(vc, tmp_path, victim):
+    argv, run_dir = _run_cmd(vc, tmp_path, "train.epochs=300", "log.every_steps=2")
+    proc, out = _start(argv, tmp_path)
+    try:
+        _wait_for(lambda: os.path.exists(os.path.join(run_dir, "metrics.jsonl")), 60, "training to start")
+        pid = _wait_for(lambda: _role_pid(vc, victim), 10, f"{victim}'s process")
+        os.kill(pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        rc, text = _finish(proc, out, timeout=STOP_SECONDS + 10)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    print(f"{victim} SIGKILLed: launcher exit {rc} after {elapsed:.1f} s")
+    assert rc == 1, text
+    assert elapsed < STOP_SECONDS
+    host = vc.hostnames[HOSTS[victim]]
+    assert f"launch: {victim}" in text and f"killed by SIGKILL on {host}" in text, text
+    assert "every process on every host has ended" in text
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_to_the_launcher(vc, tmp_path):
+    argv, run_dir = _run_cmd(vc, tmp_path, "train.epochs=300", "log.every_steps=2")
+    proc, out = _start(argv, tmp_path)
+    try:
+        _wait_for(lambda: os.path.exists(os.path.join(run_dir, "metrics.jsonl")), 60, "training to start")
+        proc.send_signal(signal.SIGTERM)   # `ip netns exec` execs: this is the launcher itself
+        t0 = time.monotonic()
+        rc, text = _finish(proc, out, timeout=STOP_SECONDS + 10)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    print(f"launcher SIGTERMed: exit {rc} after {elapsed:.1f} s")
+    assert rc == 128 + signal.SIGTERM, text
+    assert elapsed < STOP_SECONDS
+    assert "received SIGTERM" in text
+    assert "every process on every host has ended" in text
+
+
+@pytest.mark.timeout(60)
+def test_remote_roles_die_with_a_sigkilled_launcher(vc, tmp_path):
+    """No cleanup code runs here: the closed ssh connections alone must end the remote roles."""
+    argv = vc.exec_argv(0, [sys.executable, LAUNCH, "-n", "2", "-s", "1", "--launcher", "ssh",
+                            "-H", _hostfile(vc, tmp_path), "--ssh-config", vc.ssh_config, "--interface", "eth0",
+                            "sleep", "600"])
+    proc, out = _start(argv, tmp_path, cwd=tmp_path)   # a killed launcher cannot remove its job folder
+    try:
+        _wait_for(lambda: all(_role_pid(vc, r) for r in HOSTS), 30, "every remote role")
+    finally:
+        proc.kill()
+        _finish(proc, out, timeout=10)
+    _wait_for(lambda: vc.leftovers() == {}, 15, "the remote roles to end")
+
+
+@pytest.mark.timeout(60)
+def test_shaping_and_crash_leftovers(tmp_path):
+    """tbf on both ends of every link; a cluster whose creator was SIGKILLed is removed by the next one."""
+    script = ("import sys, time; sys.path.insert(0, sys.argv[1]); import vcluster\n"
+              "vc = vcluster.VCluster(2, rate_mbit=50).create()\n"
+              "import subprocess\n"
+              "print(vc.name, subprocess.run(['tc', '-n', vc.switch, 'qdisc', 'show', 'dev', 'v1'],"
+              " capture_output=True, text=True).stdout.strip(), flush=True)\n"
+              "time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, os.path.join(ROOT, "scripts")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        line = proc.stdout.readline()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)   # no teardown runs
+        proc.wait()
+    if not line:
+        pytest.skip(f"no virtual cluster here: {proc.stderr.read().strip()[-300:]}")
+    name, qdisc = line.split(" ", 1)
+    assert "tbf" in qdisc and "50Mbit" in qdisc
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert name in namespaces
+    removed = vcluster.cleanup_leftovers()
+    assert {n for n in removed if n.startswith(name + "-")} >= {f"{name}-sw", f"{name}-h0", f"{name}-h1"}
+    assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not [d for d in os.listdir(vcluster.TMP) if d.startswith(name)]
+
+
+@pytest.mark.timeout(120)
+def test_mpi_hostfile_and_stock_script(vc, tmp_path):
+    """An MPI-style host file (`host slots=N`) and a stock dist_sync script, over ssh."""
+    from test_stock import STOCK
+    script = tmp_path / "stock.py"
+    script.write_text(STOCK)
+    hostfile = tmp_path / "mpi_hosts"
+    hostfile.write_text("h1 slots=2\nh2 slots=2\n")   # server 0 and worker 0 on h1, worker 1 on h2
+    argv = vc.exec_argv(0, [sys.executable, LAUNCH, "-n", "2", "-s", "1", "--launcher", "ssh", "-H", str(hostfile),
+                            "--ssh-config", vc.ssh_config, "--interface", "eth0", "python", str(script)])
+    rc, out = _finish(*_start(argv, tmp_path), timeout=90)
+    assert rc == 0, out
+    assert len(re.findall(r"rank \d of 2 sum 3 ", out)) == 2, out
+
+
+@pytest.mark.timeout(120)
+def test_stalled_remote_worker(vc, tmp_path):
+    """Heartbeat files live in the shared working directory, so stall detection works over ssh."""
+    argv = vc.exec_argv(0, [sys.executable, LAUNCH, "-n", "2", "-s", "1", "--launcher", "ssh",
+                            "-H", _hostfile(vc, tmp_path), "--ssh-config", vc.ssh_config, "--interface", "eth0",
+                            "--env", "SSDSGD_TEST_FAULT=slow:1:60", "--stall-timeout", "8",
+                            "python", "-m", "ssdsgd.train", "--config", SSD, "--set", "train.epochs=5",
+                            "--set", f"log.dir={tmp_path / 'runs'}"])
+    before = {d for d in os.listdir(ROOT) if d.startswith(".ssdsgd-launch-")}
+    t0 = time.monotonic()
+    rc, out = _finish(*_start(argv, tmp_path), timeout=60)
+    assert rc == 1, out
+    assert re.search(r"launch: worker [01]( \(rank 1\))? made no progress for 8 s", out), out
+    assert time.monotonic() - t0 < 8 + STOP_SECONDS
+    assert "every process on every host has ended" in out
+    assert {d for d in os.listdir(ROOT) if d.startswith(".ssdsgd-launch-")} == before   # heartbeat folder removed
+
+
+@pytest.mark.timeout(60)
+def test_unreachable_host_is_named(vc, tmp_path):
+    """A host nobody answers on (an unused address inside the cluster's subnet): the job fails, naming it."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(f"{vcluster.SUBNET}.250\nh2\n")
+    argv = vc.exec_argv(0, [sys.executable, LAUNCH, "-n", "1", "-s", "1", "--launcher", "ssh", "-H", str(hostfile),
+                            "--ssh-config", vc.ssh_config, "--interface", "eth0", "sleep", "600"])
+    t0 = time.monotonic()
+    rc, out = _finish(*_start(argv, tmp_path), timeout=40)
+    assert rc == 1, out
+    assert time.monotonic() - t0 < STOP_SECONDS
+    assert f"launch: server 0 lost: ssh to {vcluster.SUBNET}.250 exited with code 255" in out, out
+
+
+def _params(path):
+    import mxnet as mx
+    return {k: v.asnumpy() for k, v in mx.nd.load(path).items()}
+
+
+STRICT = ["algorithm.warmup_iters=3", "algorithm.delay=2", "algorithm.strict=true"]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("config, sets", [
+    ("demo_digits_ssgd.yaml", []),
+    ("demo_digits_ssd.yaml", STRICT),
+    # fixed buffers: the same buffers whatever the server count, placed by bytes across the servers
+    ("demo_digits_ssd_topk.yaml", STRICT + ["compression.buffers=fixed", "compression.buffer_bytes=16384"]),
+], ids=["ssgd", "ssd", "ssd_topk"])
+def test_two_servers_on_two_hosts_match_one_server(vc, tmp_path, config, sets):
+    """Servers on h1 and h2, both workers on h3: the global model equals a 1-server run's."""
+    hostfile = tmp_path / "own_hosts"
+    hostfile.write_text("h1\nh2\nh3 slots=2\n")
+    common = ["train.epochs=1", "train.max_steps=12", "log.every_steps=4", *sets]
+    models = {}
+    for servers in (1, 2):
+        argv, run_dir = _run_cmd(vc, tmp_path, *common, f"cluster.servers={servers}", config=os.path.join(
+            ROOT, "configs", config), hostfile=str(hostfile), name=f"s{servers}")
+        rc, out = _finish(*_start(argv, tmp_path), timeout=60)
+        assert rc == 0, out
+        assert f"2 workers, {servers} servers" in out
+        summary = json.load(open(os.path.join(run_dir, "summary.json")))
+        assert summary["steps"] == 12
+        models[servers] = _params(summary["checkpoint"])
+    assert models[1].keys() == models[2].keys()
+    for k in models[1]:
+        np.testing.assert_allclose(models[2][k], models[1][k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.timeout(60)
+def test_ssh_user_identity_and_options_without_a_config_file(vc, tmp_path):
+    """What a cluster without an ssh config file needs: user, key and -o options from the command line."""
+    toy = tmp_path / "toy"
+    toy.mkdir()
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(f"{vc.addresses[1]}\n{vc.addresses[2]}:22\n")
+    argv = vc.exec_argv(0, [sys.executable, LAUNCH, "-n", "1", "-s", "1", "--launcher", "ssh", "-H", str(hostfile),
+                            "--ssh-user", "root", "--ssh-identity", vc.key,
+                            "--ssh-option", "UserKnownHostsFile=/dev/null", "--ssh-option", "LogLevel=ERROR",
+                            "--interface", "eth0", "--env", f"TOY_DIR={toy}", "python", "-c", TOY])
+    rc, out = _finish(*_start(argv, tmp_path), timeout=40)
+    assert rc == 0, out
+    seen = {p.name: json.loads(p.read_text()) for p in toy.iterdir()}
+    assert seen["server0"]["DMLC_NODE_HOST"] == vc.addresses[1]
+    assert seen["worker0"]["DMLC_NODE_HOST"] == vc.addresses[2]

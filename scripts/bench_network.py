@@ -14,7 +14,7 @@ with its status and exit code; the suite continues). At the end a markdown table
 rate) medians and ratios vs SSGD (median over repeats of the ratio to SSGD of the same repeat and rate)
 is printed and written to <out>/table.md.
 
-The compute bound (DESIGN.md: N x the single-worker images/s with no communication) is measured once
+The compute bound (N x the single-worker images/s with no communication) is measured once
 per repeat with 1 worker + 1 server, unlimited rate, SSD-SGD with no warm-up and delay 100000 (so the
 worker never pulls or waits) and dense pushes (asynchronous, so the worker never waits on them).
 

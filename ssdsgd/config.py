@@ -201,7 +201,7 @@ SCHEMA = {
         "allocation": Field(str, "size", choices=("size", "gradient"),
                             doc="fusion ahead: k_i proportional to tensor size, or re-allocated from the "
                                 "accumulated gradient every allocate_every steps (same total per buffer)"),
-        "allocate_every": Field(int, 10, min=1, doc="steps between re-allocations (allocation: gradient)"),
+        "allocate_every": Field(int, 1, min=1, doc="steps between re-allocations (allocation: gradient)"),
         "buffers": Field(str, "one", choices=("one", "fixed", "cost_model")),
         "buffer_bytes": Field(int, 4 << 20, min=1024),
         "threshold": Field(float, 0.5, gt=0, doc="2bit threshold"),

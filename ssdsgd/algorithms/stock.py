@@ -45,7 +45,8 @@ class StockClient:
                 "wd": cfg.train.wd, "rescale_grad": 1.0 / (kv.num_workers * cfg.train.batch_size),
                 "schedule": self.schedule.to_dict()})
         # Only rank 0's values count; kv.init ends with a barrier, so the optimizer is in place
-        # before any worker pushes. Copies, not the parameter arrays (see DESIGN: oneDNN layouts).
+        # before any worker pushes. Copies, not the parameter arrays: arrays an inference-mode forward
+        # left in oneDNN layouts cannot be read by kv.init (see build_net in worker.py).
         kv.init(self.keys, [p.data().copy() for p in self.params])
         if resume_dir and kv.rank == 0:
             commands.send(kv, {"op": "load", "dir": resume_dir})

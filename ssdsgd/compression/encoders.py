@@ -116,15 +116,17 @@ def allocate_by_threshold(accs, counts, whole_idx):
 
     Per-tensor quotas proportional to size starve tensors whose few values carry large gradients
     (the classifier, the first convolution, BatchNorm); this spends the same budget where the
-    accumulated gradient is. One host sync (a copy of the buffer's magnitudes): run it every
-    compression.allocate_every steps, not every step."""
+    accumulated gradient is. It costs one host sync per call (a copy of the buffer's magnitudes);
+    compression.allocate_every sets how often it runs (every step by default: quotas kept for 10
+    steps cost 18 points of accuracy on Fashion-MNIST, see the README)."""
     part = [j for j in range(len(accs)) if j not in whole_idx]
     budget = sum(counts[j] for j in part)
     if len(part) < 2:
         return list(counts)
-    mags = [np.abs(a.asnumpy()) for a in (accs[j] for j in part)]
-    sizes = np.array([m.size for m in mags])
-    flat = np.concatenate(mags)
+    # One copy to the host for the whole buffer (the only sync of the push path).
+    flat = mx.nd.abs(mx.nd.concat(*[accs[j] for j in part], dim=0)).asnumpy()
+    sizes = np.array([accs[j].shape[0] for j in part])
+    mags = np.split(flat, np.cumsum(sizes)[:-1])
     tau = np.partition(flat, flat.size - budget)[flat.size - budget]
     above = np.array([int((m > tau).sum()) for m in mags])
     ties = np.array([int((m == tau).sum()) for m in mags])

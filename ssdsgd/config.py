@@ -337,9 +337,13 @@ def load_config(path, overrides=()):
         raise ConfigError(f"--config: file not found: {path}")
     with open(path) as f:
         try:
-            raw = _yaml_load(f) or {}
+            raw = _yaml_load(f)
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if raw is None:
+        # An empty file would silently run a default job: almost certainly the wrong file.
+        raise ConfigError(f"{path}: the file is empty; a config sets at least the keys that differ "
+                          f"from the defaults (see configs/ for examples)")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     for text in overrides:

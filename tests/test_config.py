@@ -85,10 +85,19 @@ def test_minimal_file_gets_all_defaults_and_name_from_stem(tmp_path):
     assert cfg.algorithm.max_staleness == 5
 
 
-def test_empty_file_loads(tmp_path):
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "\n\n"])
+def test_empty_file_refused(tmp_path, text):
     path = tmp_path / "empty.yaml"
-    path.write_text("")
-    assert load_config(str(path)).name == "empty"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"empty\.yaml: the file is empty"):
+        load_config(str(path))
+
+
+def test_file_with_one_key_uses_defaults_for_the_rest(tmp_path):
+    path = tmp_path / "small.yaml"
+    path.write_text("seed: 3\n")
+    cfg = load_config(str(path))
+    assert (cfg.name, cfg.seed, cfg.algorithm.type) == ("small", 3, "ssgd")
 
 
 def test_explicit_name_and_max_staleness_are_kept(tmp_path):

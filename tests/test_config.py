@@ -515,7 +515,7 @@ def test_unknown_dataset_lists_idx_datasets():
 
 def test_allocation_keys():
     cfg = load_config(SSD, ["compression.type=topk"])
-    assert (cfg.compression.allocation, cfg.compression.allocate_every) == ("size", 10)
+    assert (cfg.compression.allocation, cfg.compression.allocate_every) == ("size", 1)
     cfg = load_config(SSD, ["compression.type=topk", "compression.allocation=gradient",
                             "compression.allocate_every=1"])
     assert (cfg.compression.allocation, cfg.compression.allocate_every) == ("gradient", 1)

@@ -268,7 +268,7 @@ class RoundClient:
                     memory.residual[int(name[len("residual"):])] = mx.nd.array(arr)
                 elif name.startswith("velocity"):
                     memory.velocity[int(name[len("velocity"):])] = mx.nd.array(arr)
-        for (_, encs), counts in zip(self.stages, meta["tensor_counts"]):
+        for (_, encs), counts in zip(self.stages, meta.get("tensor_counts", [])):
             for e, c in zip(encs, counts):
                 if c is not None:          # compression.allocation: gradient re-allocates them
                     e.counts = list(c)

@@ -170,21 +170,27 @@ def test_launch_py_ssh_job_on_four_hosts(vc, tmp_path):
     assert json.load(open(log_dir / "direct" / "summary.json"))["steps"] == 22
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("victim", ["worker 1", "server 0"])
-def test_sigkill_of_a_remote_role(vc, tmp_path, victim):
+def _fault_during_training(vc, tmp_path, fault):
+    """Start a long job, call fault(proc) once it trains; (exit code, output, seconds to exit)."""
     argv, run_dir = _run_cmd(vc, tmp_path, "train.epochs=300", "log.every_steps=2")
     proc, out = _start(argv, tmp_path)
     try:
         _wait_for(lambda: os.path.exists(os.path.join(run_dir, "metrics.jsonl")), 60, "training to start")
-        pid = _wait_for(lambda: _role_pid(vc, victim), 10, f"{victim}'s process")
-        os.kill(pid, signal.SIGKILL)
+        fault(proc)
         t0 = time.monotonic()
         rc, text = _finish(proc, out, timeout=STOP_SECONDS + 10)
-        elapsed = time.monotonic() - t0
+        return rc, text, time.monotonic() - t0
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("victim", ["worker 1", "server 0"])
+def test_sigkill_of_a_remote_role(vc, tmp_path, victim):
+    def kill_victim(proc):
+        os.kill(_wait_for(lambda: _role_pid(vc, victim), 10, f"{victim}'s process"), signal.SIGKILL)
+    rc, text, elapsed = _fault_during_training(vc, tmp_path, kill_victim)
     print(f"{victim} SIGKILLed: launcher exit {rc} after {elapsed:.1f} s")
     assert rc == 1, text
     assert elapsed < STOP_SECONDS
@@ -195,17 +201,8 @@ def test_sigkill_of_a_remote_role(vc, tmp_path, victim):
 
 @pytest.mark.timeout(120)
 def test_sigterm_to_the_launcher(vc, tmp_path):
-    argv, run_dir = _run_cmd(vc, tmp_path, "train.epochs=300", "log.every_steps=2")
-    proc, out = _start(argv, tmp_path)
-    try:
-        _wait_for(lambda: os.path.exists(os.path.join(run_dir, "metrics.jsonl")), 60, "training to start")
-        proc.send_signal(signal.SIGTERM)   # `ip netns exec` execs: this is the launcher itself
-        t0 = time.monotonic()
-        rc, text = _finish(proc, out, timeout=STOP_SECONDS + 10)
-        elapsed = time.monotonic() - t0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    # `ip netns exec` execs: the process is the launcher itself.
+    rc, text, elapsed = _fault_during_training(vc, tmp_path, lambda proc: proc.send_signal(signal.SIGTERM))
     print(f"launcher SIGTERMed: exit {rc} after {elapsed:.1f} s")
     assert rc == 128 + signal.SIGTERM, text
     assert elapsed < STOP_SECONDS

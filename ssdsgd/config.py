@@ -183,6 +183,9 @@ SCHEMA = {
         "delay": Field(int, 5, min=1, doc="k: pull the global weights every k steps"),
         "max_staleness": Field(int, None, nullable=True, min=1, doc="S; default k"),
         "strict": Field(bool, False),
+        "momentum": Field(float, None, nullable=True, min=0, max=1,
+                          doc="momentum of the steps-delay stage (servers, local update, momentum correction); "
+                              "default train.momentum"),
         "local": {
             "optimizer": Field(str, "glu", choices=("glu", "sgd", "global_momentum")),
             "lr": Field(float, None, nullable=True, gt=0),

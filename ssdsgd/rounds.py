@@ -21,11 +21,16 @@ class RoundError(RuntimeError):
 
 
 class BufferState:
-    def __init__(self, size, num_workers, batch_size, momentum, wd, schedule, formats):
+    def __init__(self, size, num_workers, batch_size, momentum, wd, schedule, formats,
+                 delay_momentum=None, warmup=0):
         self.size = size
         self.num_workers = num_workers
         self.scale = 1.0 / (num_workers * batch_size)
         self.momentum = momentum
+        # SSD-SGD's steps-delay stage (rounds >= warmup) may run with its own momentum: stale
+        # gradients act like extra momentum, see the README's Fashion-MNIST ablation.
+        self.delay_momentum = momentum if delay_momentum is None else delay_momentum
+        self.warmup = warmup
         self.wd = wd
         self.schedule = schedule
         self.formats = formats        # codec.MailboxFormat per density stage
@@ -64,7 +69,7 @@ class BufferState:
 
     def apply(self, grad_sum):
         lr = np.float32(self.schedule(self.version + 1))     # MXNet counts updates from 1
-        self.mom *= np.float32(self.momentum)
+        self.mom *= np.float32(self.momentum if self.version < self.warmup else self.delay_momentum)
         self.mom -= lr * (grad_sum * np.float32(self.scale) + np.float32(self.wd) * self.weights)
         self.weights += self.mom
         self.version += 1

@@ -47,7 +47,8 @@ class RoundService:
                 self.roles[box["key"]] = (b, "mailbox", stage)
                 formats.append(MailboxFormat(box["codec"], buf["size"], box.get("k"), box.get("fp16", False)))
             self.states[b] = BufferState(buf["size"], plan["num_workers"], plan["batch_size"],
-                                         plan["momentum"], plan["wd"], schedule, formats)
+                                         plan["momentum"], plan["wd"], schedule, formats,
+                                         plan.get("delay_momentum"), plan.get("warmup", 0))
             self.stored[b] = {}
 
     def owns(self, key):

@@ -330,7 +330,9 @@ def test_round_client_picks_local_optimizer(name, cls):
     assert type(opt) is cls
     scale = cfg.algorithm.local.lr_scale
     assert scale == 4.0
-    assert opt.learning_rate == pytest.approx(scale * cfg.train.lr)
+    assert opt.lr_scheduler.base_lr == pytest.approx(scale * cfg.train.lr)
+    # No local update happens in the warm-up: the first one is global update warmup + 1.
+    assert opt.num_update == min(cfg.algorithm.warmup_iters, 100) > 0
     for t in (1, 50, 99):        # the local schedule follows the global one, scaled
         assert opt.lr_scheduler(t) == pytest.approx(scale * client.schedule(t), rel=1e-12)
     assert opt.rescale_grad == pytest.approx(1.0 / (2 * cfg.train.batch_size))
@@ -364,6 +366,19 @@ def test_round_client_global_momentum_state_and_load_state_round_trip():
     for s_new, s_old in zip(other.local_states, client.local_states):
         assert np.abs(s_old[1].asnumpy()).max() > 0
         np.testing.assert_array_equal(s_new.asnumpy(), s_old.asnumpy())
-    assert other.local_opt._index_update_count == {0: 2, 1: 2}
-    assert other.local_opt.num_update == client.local_opt.num_update == 2
+    w = client.cfg.algorithm.warmup_iters         # local counts start there (see the test above)
+    assert other.local_opt._index_update_count == {0: w + 2, 1: w + 2}
+    assert other.local_opt.num_update == client.local_opt.num_update == w + 2
     assert other.versions == [3]
+
+
+@pytest.mark.parametrize("mc", [False, True])
+def test_round_client_delay_stage_momentum(mc):
+    """algorithm.momentum reaches the local optimizer and the servers' delay-stage rule; under momentum
+    correction the servers run plain SGD in both stages."""
+    client, _, cfg = _round_client("global_momentum", "algorithm.momentum=0.7",
+                                   f"compression.momentum_correction={str(mc).lower()}")
+    assert client.local_opt.momentum == 0.7 and client.delay_momentum == 0.7
+    assert (client.server_momentum, client.server_delay_momentum) == ((0.0, 0.0) if mc else (0.9, 0.7))
+    default, _, _ = _round_client("global_momentum")
+    assert default.delay_momentum == default.local_opt.momentum == cfg.train.momentum

@@ -36,15 +36,17 @@ def make_grads(rng, rounds=ROUNDS, workers=N, size=SIZE):
     return rng.standard_normal((rounds, workers, size)).astype(np.float32) * 3
 
 
-def reference(w0, grads, lr_of, version0=0, mu=MU, wd=WD, n=N, b=B):
-    """Weights after 0..R rounds: momentum SGD on the summed gradient, in float64."""
+def reference(w0, grads, lr_of, version0=0, mu=MU, wd=WD, n=N, b=B, delay_mu=None, warmup=0):
+    """Weights after 0..R rounds: momentum SGD on the summed gradient, in float64 (momentum
+    delay_mu from round `warmup` on, if given)."""
     w = w0.astype(np.float64)
     v = np.zeros_like(w)
     out = [w.copy()]
     for r in range(grads.shape[0]):
         G = grads[r].astype(np.float64).sum(axis=0)
         lr = lr_of(version0 + r + 1)
-        v = mu * v - lr * (G / (n * b) + wd * w)
+        m = delay_mu if delay_mu is not None and version0 + r >= warmup else mu
+        v = m * v - lr * (G / (n * b) + wd * w)
         w = w + v
         out.append(w.copy())
     return out
@@ -96,6 +98,21 @@ def test_random_order_matches_reference(seed):
     order = [(r, k) for r in range(ROUNDS) for k in range(N)]
     rng.shuffle(order)
     check_order(order, grads, w0)
+
+
+def test_delay_stage_momentum_from_round_warmup_on():
+    """algorithm.momentum: rounds >= warmup (the steps-delay stage) use their own momentum."""
+    rng, grads, w0 = problem(5)
+    ref = reference(w0, grads, step_lr, delay_mu=0.5, warmup=2)
+    st = BufferState(SIZE, N, B, MU, WD, make_schedule(), [MailboxFormat("dense", SIZE)],
+                     delay_momentum=0.5, warmup=2)
+    st.bind(w0)
+    for r in range(ROUNDS):
+        for k in range(N):
+            st.receive(message(r, k, grads[r, k]))
+        np.testing.assert_allclose(st.weights, ref[r + 1], rtol=1e-5, atol=1e-6)
+    same = reference(w0, grads, step_lr)
+    assert np.abs(ref[2] - same[2]).max() == 0 and np.abs(ref[3] - same[3]).max() > 1e-3
 
 
 def test_fast_worker_several_rounds_ahead():

@@ -138,28 +138,35 @@ class RoundClient:
         if cfg.compression.fp16_values and total_steps - 1 > MAX_ROUND_FP16:
             raise ValueError(f"compression.fp16_values: this run has {total_steps} steps, but the fp16 wire "
                              f"header counts rounds up to {MAX_ROUND_FP16}; use float32 values")
+        # The steps-delay stage may run with its own momentum (algorithm.momentum), on the servers,
+        # in the local optimizer and in the compressor's momentum correction alike.
+        self.delay_momentum = cfg.train.momentum if alg.momentum is None else alg.momentum
         # DGC momentum correction moves the momentum to the workers; the servers then run plain SGD.
-        self.server_momentum = 0.0 if cfg.compression.momentum_correction else cfg.train.momentum
+        mc = cfg.compression.momentum_correction
+        self.server_momentum = 0.0 if mc else cfg.train.momentum
+        self.server_delay_momentum = 0.0 if mc else self.delay_momentum
         self.buffers = self.encoders = None         # planned in setup() (may need a link probe)
         self.stages = None                          # (buffers, encoders) per density stage
         self.versions = []                          # version of the global weights under w_loc
         self.pending_pull = None                    # step at which the in-flight pull was issued
         self.watch = None                           # tells when that pull has landed
-        self.local_opt, self.local_states = self._make_local_optimizer()
+        self.local_opt, self.local_states = self._make_local_optimizer(total_steps)
         self.pull_bytes = 0
         self.stats = {}
 
     # ---- setup -------------------------------------------------------------------------------
-    def _make_local_optimizer(self):
+    def _make_local_optimizer(self, total_steps):
         alg, train = self.cfg.algorithm, self.cfg.train
         scale = 1.0 / (self.kv.num_workers * train.batch_size)
         local_sched = self.schedule.scaled(alg.local.lr / train.lr if alg.local.lr else alg.local.lr_scale)
+        # The first local update is global step `warmup` (1-based count warmup + 1), so the local
+        # schedule stays in step with the servers' (milestones, the end of a cosine).
         common = dict(learning_rate=local_sched.base_lr, wd=train.wd, rescale_grad=scale,
-                      lr_scheduler=local_sched)
+                      lr_scheduler=local_sched, begin_num_update=min(self.warmup, total_steps))
         if alg.local.optimizer == "glu":
             opt = GLU(c=alg.local.c, **common)
         elif alg.local.optimizer == "global_momentum":
-            opt = GlobalMomentum(momentum=train.momentum, **common)
+            opt = GlobalMomentum(momentum=self.delay_momentum, **common)
         else:
             opt = LocalSGD(momentum=0.0, **common)
         states = [opt.create_state(i, p.data()) for i, p in enumerate(self.params)]
@@ -214,7 +221,8 @@ class RoundClient:
         if kv.rank == 0:
             commands.send(kv, {
                 "op": "round_plan", "num_workers": kv.num_workers, "batch_size": train.batch_size,
-                "momentum": self.server_momentum, "wd": train.wd, "schedule": self.schedule.to_dict(),
+                "momentum": self.server_momentum, "delay_momentum": self.server_delay_momentum,
+                "warmup": self.warmup, "wd": train.wd, "schedule": self.schedule.to_dict(),
                 "buffers": [b.to_dict(list(stages)) for b, stages in zip(self.buffers, per_buffer)]})
         keys, vals = [], []
         for b, stages in zip(self.buffers, per_buffer):
@@ -363,6 +371,9 @@ class RoundClient:
             self.log.write(event="staleness_wait", step=step, need_version=need, seconds=round(waited, 6))
         for i, p in enumerate(self.params):
             self.local_opt.update(i, p.data(), p.grad(), self.local_states[i])
+        memory = getattr(self.encoders[0], "memory", None)
+        if memory is not None and memory.momentum:
+            memory.momentum = self.delay_momentum       # momentum correction: the stage's momentum
         pushed = self._push(step)
         if (step - self.warmup + 1) % self.k == 0:
             if self.strict or self.S <= self.k:

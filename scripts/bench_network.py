@@ -35,12 +35,11 @@ import subprocess
 import sys
 import time
 
+import netns
+from results_io import COMPUTE_BOUND, rate_name, read_jsonl, stop_on_sigterm
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, ROOT)
-import netns  # noqa: E402
-from results_io import COMPUTE_BOUND, rate_name, read_jsonl, stop_on_sigterm  # noqa: E402
 
 DEFAULT_CONFIG = "configs/bench_cifar_resnet20.yaml"
 
@@ -238,8 +237,7 @@ def run_one(job, args):
     for s in args.set + job["sets"]:
         command += ["--set", s]
     env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
-    env.update(PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
-               OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
+    env.update(OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
     t0 = time.monotonic()
     with netns.Namespace(job["rate"] or None, args.delay_ms, latency=f"{args.queue_ms:g}ms") as ns, \
             open(log_path, "w") as log:

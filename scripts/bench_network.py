@@ -71,7 +71,8 @@ FIELDS = ["algorithm", "label", "rate_mbit", "repeat", "status", "exit_code", "i
           "steady_images_per_sec", "wall_seconds", "job_seconds", "steps", "num_workers", "kernel_bytes",
           "kernel_bytes_per_step", "steady_kernel_bytes_per_step", "kernel_rx_bytes", "qdisc_drops",
           "push_bytes_per_step", "pull_bytes_per_step", "final_loss", "final_test_acc", "wait_seconds"] + \
-         [f"peak_rss_{r}_mb" for r in ROLES] + ["job_cpu_seconds", "other_cpu_share", "idle_wait_seconds", "bound_workers", "run_dir", "log", "namespace", "error"]
+         [f"peak_rss_{r}_mb" for r in ROLES] + ["job_cpu_seconds", "other_cpu_share", "idle_wait_seconds",
+                                                "bound_workers", "run_dir", "log", "namespace", "error"]
 
 FULL = dict(steps=60, repeats=3, rates="0,100,20", job_timeout=900.0)
 QUICK = dict(steps=20, repeats=1, rates="0,20", job_timeout=300.0)

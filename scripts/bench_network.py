@@ -503,7 +503,8 @@ def communication_share(agg):
 
 
 def check_targets(agg):
-    """Human-readable verdicts of the project's targets (see the benchmark docs)."""
+    """Human-readable verdicts of the project's targets (listed, with where they stand, in the README's
+    "Throughput on a bandwidth-limited link" section)."""
     by = {(g["algorithm"], g["rate_mbit"]): g for g in agg["groups"]}
     comm = communication_share(agg)
     out = []

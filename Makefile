@@ -1,17 +1,19 @@
-# make setup: .venv with pinned dependencies (idempotent). make demo / make test set up when needed.
+# make setup: .venv with the pinned dependencies and this project installed editable (idempotent).
+# make demo / make test / make lint set up when needed.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test lint clean
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt constraints.txt
+$(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -r requirements.txt
+	$(PY) -m pip install -q -c constraints.txt -r requirements.txt -r requirements-dev.txt
+	$(PY) -m pip install -q -c constraints.txt -e .
 	touch $(STAMP)
 
 demo: setup
@@ -19,6 +21,9 @@ demo: setup
 
 test: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests
+
+lint: setup
+	$(PY) -m ruff check .
 
 clean:
 	rm -rf runs .pytest_cache

@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """Launch an MXNet parameter-server job: python launch/launch.py -n W -s S [options] COMMAND...
 
-Thin wrapper around ssdsgd.launcher.main(); see that module for the options and exit codes.
+Thin wrapper around ssdsgd.launcher.main() (installed as `ssdsgd-launch` too); see that module for the
+options and exit codes. Needs the ssdsgd package installed in this interpreter (`make setup`).
 """
-import os
 import sys
 
-# Make `ssdsgd` importable whatever the current directory is.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from ssdsgd.launcher import main  # noqa: E402  (needs the sys.path entry above)
+try:
+    from ssdsgd.launcher import main
+except ModuleNotFoundError as e:
+    if e.name != 'ssdsgd':
+        raise
+    sys.exit(f'launch.py: the ssdsgd package is not installed for {sys.executable}; run `make setup` '
+             '(or `pip install -c constraints.txt -e .`) in the repository')
 
 if __name__ == '__main__':
     main()

@@ -17,11 +17,10 @@ import statistics
 import subprocess
 import sys
 
+from results_io import write_csv, write_text
+from ssdsgd.metrics import ACC_TAG, final_acc
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-from results_io import write_csv, write_text  # noqa: E402
-sys.path.insert(0, ROOT)
-from ssdsgd.metrics import ACC_TAG, final_acc  # noqa: E402
 
 SSGD = "configs/demo_digits_ssgd.yaml"
 SSD = "configs/demo_digits_ssd.yaml"

@@ -35,12 +35,11 @@ import subprocess
 import sys
 import time
 
+import netns
+from results_io import COMPUTE_BOUND, rate_name, read_jsonl, stop_on_sigterm
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, ROOT)
-import netns  # noqa: E402
-from results_io import COMPUTE_BOUND, rate_name, read_jsonl, stop_on_sigterm  # noqa: E402
 
 DEFAULT_CONFIG = "configs/bench_cifar_resnet20.yaml"
 
@@ -72,7 +71,8 @@ FIELDS = ["algorithm", "label", "rate_mbit", "repeat", "status", "exit_code", "i
           "steady_images_per_sec", "wall_seconds", "job_seconds", "steps", "num_workers", "kernel_bytes",
           "kernel_bytes_per_step", "steady_kernel_bytes_per_step", "kernel_rx_bytes", "qdisc_drops",
           "push_bytes_per_step", "pull_bytes_per_step", "final_loss", "final_test_acc", "wait_seconds"] + \
-         [f"peak_rss_{r}_mb" for r in ROLES] + ["job_cpu_seconds", "other_cpu_share", "idle_wait_seconds", "bound_workers", "run_dir", "log", "namespace", "error"]
+         [f"peak_rss_{r}_mb" for r in ROLES] + ["job_cpu_seconds", "other_cpu_share", "idle_wait_seconds",
+                                                "bound_workers", "run_dir", "log", "namespace", "error"]
 
 FULL = dict(steps=60, repeats=3, rates="0,100,20", job_timeout=900.0)
 QUICK = dict(steps=20, repeats=1, rates="0,20", job_timeout=300.0)
@@ -238,8 +238,7 @@ def run_one(job, args):
     for s in args.set + job["sets"]:
         command += ["--set", s]
     env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
-    env.update(PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
-               OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
+    env.update(OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
     t0 = time.monotonic()
     with netns.Namespace(job["rate"] or None, args.delay_ms, latency=f"{args.queue_ms:g}ms") as ns, \
             open(log_path, "w") as log:
@@ -504,7 +503,8 @@ def communication_share(agg):
 
 
 def check_targets(agg):
-    """Human-readable verdicts of the project's targets (see the benchmark docs)."""
+    """Human-readable verdicts of the project's targets (listed, with where they stand, in the README's
+    "Throughput on a bandwidth-limited link" section)."""
     by = {(g["algorithm"], g["rate_mbit"]): g for g in agg["groups"]}
     comm = communication_share(agg)
     out = []

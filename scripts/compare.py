@@ -3,8 +3,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from ssdsgd.metrics import comparison_table  # noqa: E402
+from ssdsgd.metrics import comparison_table
 
 
 def main(run_dirs):

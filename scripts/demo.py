@@ -7,9 +7,9 @@ import os
 import subprocess
 import sys
 
+from ssdsgd.metrics import comparison_table
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from ssdsgd.metrics import comparison_table  # noqa: E402
 
 CONFIGS = ["configs/demo_digits_ssgd.yaml", "configs/demo_digits_ssd.yaml", "configs/demo_digits_ssd_topk.yaml"]
 

@@ -21,13 +21,11 @@ import sys
 
 import matplotlib
 
+from results_io import COMPUTE_BOUND, rate_name, read_jsonl
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results_io import COMPUTE_BOUND, rate_name, read_jsonl  # noqa: E402
-
 
 
 def _num(v):

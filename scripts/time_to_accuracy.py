@@ -19,11 +19,11 @@ import subprocess
 import sys
 import time
 
+from netns import Namespace, NetnsError, check_tools
+from results_io import stop_on_sigterm, write_csv
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-from netns import Namespace, NetnsError, check_tools  # noqa: E402
-from results_io import stop_on_sigterm, write_csv  # noqa: E402
 
 SUITES = {
     "digits": ("Digits demo", {
@@ -47,7 +47,7 @@ def run(label, config, seed, rate, out, timeout, overrides=()):
         before = ns.counters()["tx_bytes"]
         t0 = time.time()
         proc = subprocess.run(ns.argv(cmd), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT))
+                              text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
         seconds = time.time() - t0
         kernel_bytes = ns.counters()["tx_bytes"] - before
     run_dir = os.path.join(out, "runs", name)

@@ -28,8 +28,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import netns  # noqa: E402  (the namespace helpers live there; one home for each)
+import netns  # the namespace helpers live there; one home for each
 
 PREFIX = "ssdsgd-vc-"
 SUBNET = "10.231.0"          # private; exists only inside the cluster's namespaces

@@ -15,11 +15,11 @@ import re
 import subprocess
 import sys
 
+from netns import Namespace, NetnsError, check_tools
+from results_io import stop_on_sigterm, write_csv, write_text
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-from netns import Namespace, NetnsError, check_tools  # noqa: E402
-from results_io import stop_on_sigterm, write_csv, write_text  # noqa: E402
 
 CONFIG = "configs/demo_digits_ssd_topk.yaml"
 VARIANTS = {
@@ -40,7 +40,7 @@ def run(label, sets, seed, out, timeout):
     with Namespace(rate_mbit=0) as ns:
         before = ns.counters()["tx_bytes"]
         proc = subprocess.run(ns.argv(cmd), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT))
+                              text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
         kernel = ns.counters()["tx_bytes"] - before
     row = {"variant": label, "seed": seed, "rc": proc.returncode, "kernel_bytes": kernel}
     if proc.returncode != 0:

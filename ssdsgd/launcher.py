@@ -247,7 +247,8 @@ def _plan(command, num_workers, num_servers, launcher, hostfile, env, port, inte
         'DMLC_NUM_WORKER': str(num_workers),
         'DMLC_NUM_SERVER': str(num_servers),
         'DMLC_INTERFACE': interface,
-        # pyhooks/sitecustomize.py: an uncaught exception ends a role at once (see that file).
+        # pyhooks/sitecustomize.py: an uncaught exception ends a role at once. The package itself needs no
+        # PYTHONPATH (it is installed); the hook does (see that file for why).
         'PYTHONPATH': os.pathsep.join(filter(None, python_path)),
         SECRET_ENV: secret,
     }

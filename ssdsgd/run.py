@@ -52,10 +52,8 @@ def main(argv=None):
         command += ["--set", text]
     if args.resume:
         command.append("--resume")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     return run_job(command, cl.workers, cl.servers, launcher=cl.launcher, hostfile=cl.hostfile,
-                   env=env, timeout=cl.timeout, interface=cl.interface, stall_timeout=cl.stall_timeout or None,
+                   timeout=cl.timeout, interface=cl.interface, stall_timeout=cl.stall_timeout or None,
                    port=cl.port, ssh_options=ssh_options(cl.ssh_user, cl.ssh_identity, cl.ssh_config,
                                                          cl.ssh_options))
 

@@ -130,8 +130,8 @@ def run_worker(cfg, resume=False):
     # SSD-SGD's warm-up is synchronous; traffic after it is what the delay stage costs.
     warmup_steps = cfg.algorithm.warmup_iters if cfg.algorithm.type == "ssd" else 0
     after_warmup = {"steps": 0, "push_bytes": 0, "pull_bytes": 0}
-    totals = {"skipped_steps": 0, "push_bytes": 0, "pull_bytes": 0, "wait_seconds": 0.0, "images": 0, "train_seconds": 0.0,
-              "eval_pull_bytes": 0}
+    totals = {"skipped_steps": 0, "push_bytes": 0, "pull_bytes": 0, "wait_seconds": 0.0, "images": 0,
+              "train_seconds": 0.0, "eval_pull_bytes": 0}
     staleness = []
     best_acc, final_acc, history = 0.0, 0.0, []
     tag = ACC_TAG[data.eval_set]          # test_acc, or val_acc when a validation split is evaluated

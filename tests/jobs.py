@@ -35,7 +35,7 @@ def _command(tmp_path, config, sets, name, args):
 
 
 def _env(env):
-    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    full_env = dict(os.environ, OMP_NUM_THREADS="1")
     full_env.update(env or {})
     return full_env
 

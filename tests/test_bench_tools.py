@@ -5,16 +5,14 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import bench_network as bn  # scripts/, on the path through pytest.ini
+import netns
 
-import bench_network as bn  # noqa: E402
-import netns  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -105,11 +103,11 @@ def test_steady_state_window_and_counter_interpolation():
 
 
 def test_parse_net_dev():
-    text = textwrap.dedent("""\
-        Inter-|   Receive                                                |  Transmit
-         face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
-            lo:  123456     789    0    0    0     0          0         0   123456     789    0    0    0     0       0          0
-        """)
+    text = ("Inter-|   Receive                                                |  Transmit\n"
+            " face |bytes    packets errs drop fifo frame compressed multicast|"
+            "bytes    packets errs drop fifo colls carrier compressed\n"
+            "    lo:  123456     789    0    0    0     0          0         0"
+            "   123456     789    0    0    0     0       0          0\n")
     c = netns.parse_net_dev(text)
     assert c["rx_bytes"] == c["tx_bytes"] == 123456 and c["tx_packets"] == 789
 

@@ -7,7 +7,7 @@ MXNet 1.9's BatchNorm (CPU, oneDNN build) keeps running statistics of the BIASED
 import mxnet as mx
 import numpy as np
 import pytest
-from mxnet import autograd, gluon
+from mxnet import autograd
 from mxnet.gluon import nn
 
 from ssdsgd.worker import _batchnorm_layers, _bn_stats_restored, _evaluate_global, recompute_bn_stats

@@ -17,8 +17,7 @@ import pytest
 
 from jobs import ROOT, processes_with
 
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import vcluster  # noqa: E402
+import vcluster  # scripts/, on the path through pytest.ini
 
 LAUNCH = os.path.join(ROOT, "launch", "launch.py")
 SSD = os.path.join(ROOT, "configs", "demo_digits_ssd.yaml")
@@ -64,7 +63,7 @@ def _run_cmd(vc, tmp_path, *sets, config=SSD, hostfile=None, name="job"):
 
 def _start(argv, tmp_path, cwd=ROOT):
     out = open(tmp_path / "launcher.out", "w+")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
                             start_new_session=True)
     return proc, out
@@ -228,13 +227,13 @@ def test_remote_roles_die_with_a_sigkilled_launcher(vc, tmp_path):
 @pytest.mark.timeout(60)
 def test_shaping_and_crash_leftovers(tmp_path):
     """tbf on both ends of every link; a cluster whose creator was SIGKILLed is removed by the next one."""
-    script = ("import sys, time; sys.path.insert(0, sys.argv[1]); import vcluster\n"
+    script = ("import time; import vcluster\n"
               "vc = vcluster.VCluster(2, rate_mbit=50).create()\n"
               "import subprocess\n"
               "print(vc.name, subprocess.run(['tc', '-n', vc.switch, 'qdisc', 'show', 'dev', 'v1'],"
               " capture_output=True, text=True).stdout.strip(), flush=True)\n"
               "time.sleep(600)\n")
-    proc = subprocess.Popen([sys.executable, "-c", script, os.path.join(ROOT, "scripts")], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=os.path.join(ROOT, "scripts"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         line = proc.stdout.readline()

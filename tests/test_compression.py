@@ -591,8 +591,7 @@ def test_allocate_by_threshold_matches_global_topk(seed):
 def test_allocate_by_threshold_floor_of_one_keeps_total():
     from ssdsgd.compression.encoders import allocate_by_threshold
     rng = np.random.default_rng(5)
-    sizes = [40, 10, 60, 5]
-    counts = [4, 1, 6, 1]
+    counts = [4, 1, 6, 1]                    # tensor sizes 40, 10, 60, 5
     big = rng.permutation(100) + 1000.0      # distinct, interleaved between tensors 0 and 2
     mags = [big[:40], rng.permutation(10) * 1e-3 + 1e-3,       # tensor 1: all tiny
             big[40:], rng.permutation(5) * 1e-3 + 2e-3]        # tensor 3: all tiny

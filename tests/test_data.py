@@ -20,8 +20,8 @@ SHARD = dict(rank=0, num_workers=1, seed=0)
 
 def collect(batches):
     """Concatenate an iterator of (data, label) NDArrays into numpy arrays."""
-    pairs = [(d.asnumpy(), l.asnumpy()) for d, l in batches]
-    return np.concatenate([d for d, _ in pairs]), np.concatenate([l for _, l in pairs])
+    pairs = [(d.asnumpy(), y.asnumpy()) for d, y in batches]
+    return np.concatenate([d for d, _ in pairs]), np.concatenate([y for _, y in pairs])
 
 
 # ---------------------------------------------------------------- cifar10
@@ -115,7 +115,7 @@ def test_cifar_shards_disjoint_deterministic_and_per_epoch(tmp_path, cifar_array
         assert bundle.train.steps_per_epoch == 5  # 100 // (2 * 10)
         batches = list(bundle.train.epoch(epoch))
         assert len(batches) == 5
-        assert all(d.shape == (10, 3, 32, 32) and l.shape == (10,) for d, l in batches)
+        assert all(d.shape == (10, 3, 32, 32) and y.shape == (10,) for d, y in batches)
         return match_rows(denormalize_cifar(collect(batches)[0]), written_x)
 
     rank0, rank1 = shard_indices(0, 0), shard_indices(1, 0)
@@ -235,9 +235,9 @@ def test_imagenet_train_shards(imagenet_root):
         assert bundle.train.steps_per_epoch == 3  # 24 // (2 * 4)
         batches = list(bundle.train.epoch(0))
         assert len(batches) == 3
-        for d, l in batches:
-            assert d.shape == (4, 3, 32, 32) and l.shape == (4,)
-            assert d.dtype == np.float32 and l.dtype == np.float32
+        for d, y in batches:
+            assert d.shape == (4, 3, 32, 32) and y.shape == (4,)
+            assert d.dtype == np.float32 and y.dtype == np.float32
         x, labels[rank] = collect(batches)
         assert np.isfinite(x).all() and np.abs(x).max() < 3  # normalized 0..255 pixels
     # Every label is one that was written, and each worker sees its own 12 records.

@@ -211,7 +211,7 @@ def test_stalled_worker(toy_dir, capsys, mode, min_seconds):
 def test_sigterm_to_launcher_cli(toy_dir, tmp_path):
     cmd = [sys.executable, LAUNCH, '-n', '2', '-s', '1', '--env', f'TOY_DIR={toy_dir}',
            '--env', 'TOY_MODE=hang', '--'] + TOY_CMD
-    # Run from an unrelated directory: launch.py must find the package by itself.
+    # Run from an unrelated directory: launch.py finds the installed package.
     launcher = subprocess.Popen(cmd, cwd=str(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 start_new_session=True)
     try:

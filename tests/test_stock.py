@@ -37,7 +37,7 @@ def script(tmp_path):
 
 
 def _launch(args, tmp_path, env=None, timeout=90):
-    full_env = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
+    full_env = dict(os.environ, **(env or {}))
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, LAUNCH] + args, cwd=str(tmp_path), env=full_env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=timeout, start_new_session=True)
@@ -62,9 +62,8 @@ def test_stock_command_line_defaults_servers_to_workers(script, tmp_path):
 @pytest.mark.timeout(120)
 def test_one_string_command_runs_through_the_shell(script, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    full_env = dict(env, PYTHONPATH=ROOT)
     proc = subprocess.run([sys.executable, LAUNCH, "-n", "2", "-s", "1", f"STOCK_MARK=shell python {script}"],
-                          cwd=str(tmp_path), env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=90, start_new_session=True)
     assert proc.returncode == 0, proc.stdout
     assert _sums(proc.stdout) == [("0", "3", "1", "shell", "1"), ("1", "3", "1", "shell", "1")]
@@ -98,7 +97,7 @@ def test_env_forms_and_refusals(tmp_path):
 
 def test_train_without_secret_says_so(tmp_path):
     """Under a foreign launcher (no job secret) every role stops at once with a message: no hang."""
-    env = dict(os.environ, PYTHONPATH=ROOT, DMLC_ROLE="scheduler")
+    env = dict(os.environ, DMLC_ROLE="scheduler")
     env.pop("SSDSGD_JOB_SECRET", None)
     proc = subprocess.run([sys.executable, "-m", "ssdsgd.train", "--config",
                            os.path.join(ROOT, "configs", "demo_digits_ssd.yaml")], cwd=ROOT, env=env,

@@ -4,6 +4,14 @@ An uncaught exception in a job's Python process prints its traceback and ends th
 with status 1 (os._exit). A normal exit would run MXNet's atexit finalize, where ps-lite waits for
 every other worker forever, so a raising worker of any script, stock ones included, would hang the
 job instead of failing it. The sitecustomize this file shadows, if any, is still imported.
+
+Why PYTHONPATH, now that ssdsgd is an installed package: the install makes `import ssdsgd` work in every
+role, but nothing imports this hook; Python runs a `sitecustomize` at start-up only if one is on sys.path
+under that top-level name. Putting this folder (which holds nothing else) first on the job's PYTHONPATH
+is what makes it run in exactly the job's processes, before any user code and also in stock
+scripts that never import ssdsgd or in `/bin/sh -c` command lines. Installing it into site-packages
+instead would make it run in every process of the interpreter and collide with a sitecustomize already
+there.
 """
 import os
 import sys

@@ -10,6 +10,8 @@
 # on a file system all hosts share); otherwise locally. OUT (default results/<dataset>) receives the runs,
 # a comparison table and the plots. Extra --set overrides can be passed in SETS, e.g.
 #   SETS="--set cluster.workers=4" scripts/reproduce_cifar10.sh /data/cifar10
+# A second run into the same OUT finds the first one's checkpoints and is refused; RUN_ARGS=--resume
+# continues those runs, RUN_ARGS=--overwrite deletes their checkpoints and starts afresh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 usage="usage: $0 cifar10|imagenet DATA_ROOT [HOSTFILE INTERFACE]"
@@ -35,7 +37,7 @@ for cfg in $configs; do
   echo "=== $cfg"
   # shellcheck disable=SC2086
   "$py" -m ssdsgd.run --config "configs/$cfg.yaml" --set "data.root=$root" --set "log.dir=$out/runs" \
-    --set "checkpoint.dir=$out/checkpoints/$cfg" "${cluster[@]}" ${SETS:-}
+    --set "checkpoint.dir=$out/checkpoints/$cfg" "${cluster[@]}" ${SETS:-} ${RUN_ARGS:-}
   runs+=("$out/runs/$cfg")
 done
 "$py" scripts/compare.py "${runs[@]}" | tee "$out/table.txt"

@@ -53,8 +53,19 @@ def save_npz(path, arrays, meta=None):
     if meta is not None:
         arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     tmp = f"{path}.tmp{os.getpid()}.npz"
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    try:
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        _remove_quietly(tmp)           # a full disk must not stay full of half-written files
+        raise
+
+
+def _remove_quietly(path):
+    try:
+        os.remove(path)
+    except OSError:
+        pass
 
 
 def load_npz(path):

@@ -29,9 +29,16 @@ class MetricsLog:
 
 def write_json_atomic(path, obj):
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.remove(tmp)             # a full disk must not stay full of half-written files
+        except OSError:
+            pass
+        raise
 
 
 def human_bytes(n):

@@ -10,9 +10,8 @@ from ssdsgd.config import ROOTED_DATASETS
 from ssdsgd.train import config_from_args, parse_args
 
 
-def preflight(cfg, resume):
+def preflight(cfg):
     """Problems that can be found before any process starts; None if there are none."""
-    from ssdsgd.checkpoint import CheckpointError, resume_point
     from ssdsgd.models import ModelError, check_model_name
     try:
         check_model_name(cfg.model.name)
@@ -28,12 +27,26 @@ def preflight(cfg, resume):
             path = getattr(cfg.cluster, key)
             if path and not os.path.isfile(path):
                 return f"cluster.{key}: file {path} does not exist"
-    if resume:
+    return None
+
+
+def take_folders(cfg, args):
+    """Lock the run folder and checkpoint.dir, clean what interrupted saves left, check the checkpoint
+    to resume from: (held locks, None) or (None, the problem)."""
+    from ssdsgd.checkpoint import CheckpointError, resume_point
+    from ssdsgd.folders import FolderError, prepare, release
+    what = "python -m ssdsgd.run --config " + args.config
+    try:
+        held = prepare(cfg, args.resume, args.overwrite, what)
+    except FolderError as err:
+        return None, str(err)
+    if args.resume:
         try:
             resume_point(cfg)
         except CheckpointError as err:
-            return str(err)
-    return None
+            release(held)
+            return None, str(err)
+    return held, None
 
 
 def main(argv=None):
@@ -41,10 +54,24 @@ def main(argv=None):
     cfg = config_from_args(args)
     if cfg is None:
         return 2
-    problem = preflight(cfg, args.resume)
+    problem = preflight(cfg)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    from ssdsgd.folders import make_private, release
+    make_private()                  # run and checkpoint folders: 0700, files 0600 (roles inherit it)
+    held, problem = take_folders(cfg, args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        return _launch(cfg, args)
+    finally:
+        release(held)
+
+
+def _launch(cfg, args):
+    from ssdsgd.folders import LOCKED_ENV
     from ssdsgd.launcher import run_job, ssh_options
     cl = cfg.cluster
     command = [sys.executable, "-m", "ssdsgd.train", "--config", os.path.abspath(args.config)]
@@ -52,8 +79,9 @@ def main(argv=None):
         command += ["--set", text]
     if args.resume:
         command.append("--resume")
+    env = {LOCKED_ENV: "1"}     # the roles do not take the folder locks again
     return run_job(command, cl.workers, cl.servers, launcher=cl.launcher, hostfile=cl.hostfile,
-                   timeout=cl.timeout, interface=cl.interface, stall_timeout=cl.stall_timeout or None,
+                   env=env, timeout=cl.timeout, interface=cl.interface, stall_timeout=cl.stall_timeout or None,
                    port=cl.port, ssh_options=ssh_options(cl.ssh_user, cl.ssh_identity, cl.ssh_config,
                                                          cl.ssh_options))
 

@@ -19,6 +19,8 @@ def parse_args(argv=None):
                     help="override a config key (repeatable), e.g. --set train.epochs=3")
     ap.add_argument("--resume", action="store_true",
                     help="continue from the newest complete checkpoint in checkpoint.dir")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="start afresh even though checkpoint.dir holds checkpoints: delete them first")
     return ap.parse_args(argv)
 
 
@@ -36,6 +38,8 @@ def main(argv=None):
     cfg = config_from_args(args)
     if cfg is None:
         return 2
+    from ssdsgd.folders import make_private
+    make_private()              # run folder, checkpoints, metrics: 0700 folders, 0600 files
     role = os.environ.get("DMLC_ROLE")
     if role and not os.environ.get("SSDSGD_JOB_SECRET"):
         # Every role stops here, so a foreign launcher's job ends instead of hanging in ps-lite.
@@ -56,7 +60,7 @@ def main(argv=None):
         return 2
     try:
         from ssdsgd.worker import run_worker
-        run_worker(cfg, resume=args.resume)
+        run_worker(cfg, resume=args.resume, overwrite=args.overwrite)
     except BaseException:
         name = os.environ.get("SSDSGD_ROLE_NAME", "worker")
         print(f"{name} failed:", file=sys.stderr)

@@ -7,6 +7,7 @@ forward/backward, then `client.after_backward(step)` pushes, pulls and updates t
 import itertools
 import json
 import os
+import shutil
 import socket
 import time
 
@@ -52,7 +53,7 @@ def evaluate(net, test_set, batch_size):
     return correct / max(1, total)
 
 
-def run_worker(cfg, resume=False):
+def run_worker(cfg, resume=False, overwrite=False):
     import mxnet as mx
     from mxnet import autograd, gluon
 
@@ -61,6 +62,8 @@ def run_worker(cfg, resume=False):
     from ssdsgd.faults import FaultPlan
     from ssdsgd.metrics import ACC_TAG, MetricsLog, human_bytes, run_dir, summary_table, write_json_atomic
     from ssdsgd.schedule import schedule_from_config
+    from ssdsgd import folders
+    from ssdsgd.folders import LOCKED_ENV
     from ssdsgd.commands import num_servers
     from ssdsgd.config import dump_config
     from ssdsgd.launcher import RANK_MARK
@@ -76,6 +79,13 @@ def run_worker(cfg, resume=False):
     if nworkers != cfg.cluster.workers:
         raise RuntimeError(f"cluster.workers is {cfg.cluster.workers} but the job has {nworkers} workers")
 
+    held = []
+    if not os.environ.get(LOCKED_ENV):
+        # Started by another launcher than ssdsgd.run: rank 0 takes the folder locks (held until this
+        # process ends); nobody opens a file in the run folder before it has them.
+        if rank == 0:
+            held = folders.prepare(cfg, resume, overwrite, "rank 0 of a job started without ssdsgd.run")
+        kv._barrier()
     out_dir = run_dir(cfg)
     os.makedirs(out_dir, exist_ok=True)
     if rank == 0:
@@ -244,6 +254,7 @@ def run_worker(cfg, resume=False):
         write_json_atomic(os.path.join(out_dir, "summary.json"), summary)
         print(summary_table(summary), flush=True)
         print(f"run folder: {out_dir}", flush=True)
+    folders.release(held)
 
 
 def _log_window(t):
@@ -271,9 +282,14 @@ def _save_checkpoint(cfg, kv, rank, net, params, client, epochs_done, step):
     from ssdsgd import checkpoint as ckpt
     from ssdsgd import commands
     directory = ckpt.epoch_dir(cfg.checkpoint.dir, epochs_done)
-    os.makedirs(directory, exist_ok=True)
     mx.nd.waitall()                # this worker's pushes are acknowledged: the servers have them
+    if rank == 0:
+        # Whatever an earlier, interrupted run left in this folder must not end up in the manifest.
+        if os.path.exists(directory):
+            shutil.rmtree(directory)
+        os.makedirs(directory)
     kv._barrier()
+    os.makedirs(directory, exist_ok=True)
     if rank == 0:
         commands.send(kv, {"op": "save", "dir": os.path.abspath(directory)})
     arrays, meta = client.state()

@@ -1,0 +1,175 @@
+"""One job per folder: locks on the run folder and checkpoint.dir, no silent overwrite of checkpoints,
+no temporary files left by failed saves, private folders."""
+import errno
+import json
+import os
+import signal
+import stat
+import time
+
+import numpy as np
+import pytest
+
+from jobs import processes_with, run_job, start_job
+
+SSGD = "configs/demo_digits_ssgd.yaml"
+SSD_TOPK = "configs/demo_digits_ssd_topk.yaml"
+
+
+def _wait_for_progress(job, proc, timeout=90):
+    path = os.path.join(job.run_dir, "metrics.jsonl")
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            pytest.fail(f"job ended early: {proc.stdout.read()}")
+        if os.path.exists(path) and os.path.getsize(path) > 0:
+            return
+        time.sleep(0.2)
+    pytest.fail("job made no progress")
+
+
+def _stop(proc):
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.communicate(timeout=30)
+        except Exception:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+
+
+# ---- in-process: the lock itself ---------------------------------------------------------------------
+
+def test_lock_names_its_holder_and_is_released(tmp_path):
+    from ssdsgd.folders import FolderError, lock
+    folder = str(tmp_path / "run")
+    held = lock(folder, "job one", "run folder")
+    # flock belongs to the open file: a second open, even in this process, is a second job.
+    with pytest.raises(FolderError) as info:
+        lock(folder, "job two", "run folder")
+    msg = str(info.value)
+    assert f"{folder} is in use by another job" in msg
+    assert f"PID {os.getpid()}" in msg and "job one" in msg and "started 20" in msg
+    held.close()
+    lock(folder, "job two", "run folder").close()      # released: free again
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(os.path.join(folder, ".ssdsgd.lock")).st_mode) == 0o600
+
+
+def test_failed_save_leaves_no_temporary_file(tmp_path, monkeypatch):
+    from ssdsgd import checkpoint, metrics
+
+    def full_disk(path, **arrays):
+        with open(path, "wb") as f:
+            f.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(np, "savez", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.save_npz(str(tmp_path / "worker0.npz"), {"a": np.zeros(3)})
+
+    def full_dump(obj, f, **kw):
+        f.write("{")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(json, "dump", full_dump)
+    with pytest.raises(OSError, match="No space left"):
+        metrics.write_json_atomic(str(tmp_path / "manifest.json"), {"a": 1})
+    assert os.listdir(tmp_path) == []
+
+
+def test_leftovers_of_interrupted_saves_are_removed_at_start(tmp_path):
+    from ssdsgd.folders import remove_leftovers
+    root = tmp_path / "ck"
+    done, partial = root / "epoch-0001", root / "epoch-0002"
+    done.mkdir(parents=True)
+    partial.mkdir()
+    (done / "manifest.json").write_text("{}")
+    (done / "worker0.npz").write_bytes(b"x")
+    (done / "worker1.npz.tmp123.npz").write_bytes(b"x" * 100)
+    (partial / "worker0.npz").write_bytes(b"x")
+    lines = []
+    removed = remove_leftovers(str(root), lines.append)
+    assert sorted(removed) == ["epoch-0001/worker1.npz.tmp123.npz", "epoch-0002/"]
+    assert sorted(os.listdir(root)) == ["epoch-0001"]
+    assert sorted(os.listdir(done)) == ["manifest.json", "worker0.npz"]
+    assert "removed what interrupted saves left" in lines[0]
+
+
+# ---- real jobs ---------------------------------------------------------------------------------------
+
+@pytest.mark.timeout(240)
+def test_second_job_on_the_same_folders_fails_at_once_naming_the_holder(tmp_path):
+    ck = os.path.join(str(tmp_path), "ck")
+    proc, job = start_job(tmp_path, SSGD, "train.epochs=500", "log.every_steps=1", f"checkpoint.dir={ck}",
+                          name="first")
+    try:
+        _wait_for_progress(job, proc)
+        t0 = time.time()
+        second = run_job(tmp_path, SSGD, "train.epochs=1", name="first", timeout=60)
+        same_ck = run_job(tmp_path, SSGD, "train.epochs=1", f"checkpoint.dir={ck}", name="other", timeout=60)
+        elapsed = time.time() - t0
+        assert proc.poll() is None                      # the first job was not disturbed
+    finally:
+        _stop(proc)
+    for j, label, folder in ((second, "run folder (log.dir/name)", job.run_dir), (same_ck, "checkpoint.dir", ck)):
+        assert j.rc == 2, j.output
+        assert f"{label}: {folder} is in use by another job: PID {proc.pid} on host" in j.output, j.output
+        assert "python -m ssdsgd.run" in j.output     # what the holder is
+        assert "[worker" not in j.output and "[scheduler" not in j.output   # nothing was started
+    assert elapsed < 30
+    # The first job's files stayed its own: every line of its metrics parses.
+    with open(os.path.join(job.run_dir, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    assert records and all(r["rank"] == 0 for r in records)
+    assert not os.path.exists(os.path.join(tmp_path, "runs", "other"))   # refused before creating it
+    assert processes_with(job.marker) == []
+
+
+@pytest.mark.timeout(300)
+def test_fresh_run_into_a_checkpoint_folder_needs_resume_or_overwrite(tmp_path):
+    ck = os.path.join(str(tmp_path), "ck")
+    sets = ["train.epochs=2", f"checkpoint.dir={ck}", "checkpoint.every_epochs=1", "train.max_steps=22"]
+    a = run_job(tmp_path, SSD_TOPK, *sets, name="A")
+    assert a.rc == 0, a.output
+    # What a killed earlier run might have left: a file the new run does not write.
+    stale = os.path.join(ck, "epoch-0001", "server-buffer9.npz")
+    with open(stale, "wb") as f:
+        f.write(b"old")
+    again = run_job(tmp_path, SSD_TOPK, *sets, name="B")
+    assert again.rc == 2, again.output
+    assert f"checkpoint.dir {ck} already holds checkpoints (epoch-0001)" in again.output
+    assert "--resume" in again.output and "--overwrite" in again.output
+    assert os.path.exists(stale)                        # nothing was touched
+    both = run_job(tmp_path, SSD_TOPK, *sets, name="B", args=["--resume", "--overwrite"])
+    assert both.rc == 2 and "contradict" in both.output
+    over = run_job(tmp_path, SSD_TOPK, *sets, name="B", args=["--overwrite"])
+    assert over.rc == 0, over.output
+    assert "--overwrite: removed the old checkpoints" in over.output
+    assert not os.path.exists(stale)
+    with open(os.path.join(ck, "epoch-0001", "manifest.json")) as f:
+        files = json.load(f)["files"]
+    assert "server-buffer9.npz" not in files and "worker0.npz" in files
+    assert processes_with(over.marker) == []
+
+
+@pytest.mark.timeout(300)
+def test_run_and_checkpoint_folders_are_private(tmp_path):
+    old = os.umask(0o022)          # what a user's shell usually has: would give 0755/0644
+    ck = os.path.join(str(tmp_path), "ck")
+    try:
+        job = run_job(tmp_path, SSGD, "train.epochs=1", f"checkpoint.dir={ck}", "checkpoint.every_epochs=1",
+                      name="private")
+    finally:
+        os.umask(old)
+    assert job.rc == 0, job.output
+    seen = 0
+    for top in (job.run_dir, ck):
+        assert stat.S_IMODE(os.stat(top).st_mode) == 0o700, top
+        for dirpath, dirnames, filenames in os.walk(top):
+            for d in dirnames:
+                assert stat.S_IMODE(os.stat(os.path.join(dirpath, d)).st_mode) == 0o700, d
+            for name in filenames:
+                mode = stat.S_IMODE(os.stat(os.path.join(dirpath, name)).st_mode)
+                assert mode == 0o600, (os.path.join(dirpath, name), oct(mode))
+                seen += 1
+    assert seen >= 8       # config, metrics, summary, final.params, checkpoint files, locks
+    assert stat.S_IMODE(os.stat(os.path.join(tmp_path, "runs")).st_mode) == 0o700

@@ -5,10 +5,22 @@ Layout: <checkpoint.dir>/epoch-<E>/ (E = epochs completed) holding
   server-stock<r>.npz    stock-KVStore runs: server r's optimizer state per key and update counters
   worker<r>.npz          each worker: local weights, BatchNorm statistics, GLU snapshots, local
                          optimizer counters, error-feedback residuals, in-flight pull buffers, versions
-  manifest.json          written last: config fingerprint, epoch, step, sha256 of every file
+  manifest.json          written last: config fingerprint (and the config parts it hashes), epoch,
+                         step, the plan the servers' layout follows, sha256 of every file
 Every file is written to a temporary name and renamed, and a folder without a manifest is not a
 checkpoint, so a crash while saving never leaves something that looks complete. On resume the
-fingerprint and every hash are checked; any mismatch stops the job with a message saying which.
+manifest is validated field by field (types, ranges, every file the plan needs), the fingerprint
+and every hash are checked; any problem stops the job before it starts, with a message saying which.
+
+Manifest format 2 (format 1, without `plan` and `config`, is still read):
+  {"format": 2, "fingerprint": sha256 hex, "config": {the hashed config parts}, "name": str,
+   "epochs_done": int >= 1 (the folder's E), "step": int, epochs_done <= step,
+   "plan": {"kind": "rounds", "servers": S, "buffer_sizes": [int > 0, ...],
+            "cost_model": {"alpha", "beta", "backward"} or null}    round-based runs
+         | {"kind": "stock", "servers": S},                          stock-KVStore runs
+   "files": {file name: sha256 hex}}
+A rounds plan needs worker0..W-1.npz and server-buffer0..B-1.npz (B = len(buffer_sizes)); a stock
+plan needs worker0..W-1.npz and server-stock0..S-1.npz; no other file may be listed.
 
 The cut is consistent because saving happens at an epoch boundary, where every worker has run the
 same number of steps: workers wait for their pushes to be acknowledged, meet at a barrier, rank 0
@@ -18,29 +30,54 @@ state, a second barrier, then rank 0 writes the manifest.
 import hashlib
 import json
 import os
+import re
 
 import numpy as np
 
 from ssdsgd.metrics import write_json_atomic
 
 MANIFEST = "manifest.json"
-FORMAT = 1
+FORMAT = 2
+READABLE_FORMATS = (1, 2)
+FILE_NAME = re.compile(r"(worker|server-buffer|server-stock)(\d+)\.npz")
+SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class CheckpointError(RuntimeError):
     pass
 
 
-def fingerprint(cfg):
-    """Hash of the config parts that must match for a resume to continue the same run."""
+def round_based(cfg):
+    """Runs through our round server (SSD-SGD, compressed SSGD) rather than the stock KVStore."""
+    return cfg.algorithm.type == "ssd" or cfg.compression.type not in ("none", "2bit")
+
+
+def fingerprint_parts(cfg):
+    """The config parts that must match for a resume to continue the same run."""
     d = cfg.to_dict()
-    relevant = {
+    return {
         "seed": d["seed"], "model": d["model"], "algorithm": d["algorithm"], "compression": d["compression"],
         "data": {k: d["data"][k] for k in ("dataset", "shape", "num_classes", "synthetic_samples", "augment")},
         "train": {k: v for k, v in d["train"].items() if k not in ("max_steps", "eval_every_epochs")},
         "cluster": {"workers": d["cluster"]["workers"], "servers": d["cluster"]["servers"]},
     }
-    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()
+
+
+def fingerprint(cfg):
+    """Hash of fingerprint_parts(cfg)."""
+    return hashlib.sha256(json.dumps(fingerprint_parts(cfg), sort_keys=True).encode()).hexdigest()
+
+
+def _differences(saved, now, prefix=""):
+    """Dotted keys whose values differ between two nested dicts."""
+    out = []
+    for key in sorted(set(saved) | set(now)):
+        a, b = saved.get(key), now.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key} ({a!r} in the checkpoint, {b!r} now)")
+    return out
 
 
 def epoch_dir(root, epochs_done):
@@ -87,11 +124,16 @@ def _sha256(path):
     return h.hexdigest()
 
 
-def write_manifest(directory, cfg, epochs_done, step):
-    files = sorted(f for f in os.listdir(directory) if f.endswith(".npz") and ".tmp" not in f)
-    manifest = {"format": FORMAT, "fingerprint": fingerprint(cfg), "name": cfg.name,
-                "epochs_done": epochs_done, "step": step,
+def write_manifest(directory, cfg, epochs_done, step, plan):
+    """plan: {"kind": "rounds", "buffer_sizes", "cost_model"} or {"kind": "stock"}; servers is added."""
+    files = sorted(f for f in os.listdir(directory) if FILE_NAME.fullmatch(f))
+    manifest = {"format": FORMAT, "fingerprint": fingerprint(cfg), "config": fingerprint_parts(cfg),
+                "name": cfg.name, "epochs_done": epochs_done, "step": step,
+                "plan": dict(plan, servers=cfg.cluster.servers),
                 "files": {f: _sha256(os.path.join(directory, f)) for f in files}}
+    problem = manifest_problem(manifest, cfg, epochs_done)
+    if problem:
+        raise CheckpointError(f"{directory}: refusing to write a manifest that could not be resumed: {problem}")
     write_json_atomic(os.path.join(directory, MANIFEST), manifest)
     return manifest
 
@@ -105,7 +147,97 @@ def latest(root):
     return os.path.join(root, done[-1]) if done else None
 
 
-def verify(directory, cfg, num_workers):
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def manifest_problem(m, cfg, folder_epoch=None):
+    """What is wrong with a manifest for resuming this config, field by field; None if nothing."""
+    if not isinstance(m, dict):
+        return f"the manifest is not a JSON object (got {type(m).__name__})"
+    fmt = m.get("format")
+    if not _is_int(fmt) or fmt not in READABLE_FORMATS:
+        return f"unknown checkpoint format {fmt!r} (this version reads {', '.join(map(str, READABLE_FORMATS))})"
+    required = {"fingerprint": str, "epochs_done": int, "step": int, "files": dict}
+    if fmt >= 2:
+        required.update(plan=dict, config=dict)
+    for key, kind in required.items():
+        if key not in m:
+            return f"the manifest has no {key!r}"
+        value = m[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            return f"{key}: expected {'an object' if kind is dict else kind.__name__}, got {value!r}"
+    if not SHA256.fullmatch(m["fingerprint"]):
+        return f"fingerprint: not a sha256 hex digest: {m['fingerprint']!r}"
+    if "name" in m and not isinstance(m["name"], str):
+        return f"name: expected str, got {m['name']!r}"
+    epochs, step = m["epochs_done"], m["step"]
+    if epochs < 1:
+        return f"epochs_done: {epochs} (a checkpoint is taken after at least one epoch)"
+    if epochs > cfg.train.epochs:
+        return f"epochs_done: {epochs} is more than train.epochs ({cfg.train.epochs})"
+    if folder_epoch is not None and epochs != folder_epoch:
+        return f"epochs_done: {epochs}, but the folder is that of epoch {folder_epoch}"
+    if step < epochs:
+        return f"step: {step} is less than epochs_done ({epochs}); every epoch runs at least one step"
+    workers = cfg.cluster.workers
+    for name, digest in m["files"].items():
+        match = FILE_NAME.fullmatch(name) if isinstance(name, str) else None
+        if not match:
+            return (f"files: {name!r} is not a checkpoint file name (worker<r>.npz, server-buffer<b>.npz, "
+                    f"server-stock<r>.npz)")
+        if not isinstance(digest, str) or not SHA256.fullmatch(digest):
+            return f"files: {name}: not a sha256 hex digest: {digest!r}"
+    needed = {f"worker{r}.npz" for r in range(workers)}
+    if fmt >= 2:
+        problem = _plan_problem(m["plan"], cfg)
+        if problem:
+            return f"plan: {problem}"
+        plan = m["plan"]
+        if plan["kind"] == "rounds":
+            needed |= {f"server-buffer{b}.npz" for b in range(len(plan["buffer_sizes"]))}
+        else:
+            needed |= {f"server-stock{r}.npz" for r in range(plan["servers"])}
+        extra = sorted(set(m["files"]) - needed)
+        if extra:
+            return f"files: lists {', '.join(extra)}, which this plan does not have"
+    elif round_based(cfg):
+        needed.add("server-buffer0.npz")
+    else:
+        needed |= {f"server-stock{r}.npz" for r in range(cfg.cluster.servers)}
+    missing = sorted(needed - set(m["files"]), key=lambda n: (len(n), n))
+    if missing:
+        return f"files: {', '.join(missing)} missing (the plan needs them)"
+    return None
+
+
+def _plan_problem(plan, cfg):
+    kind = "rounds" if round_based(cfg) else "stock"
+    if plan.get("kind") != kind:
+        return f"kind {plan.get('kind')!r}, but this config runs {kind!r}"
+    servers = plan.get("servers")
+    if not _is_int(servers) or servers != cfg.cluster.servers:
+        return (f"written for {servers!r} servers, but cluster.servers is {cfg.cluster.servers}: a checkpoint "
+                f"resumes only on the server layout it was taken with")
+    if kind == "stock":
+        return None
+    sizes = plan.get("buffer_sizes")
+    if not isinstance(sizes, list) or not sizes or not all(_is_int(n) and n > 0 for n in sizes):
+        return f"buffer_sizes: expected a non-empty list of positive integers, got {sizes!r}"
+    cost = plan.get("cost_model")
+    if cfg.compression.buffers == "cost_model":
+        if not (isinstance(cost, dict) and all(_is_number(cost.get(k)) and cost[k] >= 0
+                                               for k in ("alpha", "beta", "backward"))):
+            return (f"cost_model: expected the measured costs {{alpha, beta, backward}} (compression.buffers: "
+                    f"cost_model plans from them), got {cost!r}")
+    return None
+
+
+def verify(directory, cfg):
     """Load and check a checkpoint's manifest against the config and the files; return it."""
     path = os.path.join(directory, MANIFEST)
     try:
@@ -113,15 +245,20 @@ def verify(directory, cfg, num_workers):
             manifest = json.load(f)
     except (OSError, ValueError) as err:
         raise CheckpointError(f"checkpoint manifest {path} cannot be read: {err}") from None
-    if manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: unknown checkpoint format {manifest.get('format')!r}")
-    if manifest.get("fingerprint") != fingerprint(cfg):
+    match = re.fullmatch(r"epoch-(\d+)", os.path.basename(os.path.normpath(directory)))
+    problem = manifest_problem(manifest, cfg, int(match.group(1)) if match else None)
+    if problem:
+        raise CheckpointError(f"checkpoint manifest {path}: {problem}")
+    if manifest["fingerprint"] != fingerprint(cfg):
+        saved = manifest.get("config")
+        which = ""
+        if isinstance(saved, dict):
+            diff = _differences(saved, fingerprint_parts(cfg))
+            if diff:
+                which = ": " + "; ".join(diff)
         raise CheckpointError(
             f"{directory} was written by a different configuration (model, data, algorithm, compression, "
-            f"training hyper-parameters or cluster size differ); refusing to resume from it")
-    for r in range(num_workers):
-        if f"worker{r}.npz" not in manifest["files"]:
-            raise CheckpointError(f"{directory} has no state for worker {r}")
+            f"training hyper-parameters or cluster size differ{which}); refusing to resume from it")
     for name, digest in manifest["files"].items():
         file = os.path.join(directory, name)
         if not os.path.exists(file):
@@ -129,6 +266,18 @@ def verify(directory, cfg, num_workers):
         if _sha256(file) != digest:
             raise CheckpointError(f"checkpoint file {file} is corrupt (sha256 differs from the manifest)")
     return manifest
+
+
+def check_against_run(manifest, directory, steps_per_epoch, worker_meta):
+    """What only a worker knows (the data's steps per epoch, its own saved step): CheckpointError if
+    the manifest disagrees."""
+    epochs, step = manifest["epochs_done"], manifest["step"]
+    if not (epochs - 1) * steps_per_epoch < step <= epochs * steps_per_epoch:
+        raise CheckpointError(f"{directory}: step {step} is not within epoch {epochs} of this run "
+                              f"({steps_per_epoch} steps per epoch)")
+    saved = (worker_meta or {}).get("step")
+    if saved is not None and saved != step:
+        raise CheckpointError(f"{directory}: the manifest says step {step}, this worker's file step {saved}")
 
 
 def resume_point(cfg):
@@ -139,4 +288,4 @@ def resume_point(cfg):
     directory = latest(root)
     if directory is None:
         raise CheckpointError(f"--resume: no complete checkpoint in {root}")
-    return directory, verify(directory, cfg, cfg.cluster.workers)
+    return directory, verify(directory, cfg)

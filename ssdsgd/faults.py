@@ -7,9 +7,18 @@
                           as a stranger reaching the server port could; the payload, if ever
                           unpickled, creates the file named by SSDSGD_TEST_PICKLE_MARKER
 Unset in normal runs; the worker reads it once.
+
+SSDSGD_TEST_COST_SCALE="alpha=1e-6[,beta=F][,backward=F]" multiplies the link costs a worker measures
+for compression.buffers: cost_model (a link that looks different from the one a checkpoint was planned on).
 """
 import os
 import time
+
+
+def cost_scale(spec=None):
+    """{cost name: factor} from SSDSGD_TEST_COST_SCALE; empty in normal runs."""
+    spec = os.environ.get("SSDSGD_TEST_COST_SCALE", "") if spec is None else spec
+    return {name: float(factor) for name, factor in (item.split("=") for item in spec.split(",") if item)}
 
 
 class FaultPlan:

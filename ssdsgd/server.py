@@ -70,7 +70,13 @@ class RoundService:
         for b, st in self.states.items():
             if st.weights is None:
                 continue
-            arrays, meta = load_npz(os.path.join(directory, f"server-buffer{b}.npz"))
+            path = os.path.join(directory, f"server-buffer{b}.npz")
+            arrays, meta = load_npz(path)
+            for name, shape in (("weights", (st.size,)), ("mom", (st.size,))):
+                got = arrays[name].shape if name in arrays else None
+                if got != shape:
+                    raise CheckpointError(f"{path}: {name} has shape {got}, but buffer {b} of this run's plan "
+                                          f"has {st.size} elements; the checkpoint's plan cannot be served")
             pending = {int(r): (arrays["pending_sums"][i], ranks)
                        for i, (r, ranks) in enumerate(sorted(meta["pending"].items(), key=lambda x: int(x[0])))}
             st.load_state_dict({"weights": arrays["weights"], "mom": arrays["mom"],

@@ -72,7 +72,7 @@ def run_worker(cfg, resume=False, overwrite=False):
     # The kvstore must exist before we know our rank; its type depends only on the config.
     from ssdsgd.algorithms.ssd import RoundClient
     from ssdsgd.algorithms.stock import StockClient
-    round_based = cfg.algorithm.type == "ssd" or cfg.compression.type not in ("none", "2bit")
+    round_based = ckpt.round_based(cfg)
     kv = mx.kv.create((RoundClient if round_based else StockClient).kvstore_type(cfg))
     rank, nworkers = kv.rank, kv.num_workers
     print(f"{REMOTE_MARK}{RANK_MARK} {rank}", flush=True)   # the launcher labels our output with the rank
@@ -109,12 +109,13 @@ def run_worker(cfg, resume=False, overwrite=False):
     net, params = build_net(cfg, data.num_classes, data.image_shape)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
-    resume_dir, start_epoch, step, saved = None, 0, 0, None
+    resume_dir, start_epoch, step, saved, manifest = None, 0, 0, None, None
     if resume:
         resume_dir, manifest = ckpt.resume_point(cfg)
         arrays, meta = ckpt.load_npz(os.path.join(resume_dir, f"worker{rank}.npz"))
         _load_net_state(net, params, arrays)
         saved = (arrays, meta)
+        ckpt.check_against_run(manifest, resume_dir, steps_per_epoch, meta)
         start_epoch, step = manifest["epochs_done"], manifest["step"]
         if rank == 0:
             print(f"resuming from {resume_dir}: {start_epoch} epochs, {step} steps done", flush=True)
@@ -126,7 +127,7 @@ def run_worker(cfg, resume=False, overwrite=False):
                              steps_per_epoch=steps_per_epoch)
     else:
         client = StockClient(kv, params, cfg, schedule, log)
-    client.setup(resume_dir, saved[1] if saved else None)
+    client.setup(resume_dir, saved[1] if saved else None, manifest.get("plan") if resume else None)
     if saved is not None:
         client.load_state(*saved)
     if rank == 0:
@@ -298,7 +299,7 @@ def _save_checkpoint(cfg, kv, rank, net, params, client, epochs_done, step):
     ckpt.save_npz(os.path.join(directory, f"worker{rank}.npz"), arrays, dict(meta, step=step))
     kv._barrier()
     if rank == 0:
-        ckpt.write_manifest(directory, cfg, epochs_done, step)
+        ckpt.write_manifest(directory, cfg, epochs_done, step, client.plan_record())
         print(f"checkpoint saved: {directory}", flush=True)
 
 

@@ -31,9 +31,11 @@ import mxnet as mx
 import numpy as np
 
 from ssdsgd import commands
+from ssdsgd.checkpoint import CheckpointError
 from ssdsgd.commands import num_servers
 from ssdsgd.compression.codec import MAX_ROUND_FP16
 from ssdsgd.compression.encoders import flatten, make_stages, time_encoding
+from ssdsgd.faults import cost_scale
 from ssdsgd.glu import GLU, GlobalMomentum, LocalSGD
 
 class PullWatch:
@@ -101,7 +103,10 @@ def probe_costs(kv, measure_backward, num_params, repeats=3):
     agreed = mx.nd.zeros(3)
     kv.pull(shared, out=agreed)
     alpha, beta, backward = (float(v) for v in agreed.asnumpy())
-    return quantise_costs({"alpha": alpha, "beta": beta, "backward": backward})
+    cost = {"alpha": alpha, "beta": beta, "backward": backward}
+    for name, factor in cost_scale().items():          # tests only: a link that looks different
+        cost[name] *= factor
+    return quantise_costs(cost)
 
 
 def quantise_costs(cost, steps_per_octave=2):
@@ -113,6 +118,12 @@ def quantise_costs(cost, steps_per_octave=2):
     def q(x):
         return float(2.0 ** (round(np.log2(x) * steps_per_octave) / steps_per_octave)) if x > 0 else 0.0
     return {name: q(v) for name, v in cost.items()}
+
+
+def _describe_plan(sizes):
+    if not isinstance(sizes, list):
+        return repr(sizes)
+    return f"{len(sizes)} buffers of {', '.join(map(str, sizes[:12]))}{'...' if len(sizes) > 12 else ''} elements"
 
 
 class RoundClient:
@@ -205,13 +216,31 @@ class RoundClient:
         self.clock_bufs = [mx.nd.zeros(1) for b in self.buffers]
         self.versions = [0] * len(self.buffers)
 
-    def setup(self, resume_dir=None, saved_meta=None):
+    def plan_record(self):
+        """What the checkpoint manifest records of the servers' layout (ssdsgd/checkpoint.py)."""
+        return {"kind": "rounds", "buffer_sizes": [b.size for b in self.buffers],
+                "cost_model": self.stats.get("cost_model")}
+
+    def setup(self, resume_dir=None, saved_meta=None, saved_plan=None):
         """Plan, install the plan on the servers, initialise and bind the keys, get the weights.
 
-        On resume the servers load their buffers from the checkpoint and the parameters already
-        hold this worker's saved local weights (see load_state), so nothing is pulled here."""
+        On resume the plan is made from the costs the checkpoint recorded (never measured again) and
+        must be the checkpoint's plan (saved_plan, from the manifest) before anything reaches the
+        servers; the servers load their buffers from the checkpoint and the parameters already hold
+        this worker's saved local weights (see load_state), so nothing is pulled here."""
         kv, train = self.kv, self.cfg.train
-        self._plan(saved_cost=(saved_meta or {}).get("cost_model"))
+        saved_meta = saved_meta or {}
+        if resume_dir and self.cfg.compression.buffers == "cost_model" and not saved_meta.get("cost_model"):
+            raise CheckpointError(f"{resume_dir}: compression.buffers is cost_model but the checkpoint has no "
+                                  f"recorded costs, so its buffer plan cannot be made again; resume refused")
+        self._plan(saved_cost=saved_meta.get("cost_model"))
+        if resume_dir and saved_plan is not None:
+            mine = [b.size for b in self.buffers]
+            if saved_plan.get("buffer_sizes") != mine:
+                raise CheckpointError(
+                    f"{resume_dir}: the checkpoint's buffer plan ({_describe_plan(saved_plan.get('buffer_sizes'))}) "
+                    f"is not the plan this run makes from the same config and costs ({_describe_plan(mine)}); "
+                    f"its server files cannot be served, resume refused")
         if kv.rank == 0:
             sizes = [b.size for b in self.buffers]
             print(f"buffer plan ({self.cfg.compression.buffers}): {len(sizes)} buffers of "

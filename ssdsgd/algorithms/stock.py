@@ -33,7 +33,11 @@ class StockClient:
     def kvstore_type(cfg):
         return "dist_sync" if cfg.algorithm.type == "ssgd" else "dist_async"
 
-    def setup(self, resume_dir=None, saved_meta=None):     # saved_meta: unused on the stock path
+    def plan_record(self):
+        """What the checkpoint manifest records of the servers' layout (ssdsgd/checkpoint.py)."""
+        return {"kind": "stock"}
+
+    def setup(self, resume_dir=None, saved_meta=None, saved_plan=None):     # saved_*: unused here
         """On resume the parameters hold the checkpoint's weights (rank 0's become the servers'),
         and the servers reload their optimizer state."""
         kv, cfg = self.kv, self.cfg

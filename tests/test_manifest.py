@@ -1,0 +1,226 @@
+"""Checkpoint manifests validated field by field, before any process starts; plans never re-made on resume."""
+import copy
+import json
+import os
+import re
+import shutil
+
+import pytest
+
+from jobs import ROOT, processes_with, run_job
+
+SSGD = "configs/demo_digits_ssgd.yaml"
+SSD_TOPK = "configs/demo_digits_ssd_topk.yaml"
+HEX = "ab" * 32
+
+
+def _cfg(config=SSD_TOPK, *sets):
+    from ssdsgd.config import load_config
+    return load_config(os.path.join(ROOT, config), ["train.epochs=4", *sets])
+
+
+def _good(cfg):
+    from ssdsgd.checkpoint import FORMAT, fingerprint, fingerprint_parts
+    return {"format": FORMAT, "fingerprint": fingerprint(cfg), "config": fingerprint_parts(cfg), "name": "x",
+            "epochs_done": 2, "step": 44,
+            "plan": {"kind": "rounds", "servers": 1, "buffer_sizes": [19000, 658],
+                     "cost_model": {"alpha": 1e-3, "beta": 1e-9, "backward": 1e-2}},
+            "files": {"worker0.npz": HEX, "worker1.npz": HEX, "server-buffer0.npz": HEX,
+                      "server-buffer1.npz": HEX}}
+
+
+def _with(m, path, value):
+    m = copy.deepcopy(m)
+    node, keys = m, path.split(".", 1)
+    for k in keys[:-1]:
+        node = node[k]
+    if value is _DELETE:
+        del node[keys[-1]]
+    else:
+        node[keys[-1]] = value
+    return m
+
+
+_DELETE = object()
+
+BAD_MANIFESTS = [
+    # (field, value, text the reason must contain)
+    (None, [1, 2], "not a JSON object (got list)"),
+    ("files", _DELETE, "has no 'files'"),
+    ("files", ["worker0.npz"], "files: expected an object"),
+    ("format", 7, "unknown checkpoint format 7"),
+    ("format", "2", "unknown checkpoint format '2'"),
+    ("fingerprint", "abc", "not a sha256"),
+    ("epochs_done", 999, "epochs_done: 999 is more than train.epochs (4)"),
+    ("epochs_done", 3, "epochs_done: 3, but the folder is that of epoch 2"),
+    ("epochs_done", 0, "epochs_done: 0"),
+    ("epochs_done", True, "epochs_done: expected int"),
+    ("step", -5, "step: -5 is less than epochs_done"),
+    ("step", 44.0, "step: expected int"),
+    ("files.server-buffer1.npz", _DELETE, "server-buffer1.npz missing"),
+    ("files.worker1.npz", _DELETE, "worker1.npz missing"),
+    ("files.server-buffer2.npz", HEX, "lists server-buffer2.npz, which this plan does not have"),
+    ("files.../../etc/passwd", HEX, "'../../etc/passwd' is not a checkpoint file name"),
+    ("files.worker0.npz", "zz", "worker0.npz: not a sha256"),
+    ("plan", _DELETE, "has no 'plan'"),
+    ("plan.kind", "stock", "kind 'stock', but this config runs 'rounds'"),
+    ("plan.servers", 2, "written for 2 servers, but cluster.servers is 1"),
+    ("plan.buffer_sizes", [], "buffer_sizes: expected a non-empty list"),
+    ("plan.buffer_sizes", [10, -1], "buffer_sizes: expected a non-empty list"),
+    ("plan.cost_model", None, "cost_model: expected the measured costs"),
+    ("plan.cost_model", {"alpha": 1}, "cost_model: expected the measured costs"),
+]
+
+
+@pytest.mark.parametrize("field,value,text", BAD_MANIFESTS, ids=[f"{b[0]}={b[1]!r}"[:40] for b in BAD_MANIFESTS])
+def test_manifest_fields_are_validated(field, value, text):
+    from ssdsgd.checkpoint import manifest_problem
+    cfg = _cfg()
+    assert manifest_problem(_good(cfg), cfg, 2) is None
+    bad = value if field is None else _with(_good(cfg), field, value)
+    problem = manifest_problem(bad, cfg, 2)
+    assert problem is not None and text in problem, problem
+
+
+def test_stock_plan_needs_every_server_file():
+    from ssdsgd.checkpoint import fingerprint, manifest_problem
+    cfg = _cfg(SSGD, "cluster.servers=2")
+    m = _with(_good(cfg), "plan", {"kind": "stock", "servers": 2})
+    m["fingerprint"] = fingerprint(cfg)
+    m["files"] = {"worker0.npz": HEX, "worker1.npz": HEX, "server-stock0.npz": HEX, "server-stock1.npz": HEX}
+    assert manifest_problem(m, cfg, 2) is None
+    del m["files"]["server-stock1.npz"]
+    assert "server-stock1.npz missing" in manifest_problem(m, cfg, 2)
+
+
+def test_format_1_manifests_are_still_read():
+    from ssdsgd.checkpoint import manifest_problem
+    cfg = _cfg()
+    m = _good(cfg)
+    for k in ("plan", "config"):
+        del m[k]
+    m["format"] = 1
+    assert manifest_problem(m, cfg, 2) is None
+    del m["files"]["server-buffer0.npz"]
+    assert "server-buffer0.npz missing" in manifest_problem(m, cfg, 2)
+
+
+def test_mismatched_config_names_the_keys_that_differ(tmp_path):
+    from ssdsgd.checkpoint import CheckpointError, verify
+    cfg = _cfg()
+    folder = tmp_path / "epoch-0002"
+    folder.mkdir()
+    (folder / "manifest.json").write_text(json.dumps(_good(cfg)))
+    with pytest.raises(CheckpointError, match=r"different configuration .*train\.lr \(0\.1 in the checkpoint, "
+                                               r"0\.2 now\)"):
+        verify(str(folder), _cfg(SSD_TOPK, "train.lr=0.2"))
+
+
+def test_check_against_run():
+    from ssdsgd.checkpoint import CheckpointError, check_against_run
+    m = {"epochs_done": 2, "step": 44}
+    check_against_run(m, "d", 22, {"step": 44})
+    check_against_run(dict(m, step=30), "d", 22, None)          # train.max_steps ended epoch 2 early
+    with pytest.raises(CheckpointError, match="step 45 is not within epoch 2 of this run"):
+        check_against_run(dict(m, step=45), "d", 22, None)
+    with pytest.raises(CheckpointError, match="worker's file step 40"):
+        check_against_run(m, "d", 22, {"step": 40})
+
+
+# ---- real jobs: every bad manifest is refused by the front end, nothing starts ---------------------------
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A finished 2-epoch SSD-SGD + top-k run (cost-model plan) with checkpoints at epochs 1 and 2."""
+    tmp = tmp_path_factory.mktemp("ck")
+    ck = os.path.join(str(tmp), "ck")
+    a = run_job(tmp, SSD_TOPK, "train.epochs=4", "algorithm.strict=true", "checkpoint.every_epochs=1",
+                f"checkpoint.dir={ck}", "train.max_steps=44", name="A")
+    assert a.rc == 0, a.output
+    return ck, a
+
+
+def _resume_with(tmp_path, ck_src, edit, *sets):
+    ck = os.path.join(str(tmp_path), "ck")
+    shutil.copytree(ck_src, ck)
+    path = os.path.join(ck, "epoch-0002", "manifest.json")
+    with open(path) as f:
+        m = json.load(f)
+    with open(path, "w") as f:
+        json.dump(edit(m), f)
+    return run_job(tmp_path, SSD_TOPK, "train.epochs=4", "algorithm.strict=true", "checkpoint.every_epochs=1",
+                   f"checkpoint.dir={ck}", *sets, name="B", args=["--resume"], timeout=120)
+
+
+EDITS = [
+    ("not_an_object", lambda m: [m], "not a JSON object"),
+    ("no_files", lambda m: {k: v for k, v in m.items() if k != "files"}, "has no 'files'"),
+    ("absurd_epoch_and_step", lambda m: dict(m, epochs_done=999, step=-5), "epochs_done: 999 is more than"),
+    ("server_file_omitted", lambda m: dict(m, files={k: v for k, v in m["files"].items()
+                                                     if k != "server-buffer0.npz"}),
+     "files: server-buffer0.npz missing"),
+    ("plan_of_more_buffers", lambda m: dict(m, plan=dict(m["plan"], buffer_sizes=m["plan"]["buffer_sizes"] + [7])),
+     "missing (the plan needs them)"),
+]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("label,edit,text", EDITS, ids=[e[0] for e in EDITS])
+def test_bad_manifest_is_refused_before_anything_starts(tmp_path, checkpoint, label, edit, text):
+    ck_src, _ = checkpoint
+    job = _resume_with(tmp_path, ck_src, edit)
+    assert job.rc == 2, job.output[-3000:]
+    assert text in job.output and "epoch-0002/manifest.json" in job.output, job.output[-3000:]
+    assert "Traceback" not in job.output
+    assert "[worker" not in job.output and "[server" not in job.output   # refused before any process
+    assert processes_with(job.marker) == []
+
+
+@pytest.mark.timeout(300)
+def test_more_servers_than_the_checkpoint_was_taken_with_is_refused(tmp_path, checkpoint):
+    ck_src, _ = checkpoint
+    job = _resume_with(tmp_path, ck_src, lambda m: m, "cluster.servers=2")
+    assert job.rc == 2, job.output[-3000:]
+    assert "written for 1 servers, but cluster.servers is 2" in job.output
+    assert "[worker" not in job.output
+
+
+@pytest.mark.timeout(300)
+def test_plan_the_servers_cannot_serve_is_refused_by_the_workers_before_any_command(tmp_path, checkpoint):
+    """Same number of buffers, other sizes (a planner that changed, a hand-edited manifest): the front end
+    cannot know the model's shapes; the workers find it before the servers are sent anything."""
+    ck_src, _ = checkpoint
+
+    def edit(m):
+        sizes = m["plan"]["buffer_sizes"]
+        return dict(m, plan=dict(m["plan"], buffer_sizes=[sizes[0] + 1] + sizes[1:]))
+    job = _resume_with(tmp_path, ck_src, edit)
+    assert job.rc != 0
+    assert "the checkpoint's buffer plan" in job.output and "resume refused" in job.output, job.output[-3000:]
+    assert "broadcast" not in job.output and "command 'load' failed" not in job.output
+    assert processes_with(job.marker) == []
+
+
+@pytest.mark.timeout(400)
+def test_resumed_cost_model_run_keeps_its_plan_whatever_the_link_measures(tmp_path, checkpoint):
+    """The resumed job measures other costs (SSDSGD_TEST_COST_SCALE makes a message look a million times
+    cheaper, which plans one buffer per tensor) and still gets the checkpoint's plan, and finishes."""
+    ck_src, a = checkpoint
+    fresh = run_job(tmp_path, SSD_TOPK, "train.epochs=1", "train.max_steps=2", name="probe",
+                    env={"SSDSGD_TEST_COST_SCALE": "alpha=1e-6"})
+    assert fresh.rc == 0, fresh.output[-3000:]
+    plan_line = re.compile(r"buffer plan \(cost_model\): (.*?) elements")
+    assert plan_line.search(fresh.output).group(1) != plan_line.search(a.output).group(1)   # would differ
+    ck = os.path.join(str(tmp_path), "ck")
+    shutil.copytree(ck_src, ck)
+    b = run_job(tmp_path, SSD_TOPK, "train.epochs=4", "algorithm.strict=true", "checkpoint.every_epochs=1",
+                f"checkpoint.dir={ck}", name="B", args=["--resume"], env={"SSDSGD_TEST_COST_SCALE": "alpha=1e-6"})
+    assert b.rc == 0, b.output[-3000:]
+    assert plan_line.search(b.output).group(1) == plan_line.search(a.output).group(1)
+    assert b.summary()["steps"] == 88
+    with open(os.path.join(ck, "epoch-0004", "manifest.json")) as f:
+        m4 = json.load(f)
+    with open(os.path.join(ck_src, "epoch-0002", "manifest.json")) as f:
+        m2 = json.load(f)
+    assert m4["plan"] == m2["plan"]
+    assert processes_with(b.marker) == []

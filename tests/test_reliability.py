@@ -136,6 +136,57 @@ def test_unsigned_pickled_command_is_refused_and_never_run(tmp_path, config):
     assert job.summary()["steps"] == 22           # the job itself carried on
 
 
+def _listening(pid):
+    """(address, port) of every TCP socket process `pid` listens on, from /proc/net/tcp{,6}."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    found = []
+    for table, width in (("tcp", 8), ("tcp6", 32)):
+        with open(f"/proc/{pid}/net/{table}") as f:
+            next(f)
+            for line in f:
+                cols = line.split()
+                local, state, inode = cols[1], cols[3], cols[9]
+                if state == "0A" and inode in inodes:           # 0A: LISTEN
+                    hexaddr, port = local.split(":")
+                    if width == 8:
+                        addr = socket.inet_ntoa(bytes.fromhex(hexaddr)[::-1])
+                    else:
+                        addr = socket.inet_ntop(socket.AF_INET6, b"".join(
+                            bytes.fromhex(hexaddr[i:i + 8])[::-1] for i in range(0, 32, 8)))
+                    found.append((addr, int(port, 16)))
+    return found
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("config", [SSGD, SSD_TOPK])
+def test_ports_are_bound_to_the_chosen_interface_only(tmp_path, config):
+    """ps-lite's data plane is unauthenticated: the scheduler, servers and workers must listen on the
+    job's interface (lo here: 127.0.0.1), never on every address (0.0.0.0 / ::)."""
+    proc, job = start_job(tmp_path, config, "train.epochs=500", "log.every_steps=1", name="ports")
+    try:
+        _wait_for_progress(job, proc)
+        listening = {}
+        for pid in processes_with(job.marker):
+            role, task = role_of(pid)
+            if role:
+                listening[(role, task)] = _listening(pid)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert set(listening) == {("scheduler", 0), ("server", 0), ("worker", 0), ("worker", 1)}, listening
+    for who, sockets in listening.items():
+        assert sockets, f"{who} listens on nothing"
+        assert all(addr == "127.0.0.1" for addr, _ in sockets), (who, sockets)
+    assert processes_with(job.marker) == []
+
+
 def _busy_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

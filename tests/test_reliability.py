@@ -205,6 +205,7 @@ BAD_INPUTS = [
     (["algorithm.delay=0"], 2, "algorithm.delay"),
     (["cluster.workers=0"], 2, "cluster.workers"),
     (["cluster.launcher=ssh", "cluster.hostfile=/nonexistent/hosts"], 2, "/nonexistent/hosts"),
+    (["data.dataset=mnist", "data.root=/etc/passwd"], 2, "data.root: /etc/passwd is a file, not a folder"),
     (["cluster.workers=64", "cluster.timeout=120"], 1, "steps_per_epoch"),
 ]
 
@@ -217,6 +218,18 @@ def test_bad_input_gets_a_clear_error(tmp_path, sets, code, text):
     assert text in job.output, job.output[-3000:]
     assert not os.path.exists(os.path.join(job.run_dir, "summary.json"))
     assert processes_with(job.marker) == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("text", ["", "\n# nothing but a comment\n"], ids=["empty", "comment"])
+def test_empty_config_file_is_refused(tmp_path, text):
+    path = tmp_path / "empty.yaml"
+    path.write_text(text)
+    job = run_job(tmp_path, str(path), name="empty")
+    assert job.rc == 2, job.output
+    assert f"{path}: the file is empty" in job.output
+    assert "[worker" not in job.output
+    assert not os.path.exists(job.run_dir)
 
 
 @pytest.mark.timeout(60)

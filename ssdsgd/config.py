@@ -136,6 +136,9 @@ SCHEMA = {
         "ssh_config": Field(str, None, nullable=True, doc="ssh launcher: ssh configuration file (ssh -F)"),
         "ssh_options": StrListField([], doc="ssh launcher: extra `Option=value` items (ssh -o)"),
         "port": Field(int, None, nullable=True, min=1, max=65535, doc="scheduler port; default: a free one"),
+        "max_restarts": Field(int, 0, min=0, max=100,
+                              doc="a job that fails after a complete checkpoint is restarted with --resume "
+                                  "at most this many times"),
     },
     "data": {
         "dataset": Field(str, "digits", choices=DATASETS),

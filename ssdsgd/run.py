@@ -65,19 +65,59 @@ def main(argv=None):
         print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
-        return _launch(cfg, args)
+        return _run_with_restarts(cfg, args)
     finally:
         release(held)
 
 
-def _launch(cfg, args):
+RESTARTABLE = 1        # the launcher's code for a failed or stalled process (not a timeout or a stop)
+
+
+def _run_with_restarts(cfg, args):
+    """Run the job; while it fails after a complete checkpoint, restart it with --resume, at most
+    cluster.max_restarts times. The folder locks stay held throughout."""
+    from ssdsgd.checkpoint import CheckpointError, latest, resume_point
+    from ssdsgd.folders import remove_leftovers
+    limit = cfg.cluster.max_restarts
+    resume = args.resume
+    for attempt in range(limit + 1):
+        code = _launch(cfg, args, resume)
+        if code == 0 or limit == 0:
+            return code
+        if code != RESTARTABLE:
+            print(f"run: the job ended with exit {code} (a timeout or a stop, not a failed process); "
+                  f"not restarted", file=sys.stderr, flush=True)
+            return code
+        if attempt == limit:
+            print(f"run: the job failed again; cluster.max_restarts ({limit}) restarts used, giving up",
+                  file=sys.stderr, flush=True)
+            return code
+        root = cfg.checkpoint.dir
+        if not root or latest(root) is None:
+            print("run: the job failed before its first complete checkpoint; not restarted "
+                  "(cluster.max_restarts needs checkpoint.dir and checkpoint.every_epochs)",
+                  file=sys.stderr, flush=True)
+            return code
+        remove_leftovers(root, lambda msg: print(f"run: {msg}", file=sys.stderr, flush=True))
+        try:
+            directory, _ = resume_point(cfg)
+        except CheckpointError as err:
+            print(f"run: not restarted: {err}", file=sys.stderr, flush=True)
+            return 2
+        print(f"run: restart {attempt + 1} of {limit}: the job failed (exit {code}); resuming from "
+              f"{directory}", file=sys.stderr, flush=True)
+        resume = True
+    return code
+
+
+def _launch(cfg, args, resume):
     from ssdsgd.folders import LOCKED_ENV
     from ssdsgd.launcher import run_job, ssh_options
     cl = cfg.cluster
     command = [sys.executable, "-m", "ssdsgd.train", "--config", os.path.abspath(args.config)]
     for text in args.set:
         command += ["--set", text]
-    if args.resume:
+    if resume:
         command.append("--resume")
     env = {LOCKED_ENV: "1"}     # the roles do not take the folder locks again
     return run_job(command, cl.workers, cl.servers, launcher=cl.launcher, hostfile=cl.hostfile,

@@ -87,6 +87,67 @@ def test_resume_after_epoch_2_matches_uninterrupted_run(tmp_path):
     assert max(np.abs(wa[k] - wc[k]).max() for k in wc) > 1e-3     # epochs 3-4 did change weights
 
 
+@pytest.mark.timeout(400)
+def test_killed_worker_is_restarted_from_the_checkpoint_and_ends_with_the_uninterrupted_weights(tmp_path):
+    """cluster.max_restarts: 1. Worker 1 is SIGKILLed once the epoch-2 checkpoint exists; the front end
+    restarts the job with --resume and it ends exactly where an uninterrupted run ends (strict mode)."""
+    common = ["train.epochs=6", "algorithm.strict=true", "checkpoint.every_epochs=1"]
+    ck = os.path.join(str(tmp_path), "ck")
+    # Worker 1 sleeps 50 ms a step, so an epoch takes over a second: time to kill it mid-run.
+    proc, job = start_job(tmp_path, SSD_TOPK, *common, f"checkpoint.dir={ck}", "cluster.max_restarts=1",
+                          name="R", env={"SSDSGD_TEST_FAULT": "slow:1:0.05"})
+    try:
+        manifest = os.path.join(ck, "epoch-0002", "manifest.json")
+        t0 = time.time()
+        while not os.path.exists(manifest):
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.time() - t0 < 120, "no epoch-2 checkpoint"
+            time.sleep(0.05)
+        victims = [p for p in processes_with(job.marker) if role_of(p) == ("worker", 1)]
+        assert len(victims) == 1, victims
+        os.kill(victims[0], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out[-3000:]
+    assert "launch: worker 1" in out and "SIGKILL" in out
+    assert out.count("run: restart 1 of 1: the job failed (exit 1); resuming from") == 1, out[-3000:]
+    assert "resuming from" in out and "epochs," in out
+    assert processes_with(job.marker) == []
+    c = run_job(tmp_path, SSD_TOPK, *common, f"checkpoint.dir={tmp_path}/ck_c", name="C")
+    assert c.rc == 0, c.output
+    assert job.summary()["steps"] == c.summary()["steps"] == 132
+    wr, wc = (load_params(j.summary()["checkpoint"]) for j in (job, c))
+    for k in wc:
+        np.testing.assert_allclose(wr[k], wc[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.timeout(240)
+def test_restarts_are_limited_by_max_restarts(tmp_path):
+    """Worker 1 raises at step 30 of every attempt (after the epoch-1 checkpoint, step 22): the job is
+    restarted twice, each restart logged, then given up with the failure's exit code."""
+    job = run_job(tmp_path, SSGD, "train.epochs=3", f"checkpoint.dir={tmp_path}/ck", "checkpoint.every_epochs=1",
+                  "cluster.max_restarts=2", name="again", env={"SSDSGD_TEST_FAULT": "raise:1:30"})
+    assert job.rc == 1, job.output[-3000:]
+    assert job.output.count("injected fault at step 30") >= 3
+    assert "run: restart 1 of 2" in job.output and "run: restart 2 of 2" in job.output
+    assert "restart 3" not in job.output
+    assert "cluster.max_restarts (2) restarts used, giving up" in job.output
+    assert processes_with(job.marker) == []
+
+
+@pytest.mark.timeout(120)
+def test_failure_before_any_checkpoint_is_not_restarted(tmp_path):
+    job = run_job(tmp_path, SSGD, "train.epochs=2", f"checkpoint.dir={tmp_path}/ck", "checkpoint.every_epochs=1",
+                  "cluster.max_restarts=3", name="early", env={"SSDSGD_TEST_FAULT": "raise:1:3"})
+    assert job.rc == 1
+    assert "failed before its first complete checkpoint; not restarted" in job.output
+    assert "run: restart" not in job.output
+    assert processes_with(job.marker) == []
+
+
 @pytest.mark.timeout(240)
 def test_corrupt_or_mismatched_checkpoint_is_refused(tmp_path):
     ck = os.path.join(str(tmp_path), "ck")

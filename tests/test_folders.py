@@ -5,12 +5,14 @@ import json
 import os
 import signal
 import stat
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
 
-from jobs import processes_with, run_job, start_job
+from jobs import ROOT, processes_with, run_job, start_job
 
 SSGD = "configs/demo_digits_ssgd.yaml"
 SSD_TOPK = "configs/demo_digits_ssd_topk.yaml"
@@ -121,6 +123,32 @@ def test_second_job_on_the_same_folders_fails_at_once_naming_the_holder(tmp_path
         records = [json.loads(line) for line in f]
     assert records and all(r["rank"] == 0 for r in records)
     assert not os.path.exists(os.path.join(tmp_path, "runs", "other"))   # refused before creating it
+    assert processes_with(job.marker) == []
+
+
+@pytest.mark.timeout(240)
+def test_under_launch_py_rank_0_takes_the_locks(tmp_path):
+    """A job started with launch.py (no ssdsgd.run front end) on a folder a running job holds fails,
+    with the holder named by rank 0, and leaves the holder's files alone."""
+    proc, job = start_job(tmp_path, SSGD, "train.epochs=500", "log.every_steps=1", name="held")
+    try:
+        _wait_for_progress(job, proc)
+        cmd = [sys.executable, os.path.join(ROOT, "launch", "launch.py"), "-n", "2", "-s", "1", "--timeout", "120",
+               sys.executable, "-m", "ssdsgd.train", "--config", os.path.join(ROOT, SSGD),
+               "--set", f"log.dir={job.marker}", "--set", "name=held", "--set", "train.epochs=1"]
+        second = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180,
+                                start_new_session=True)
+        assert proc.poll() is None
+    finally:
+        _stop(proc)
+    assert second.returncode == 1, second.stdout[-3000:]
+    assert f"is in use by another job: PID {proc.pid}" in second.stdout, second.stdout[-3000:]
+    assert "FolderError" in second.stdout
+    for rank, name in ((0, "metrics.jsonl"), (1, "metrics.rank1.jsonl")):
+        with open(os.path.join(job.run_dir, name)) as f:
+            lines = [json.loads(line) for line in f]
+        assert lines and all(r["rank"] == rank for r in lines)
     assert processes_with(job.marker) == []
 
 

@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import re
+import zipfile
 
 import numpy as np
 
@@ -280,6 +281,74 @@ def check_against_run(manifest, directory, steps_per_epoch, worker_meta):
         raise CheckpointError(f"{directory}: the manifest says step {step}, this worker's file step {saved}")
 
 
+def _npz_shapes(path):
+    """{array name: shape} of an .npz file, from the array headers only (nothing large is read)."""
+    shapes = {}
+    try:
+        with zipfile.ZipFile(path) as z:
+            for name in z.namelist():
+                with z.open(name) as f:
+                    major, _ = np.lib.format.read_magic(f)
+                    read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+                    shapes[name[:-4] if name.endswith(".npy") else name] = read(f)[0]
+    except (OSError, ValueError, zipfile.BadZipFile) as err:
+        raise CheckpointError(f"checkpoint file {path} cannot be read: {err}") from None
+    return shapes
+
+
+def served_plan_problem(cfg, directory, manifest):
+    """Re-make the plan of a round-based checkpoint from the parameter shapes of worker0.npz and the
+    costs it recorded, as the resumed workers will, and check it against the manifest's plan and the
+    shapes of the server buffer files; what is wrong, or None. No mxnet, no large reads."""
+    from ssdsgd.compression.fusion import plan_for_config
+    if not round_based(cfg):
+        return None
+    worker0 = os.path.join(directory, "worker0.npz")
+    shapes = _npz_shapes(worker0)
+    params = [shapes[f"param{i}"] for i in range(len(shapes)) if f"param{i}" in shapes]
+    if not params:
+        return f"{worker0} holds no parameters"
+    _, meta = load_npz_meta(worker0)
+    cost = (meta or {}).get("cost_model")
+    if cfg.compression.buffers == "cost_model" and not cost:
+        return (f"compression.buffers is cost_model but {worker0} has no recorded costs, so the buffer plan "
+                f"the servers saved cannot be made again")
+    try:
+        sizes = [b.size for b in plan_for_config(params, cfg.cluster.servers, cfg.compression, cost)]
+    except (TypeError, ValueError) as err:
+        return f"the plan cannot be made again from the checkpoint: {err}"
+    saved = (manifest.get("plan") or {}).get("buffer_sizes")
+    if saved is not None and saved != sizes:
+        return (f"the manifest's buffer plan ({len(saved)} buffers of {_short(saved)} elements) is not the plan "
+                f"this config makes from the checkpoint's shapes and costs ({len(sizes)} buffers of "
+                f"{_short(sizes)}); its server files cannot be served")
+    listed = sorted(f for f in manifest["files"] if f.startswith("server-buffer"))
+    want = [f"server-buffer{b}.npz" for b in range(len(sizes))]
+    if sorted(want) != listed:
+        return (f"the plan has {len(sizes)} buffers, but the checkpoint has server files "
+                f"{', '.join(listed) or 'none'}")
+    for b, n in enumerate(sizes):
+        path = os.path.join(directory, f"server-buffer{b}.npz")
+        got = _npz_shapes(path).get("weights")
+        if got != (n,):
+            return f"{path} holds weights of shape {got}, but buffer {b} of the plan has {n} elements"
+    return None
+
+
+def _short(sizes):
+    return ", ".join(map(str, sizes[:12])) + ("..." if len(sizes) > 12 else "")
+
+
+def load_npz_meta(path):
+    """(None, meta dict or None) of an .npz written by save_npz, reading only its meta array."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            meta = f["__meta__"] if "__meta__" in f.files else None
+    except Exception as err:
+        raise CheckpointError(f"checkpoint file {path} cannot be read: {err}") from None
+    return None, (json.loads(meta.tobytes().decode()) if meta is not None else None)
+
+
 def resume_point(cfg):
     """The checkpoint to resume from for --resume: verified, or CheckpointError saying why not."""
     root = cfg.checkpoint.dir
@@ -288,4 +357,8 @@ def resume_point(cfg):
     directory = latest(root)
     if directory is None:
         raise CheckpointError(f"--resume: no complete checkpoint in {root}")
-    return directory, verify(directory, cfg)
+    manifest = verify(directory, cfg)
+    problem = served_plan_problem(cfg, directory, manifest)
+    if problem:
+        raise CheckpointError(f"{directory}: {problem}; resume refused")
+    return directory, manifest

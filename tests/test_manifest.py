@@ -5,6 +5,7 @@ import os
 import re
 import shutil
 
+import numpy as np
 import pytest
 
 from jobs import ROOT, processes_with, run_job
@@ -186,18 +187,44 @@ def test_more_servers_than_the_checkpoint_was_taken_with_is_refused(tmp_path, ch
 
 
 @pytest.mark.timeout(300)
-def test_plan_the_servers_cannot_serve_is_refused_by_the_workers_before_any_command(tmp_path, checkpoint):
+def test_plan_the_servers_cannot_serve_is_refused_before_anything_starts(tmp_path, checkpoint):
     """Same number of buffers, other sizes (a planner that changed, a hand-edited manifest): the front end
-    cannot know the model's shapes; the workers find it before the servers are sent anything."""
+    makes the plan again from worker0.npz's parameter shapes and recorded costs and refuses."""
     ck_src, _ = checkpoint
 
     def edit(m):
         sizes = m["plan"]["buffer_sizes"]
         return dict(m, plan=dict(m["plan"], buffer_sizes=[sizes[0] + 1] + sizes[1:]))
     job = _resume_with(tmp_path, ck_src, edit)
-    assert job.rc != 0
-    assert "the checkpoint's buffer plan" in job.output and "resume refused" in job.output, job.output[-3000:]
-    assert "broadcast" not in job.output and "command 'load' failed" not in job.output
+    assert job.rc == 2, job.output[-3000:]
+    assert "the manifest's buffer plan" in job.output and "cannot be served; resume refused" in job.output
+    assert "[worker" not in job.output and "[server" not in job.output
+    assert processes_with(job.marker) == []
+
+
+@pytest.mark.timeout(300)
+def test_server_file_of_another_plan_is_refused_before_anything_starts(tmp_path, checkpoint):
+    """A server buffer file whose weights do not fit the plan (its hash made to match): the server would
+    have died with `operands could not be broadcast`; the front end reads the array headers and refuses."""
+    from ssdsgd.checkpoint import _sha256, load_npz, save_npz
+    ck_src, _ = checkpoint
+    ck = os.path.join(str(tmp_path), "ck")
+    shutil.copytree(ck_src, ck)
+    folder = os.path.join(ck, "epoch-0002")
+    path = os.path.join(folder, "server-buffer0.npz")
+    arrays, meta = load_npz(path)
+    arrays = {k: (np.concatenate([v, v[:3]]) if k in ("weights", "mom") else v) for k, v in arrays.items()}
+    save_npz(path, arrays, meta)
+    with open(os.path.join(folder, "manifest.json")) as f:
+        m = json.load(f)
+    m["files"]["server-buffer0.npz"] = _sha256(path)
+    with open(os.path.join(folder, "manifest.json"), "w") as f:
+        json.dump(m, f)
+    job = run_job(tmp_path, SSD_TOPK, "train.epochs=4", "algorithm.strict=true", "checkpoint.every_epochs=1",
+                  f"checkpoint.dir={ck}", name="B", args=["--resume"], timeout=120)
+    assert job.rc == 2, job.output[-3000:]
+    assert "server-buffer0.npz holds weights of shape" in job.output and "resume refused" in job.output
+    assert "[worker" not in job.output
     assert processes_with(job.marker) == []
 
 

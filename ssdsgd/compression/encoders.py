@@ -20,7 +20,7 @@ import numpy as np
 
 from ssdsgd.compression.codec import DIGIT, FP16_MAX, MAX_ROUND_FP16
 from ssdsgd.compression.compressor import make_compressor
-from ssdsgd.compression.fusion import make_plan, plan_cost_model, warmup_stages
+from ssdsgd.compression.fusion import plan_for_config, tensor_counts, warmup_stages
 from ssdsgd.compression.memory import Memory
 
 
@@ -142,35 +142,15 @@ def allocate_by_threshold(accs, counts, whole_idx):
     return out
 
 
-def tensor_counts(shapes, comp, density=None):
-    """Values each tensor sends: k_i = max(1, floor(density * n_i)), or all of a small tensor."""
-    density = comp.density if density is None else density
-    sizes = [int(np.prod(s)) for s in shapes]
-    whole = [4 * n < comp.min_dense_bytes for n in sizes]
-    counts = [n if w else max(1, int(density * n)) for n, w in zip(sizes, whole)]
-    return sizes, counts, whole
-
-
 def make_encoders(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, seed=0):
     """Buffer plan plus one encoder per buffer, for the `compression` config section (steady-state
     density; make_stages adds the warm-up stages).
 
     cost: {'alpha', 'beta', 'backward'} measured at job start (needed for buffers: cost_model).
     """
-    sizes, counts, whole = tensor_counts(shapes, comp)
+    buffers = plan_for_config(shapes, num_servers, comp, cost)
+    whole = tensor_counts(shapes, comp)[2]
     sparse = comp.type not in ("none", "2bit")
-    if not sparse:
-        counts = sizes
-    codec = "sparse" if sparse else "dense"
-    fp16 = sparse and comp.fp16_values
-    if comp.buffers == "cost_model":
-        if cost is None:
-            raise ValueError("compression.buffers: cost_model needs the startup probe's measurements")
-        groups = plan_cost_model(sizes, counts, sparse, **cost, fp16=fp16)
-        buffers = make_plan(shapes, num_servers, groups=groups, counts=counts, codec=codec, fp16=fp16)
-    else:
-        buffers = make_plan(shapes, num_servers, mode=comp.buffers, buffer_bytes=comp.buffer_bytes,
-                            counts=counts, codec=codec, fp16=fp16)
     if not sparse:
         return buffers, [DenseEncoder() for _ in buffers]
     memory = Memory(comp.error_feedback, momentum if comp.momentum_correction else 0.0)

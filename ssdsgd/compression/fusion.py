@@ -217,6 +217,35 @@ def make_plan(shapes, num_servers, *, mode="one", buffer_bytes=4 << 20, counts=N
     return buffers
 
 
+def tensor_counts(shapes, comp, density=None):
+    """Values each tensor sends: k_i = max(1, floor(density * n_i)), or all of a small tensor."""
+    density = comp.density if density is None else density
+    sizes = [int(_numel(s)) for s in shapes]
+    whole = [4 * n < comp.min_dense_bytes for n in sizes]
+    counts = [n if w else max(1, int(density * n)) for n, w in zip(sizes, whole)]
+    return sizes, counts, whole
+
+
+def plan_for_config(shapes, num_servers, comp, cost=None):
+    """The buffers of the `compression` config section's steady state (what the servers hold).
+
+    cost: {'alpha', 'beta', 'backward'} measured at job start (needed for buffers: cost_model).
+    No mxnet here: the front end re-makes a checkpoint's plan with it before a resume starts."""
+    sizes, counts, _ = tensor_counts(shapes, comp)
+    sparse = comp.type not in ("none", "2bit")
+    if not sparse:
+        counts = sizes
+    codec = "sparse" if sparse else "dense"
+    fp16 = sparse and comp.fp16_values
+    if comp.buffers == "cost_model":
+        if cost is None:
+            raise ValueError("compression.buffers: cost_model needs the startup probe's measurements")
+        groups = plan_cost_model(sizes, counts, sparse, **cost, fp16=fp16)
+        return make_plan(shapes, num_servers, groups=groups, counts=counts, codec=codec, fp16=fp16)
+    return make_plan(shapes, num_servers, mode=comp.buffers, buffer_bytes=comp.buffer_bytes,
+                     counts=counts, codec=codec, fp16=fp16)
+
+
 def _numel(shape):
     n = 1
     for d in shape:

@@ -201,3 +201,47 @@ def test_run_and_checkpoint_folders_are_private(tmp_path):
                 seen += 1
     assert seen >= 8       # config, metrics, summary, final.params, checkpoint files, locks
     assert stat.S_IMODE(os.stat(os.path.join(tmp_path, "runs")).st_mode) == 0o700
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1.4 MB tmpfs: room for one digits checkpoint (~1 MB), not two. Needs root (mount)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1400k,mode=0700", "tmpfs", str(disk)],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {r.stdout.strip()}")
+    try:
+        yield str(disk)
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])
+
+
+def _tmp_files(root):
+    return [os.path.join(d, f) for d, _, files in os.walk(root) for f in files if ".tmp" in f]
+
+
+@pytest.mark.timeout(300)
+def test_checkpoint_save_on_a_full_disk(tmp_path, small_disk):
+    """The epoch-2 save fills the disk: the job fails naming it, the epoch-1 checkpoint stays intact, and
+    the next start removes what the failed save left, so the disk is not kept full."""
+    ck = os.path.join(small_disk, "ck")
+    sets = ["train.epochs=3", "algorithm.strict=true", f"checkpoint.dir={ck}"]
+    job = run_job(tmp_path, SSD_TOPK, *sets, "checkpoint.every_epochs=1", name="full")
+    assert job.rc == 1, job.output[-3000:]
+    assert "No space left on device" in job.output
+    assert os.path.exists(os.path.join(ck, "epoch-0001", "manifest.json"))
+    assert not os.path.exists(os.path.join(ck, "epoch-0002", "manifest.json"))
+    assert processes_with(job.marker) == []
+    # Continue from epoch 1 without saving again (every_epochs is not part of the fingerprint).
+    again = run_job(tmp_path, SSD_TOPK, *sets, "checkpoint.every_epochs=0", "train.max_steps=30", name="full",
+                    args=["--resume"])
+    assert again.rc == 0, again.output[-3000:]
+    assert "resuming from" in again.output and "epoch-0001" in again.output
+    assert "removed what interrupted saves left: epoch-0002/" in again.output
+    assert _tmp_files(ck) == [] and sorted(os.listdir(ck)) == [".ssdsgd.lock", "epoch-0001"]
+    free = os.statvfs(small_disk)
+    assert free.f_bavail * free.f_frsize > 300_000

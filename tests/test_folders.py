@@ -152,12 +152,35 @@ def test_under_launch_py_rank_0_takes_the_locks(tmp_path):
     assert processes_with(job.marker) == []
 
 
+def _assert_private(*tops):
+    """Every folder 0700 and every file 0600 under tops (and tops themselves)."""
+    seen = 0
+    for top in tops:
+        assert stat.S_IMODE(os.stat(top).st_mode) == 0o700, top
+        for dirpath, dirnames, filenames in os.walk(top):
+            for d in dirnames:
+                assert stat.S_IMODE(os.stat(os.path.join(dirpath, d)).st_mode) == 0o700, d
+            for name in filenames:
+                mode = stat.S_IMODE(os.stat(os.path.join(dirpath, name)).st_mode)
+                assert mode == 0o600, (os.path.join(dirpath, name), oct(mode))
+                seen += 1
+    return seen
+
+
 @pytest.mark.timeout(300)
 def test_fresh_run_into_a_checkpoint_folder_needs_resume_or_overwrite(tmp_path):
+    """Also: run and checkpoint folders are private (0700/0600) even under a umask of 022."""
     ck = os.path.join(str(tmp_path), "ck")
     sets = ["train.epochs=2", f"checkpoint.dir={ck}", "checkpoint.every_epochs=1", "train.max_steps=22"]
-    a = run_job(tmp_path, SSD_TOPK, *sets, name="A")
+    old_umask = os.umask(0o022)          # what a user's shell usually has: would give 0755/0644
+    try:
+        a = run_job(tmp_path, SSD_TOPK, *sets, name="A")
+    finally:
+        os.umask(old_umask)
     assert a.rc == 0, a.output
+    # config, metrics (2), worker parts (2), summary, final.params, locks (2), checkpoint files
+    assert _assert_private(a.run_dir, ck) >= 12
+    assert stat.S_IMODE(os.stat(os.path.join(tmp_path, "runs")).st_mode) == 0o700
     # What a killed earlier run might have left: a file the new run does not write.
     stale = os.path.join(ck, "epoch-0001", "server-buffer9.npz")
     with open(stale, "wb") as f:
@@ -177,30 +200,6 @@ def test_fresh_run_into_a_checkpoint_folder_needs_resume_or_overwrite(tmp_path):
         files = json.load(f)["files"]
     assert "server-buffer9.npz" not in files and "worker0.npz" in files
     assert processes_with(over.marker) == []
-
-
-@pytest.mark.timeout(300)
-def test_run_and_checkpoint_folders_are_private(tmp_path):
-    old = os.umask(0o022)          # what a user's shell usually has: would give 0755/0644
-    ck = os.path.join(str(tmp_path), "ck")
-    try:
-        job = run_job(tmp_path, SSGD, "train.epochs=1", f"checkpoint.dir={ck}", "checkpoint.every_epochs=1",
-                      name="private")
-    finally:
-        os.umask(old)
-    assert job.rc == 0, job.output
-    seen = 0
-    for top in (job.run_dir, ck):
-        assert stat.S_IMODE(os.stat(top).st_mode) == 0o700, top
-        for dirpath, dirnames, filenames in os.walk(top):
-            for d in dirnames:
-                assert stat.S_IMODE(os.stat(os.path.join(dirpath, d)).st_mode) == 0o700, d
-            for name in filenames:
-                mode = stat.S_IMODE(os.stat(os.path.join(dirpath, name)).st_mode)
-                assert mode == 0o600, (os.path.join(dirpath, name), oct(mode))
-                seen += 1
-    assert seen >= 8       # config, metrics, summary, final.params, checkpoint files, locks
-    assert stat.S_IMODE(os.stat(os.path.join(tmp_path, "runs")).st_mode) == 0o700
 
 
 @pytest.fixture

@@ -127,14 +127,14 @@ def test_killed_worker_is_restarted_from_the_checkpoint_and_ends_with_the_uninte
 @pytest.mark.timeout(240)
 def test_restarts_are_limited_by_max_restarts(tmp_path):
     """Worker 1 raises at step 30 of every attempt (after the epoch-1 checkpoint, step 22): the job is
-    restarted twice, each restart logged, then given up with the failure's exit code."""
+    restarted once, logged, then given up with the failure's exit code."""
     job = run_job(tmp_path, SSGD, "train.epochs=3", f"checkpoint.dir={tmp_path}/ck", "checkpoint.every_epochs=1",
-                  "cluster.max_restarts=2", name="again", env={"SSDSGD_TEST_FAULT": "raise:1:30"})
+                  "cluster.max_restarts=1", name="again", env={"SSDSGD_TEST_FAULT": "raise:1:30"})
     assert job.rc == 1, job.output[-3000:]
-    assert job.output.count("injected fault at step 30") >= 3
-    assert "run: restart 1 of 2" in job.output and "run: restart 2 of 2" in job.output
-    assert "restart 3" not in job.output
-    assert "cluster.max_restarts (2) restarts used, giving up" in job.output
+    assert job.output.count("(rank 1)] RuntimeError: injected fault at step 30") == 2     # two attempts
+    assert job.output.count("run: restart 1 of 1: the job failed (exit 1)") == 1
+    assert "restart 2" not in job.output
+    assert "cluster.max_restarts (1) restarts used, giving up" in job.output
     assert processes_with(job.marker) == []
 
 
@@ -226,11 +226,11 @@ def _listening(pid):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("config", [SSGD, SSD_TOPK])
-def test_ports_are_bound_to_the_chosen_interface_only(tmp_path, config):
+def test_ports_are_bound_to_the_chosen_interface_only(tmp_path):
     """ps-lite's data plane is unauthenticated: the scheduler, servers and workers must listen on the
-    job's interface (lo here: 127.0.0.1), never on every address (0.0.0.0 / ::)."""
-    proc, job = start_job(tmp_path, config, "train.epochs=500", "log.every_steps=1", name="ports")
+    job's interface (lo here: 127.0.0.1), never on every address (0.0.0.0 / ::). (Stock and round-based
+    runs bind through the same ps-lite code; one job covers both.)"""
+    proc, job = start_job(tmp_path, SSD_TOPK, "train.epochs=500", "log.every_steps=1", name="ports")
     try:
         _wait_for_progress(job, proc)
         listening = {}

@@ -1,0 +1,111 @@
+"""Sparse downlink (compression.downlink: sparse): the servers publish each applied round's aggregated
+sparse update in a ring (ssdsgd.rounds.DownlinkRing); a worker's replica of the buffer's server state
+applies them with the same numpy update and must stay bit for bit equal to the server's state."""
+import numpy as np
+import pytest
+
+from ssdsgd.compression.codec import MailboxFormat
+from ssdsgd.rounds import BufferState, DownlinkRing, RoundError, read_ring, ring_length
+from ssdsgd.schedule import LRSchedule
+
+B = 8
+
+
+def schedule(rounds):
+    return LRSchedule("cosine", base_lr=0.3, total_updates=rounds, warmup_updates=3)
+
+
+def sparse_message(rnd, rank, idx, vals):
+    return np.concatenate([np.array([rnd, rank], np.float32), idx.astype(np.float32), vals.astype(np.float32)])
+
+
+def bits_equal(a, b):
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def make_pair(size, workers, k, rounds, momentum, delay_momentum, wd, slots, warmup=5):
+    fmt = [MailboxFormat("sparse", size, k)]
+    server = BufferState(size, workers, B, momentum, wd, schedule(rounds), fmt, delay_momentum, warmup)
+    replica = BufferState(size, workers, B, momentum, wd, schedule(rounds), [], delay_momentum, warmup)
+    server.ring = DownlinkRing(size, slots, workers * k)
+    w0 = np.random.default_rng(1).standard_normal(size).astype(np.float32)
+    server.bind(w0)
+    replica.bind(w0)
+    return server, replica
+
+
+@pytest.mark.parametrize("momentum,delay_momentum,wd", [(0.9, 0.5, 1e-4), (0.0, 0.0, 1e-4), (0.9, None, 0.0)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_replica_stays_bit_identical(seed, momentum, delay_momentum, wd):
+    """Random sparse pushes from N workers (repeated indices inside a message and across workers,
+    values that cancel exactly), arriving out of order and up to several rounds ahead; the replica
+    pulls the ring at random times (every 1 to slots - 2 rounds: one message can apply 3) and must
+    equal the server exactly."""
+    rng = np.random.default_rng(seed)
+    size, workers, k, rounds, slots = 300, 4, 12, 120, 5
+    server, replica = make_pair(size, workers, k, rounds, momentum, delay_momentum, wd, slots)
+    msgs = []
+    for rnd in range(rounds):
+        for rank in range(workers):
+            idx = rng.integers(0, size if rnd % 7 else 10, k)        # some rounds: heavy overlap
+            idx[: k // 4] = idx[0]                                    # repeats inside one message
+            vals = rng.standard_normal(k).astype(np.float32) * np.float32(10.0 ** rng.integers(-4, 3))
+            if rank == 1 and rnd % 5 == 0:
+                vals[0] = -np.float32(vals[: k // 4].sum(dtype=np.float32) - vals[0])   # may cancel
+            msgs.append((rnd, rank, sparse_message(rnd, rank, idx, vals)))
+    # Out of order: shuffle within windows of three rounds (a fast worker runs ahead).
+    order = []
+    for start in range(0, len(msgs), 3 * workers):
+        window = msgs[start:start + 3 * workers]
+        order += [window[i] for i in rng.permutation(len(window))]
+    checked = 0
+    next_pull = 1
+    for rnd, rank, msg in order:
+        server.receive(msg)
+        if server.version >= next_pull:
+            ring = read_ring(server.ring.array.copy(), slots, workers * k)
+            assert replica.catch_up(ring)
+            assert replica.version == server.version
+            assert bits_equal(replica.weights, server.weights)
+            assert bits_equal(replica.mom, server.mom)
+            checked += 1
+            next_pull = replica.version + int(rng.integers(1, slots - 1))   # a jump of 3 still fits
+    assert server.version == rounds and checked > 20
+
+
+def test_missed_rounds_and_dense_slots_ask_for_a_dense_pull():
+    size, workers, k, slots = 50, 2, 3, 2
+    server, replica = make_pair(size, workers, k, 10, 0.9, None, 1e-4, slots)
+    rng = np.random.default_rng(0)
+    for rnd in range(3):
+        for rank in range(workers):
+            server.receive(sparse_message(rnd, rank, rng.integers(0, size, k), rng.standard_normal(k)))
+    ring = read_ring(server.ring.array, slots, workers * k)
+    assert sorted(ring) == [1, 2]
+    assert not replica.catch_up(ring)              # round 0 has left the ring
+    assert replica.version == 0
+    # Resync from the dense state, then a round whose sum does not fit its slot.
+    replica.bind(server.weights, server.version)
+    replica.mom = server.mom.copy()
+    server.ring.record(server.version, np.ones(size, np.float32))
+    ring = read_ring(server.ring.array, slots, workers * k)
+    assert ring[3] is None and not replica.catch_up(ring)
+    assert replica.version == 3
+
+
+def test_record_keeps_negative_zero_and_nan():
+    ring = DownlinkRing(6, 1, 4)
+    g = np.array([0.0, -0.0, 1.5, np.nan, 0.0, 2.0], np.float32)
+    ring.record(0, g)
+    (idx, vals), = read_ring(ring.array, 1, 4).values()
+    back = np.zeros(6, np.float32)
+    back[idx] = vals
+    assert bits_equal(back, g)
+
+
+def test_read_ring_checks_length_and_empty_slots():
+    ring = DownlinkRing(10, 3, 2)
+    assert ring.array.shape == (ring_length(3, 2),)
+    assert read_ring(ring.array, 3, 2) == {}
+    with pytest.raises(RoundError):
+        read_ring(ring.array[:-1], 3, 2)

@@ -109,3 +109,53 @@ def test_read_ring_checks_length_and_empty_slots():
     assert read_ring(ring.array, 3, 2) == {}
     with pytest.raises(RoundError):
         read_ring(ring.array[:-1], 3, 2)
+
+
+# ---- real jobs on loopback ------------------------------------------------------------------------
+TOPK = "configs/demo_digits_ssd_topk.yaml"
+# Fixed buffers (no link probe, so both runs get the same plan): 3 buffers of the demo's small_cnn.
+STRICT = ["train.epochs=3", "algorithm.strict=true", "compression.buffers=fixed", "compression.buffer_bytes=32768"]
+
+
+def _params(path):
+    import mxnet as mx
+    return {k: v.asnumpy() for k, v in mx.nd.load(path).items()}
+
+
+@pytest.mark.timeout(400)
+def test_strict_sparse_downlink_ends_with_the_dense_downlink_weights(tmp_path):
+    """Strict SSD-SGD + top-k: refreshing from the replica gives exactly (bit for bit) the global
+    weights of the run that pulls dense weights, and the guard, run at every refresh, finds every
+    replica equal to the servers' weights. A third run without the guard shows the traffic: after
+    the warm-up at most 2.2x the pushed bytes are pulled (the union of 2 workers' indices)."""
+    from jobs import processes_with, run_job
+    dense = run_job(tmp_path, TOPK, *STRICT, name="dense")
+    assert dense.rc == 0, dense.output
+    sparse = run_job(tmp_path, TOPK, *STRICT, "compression.downlink=sparse",
+                     "compression.downlink_check_every=1", name="sparse")
+    assert sparse.rc == 0, sparse.output
+    sd, ss = dense.summary(), sparse.summary()
+    assert sd["steps"] == ss["steps"] == 66
+    wd, ws = _params(sd["checkpoint"]), _params(ss["checkpoint"])
+    assert wd.keys() == ws.keys()
+    for name in wd:
+        assert bits_equal(ws[name], wd[name]), name
+    client = ss["client"]
+    assert [d["downlink"] for d in client["downlink"]] == ["sparse"] * client["buffers"]
+    # Every refresh was checked: 22 warm-up steps + 44 delay steps / k = 5 refreshes, per buffer.
+    assert client["downlink_checks"] == client["buffers"] * (22 + 44 // 5)
+    assert client["downlink_resyncs"] == client["buffers"]          # only the one at start
+    assert "downlink: buffer 0: sparse" in sparse.output
+
+    plain = run_job(tmp_path, TOPK, *STRICT, "compression.downlink=sparse",
+                    "compression.downlink_check_every=0", name="bytes")
+    assert plain.rc == 0, plain.output
+    sp, aw, awd = plain.summary(), plain.summary()["after_warmup"], sd["after_warmup"]
+    assert bits_equal(_params(sp["checkpoint"])[name], wd[name])
+    push, pull = aw["push_bytes"] / aw["steps"], aw["pull_bytes"] / aw["steps"]
+    print(f"after warm-up, per step: pushed {push:.0f} B, pulled {pull:.0f} B sparse "
+          f"({pull / push:.2f}x), {awd['pull_bytes'] / awd['steps']:.0f} B dense")
+    assert pull <= 2.2 * push, (push, pull)
+    assert pull < 0.5 * awd["pull_bytes"] / awd["steps"]
+    for job in (dense, sparse, plain):
+        assert processes_with(job.marker) == []

@@ -111,6 +111,55 @@ def test_read_ring_checks_length_and_empty_slots():
         read_ring(ring.array[:-1], 3, 2)
 
 
+
+def test_config_downlink_needs_a_sparsifier():
+    import os
+
+    from jobs import ROOT
+    from ssdsgd.config import ConfigError, load_config
+    cfg = load_config(os.path.join(ROOT, "configs/demo_digits_ssd_topk.yaml"))
+    assert cfg.compression.downlink == "dense" and cfg.compression.downlink_check_every == 50
+    cfg = load_config(os.path.join(ROOT, "configs/demo_digits_ssd_topk.yaml"), ["compression.downlink=sparse"])
+    assert cfg.compression.downlink == "sparse"
+    with pytest.raises(ConfigError, match=r"compression\.downlink: sparse .* needs a sparsifier"):
+        load_config(os.path.join(ROOT, "configs/demo_digits_ssd.yaml"), ["compression.downlink=sparse"])
+    with pytest.raises(ConfigError, match=r"compression\.downlink"):
+        load_config(os.path.join(ROOT, "configs/demo_digits_ssd_topk.yaml"), ["compression.downlink=lossy"])
+    with pytest.raises(ConfigError, match=r"compression\.downlink_check_every"):
+        load_config(os.path.join(ROOT, "configs/demo_digits_ssd_topk.yaml"), ["compression.downlink_check_every=-1"])
+
+
+class _FakeKV:
+    """kv.pull(key, out=...) from a dict of numpy arrays (what the servers would answer)."""
+
+    def __init__(self, stored):
+        self.stored = stored
+
+    def pull(self, key, out, priority=0):
+        out[:] = self.stored[key]
+
+
+def test_guard_names_the_buffer_whose_replica_differs():
+    from types import SimpleNamespace
+
+    import mxnet as mx  # noqa: F401  (RoundClient's module needs it)
+    from ssdsgd.algorithms.ssd import RoundClient
+    size = 20
+    replica = BufferState(size, 2, B, 0.9, 1e-4, schedule(10), [])
+    replica.bind(np.arange(size, dtype=np.float32), version=7)
+    server_w = np.append(replica.weights, np.float32(7))
+    client = SimpleNamespace(buffers=[SimpleNamespace(size=size, weight_key=3)], replicas=[replica],
+                             downlink=[{"ring_key": 9}], stats={"downlink_checks": 0}, pull_bytes=0,
+                             kv=_FakeKV({3: server_w}))
+    RoundClient._check_replica(client, 0)
+    assert client.stats["downlink_checks"] == 1 and client.pull_bytes == 4 * (size + 1)
+    server_w[5] = np.nextafter(server_w[5], np.float32(np.inf))        # one ulp off
+    with pytest.raises(RuntimeError, match=r"downlink: buffer 0 .* version 7 differs .* in 1 of 20"):
+        RoundClient._check_replica(client, 0)
+    server_w[-1] = 8                                                    # servers moved on: not compared
+    RoundClient._check_replica(client, 0)
+    assert client.stats["downlink_checks_skipped"] == 1
+
 # ---- real jobs on loopback ------------------------------------------------------------------------
 TOPK = "configs/demo_digits_ssd_topk.yaml"
 # Fixed buffers (no link probe, so both runs get the same plan): 3 buffers of the demo's small_cnn.

@@ -4,7 +4,11 @@ Talks to the round service of ssdsgd.server through three keys per fused buffer 
   mailbox  every step: [round, rank, payload] (dense gradient, or sparse pieces from a compressor;
            one mailbox key per density stage when compression.warmup is set);
   weight   the global weights of the buffer plus their version (rounds applied) in the last slot;
-  clock    the version alone, one float: polled cheaply while waiting for a round.
+  clock    the version alone, one float: polled cheaply while waiting for a round;
+  with compression.downlink: sparse, two more: the ring of the last R rounds' aggregated sparse
+           updates (ssdsgd.rounds.DownlinkRing), pulled instead of the weights and applied to a
+           replica of the buffer's server state, and the momentum (with its version) from which that
+           replica is rebuilt when it cannot catch up from the ring.
 The KVStore is dist_async, so a push is acknowledged as soon as the server has filed it and never
 blocks on the other workers; the rounds are synchronous on the server side.
 

@@ -214,6 +214,12 @@ SCHEMA = {
         "warmup": ListField([], item=float, max=1,
                             doc="density of each of the first epochs, e.g. DGC's [0.25, 0.0625, 0.015625, "
                                 "0.004]; `density` from then on"),
+        "downlink": Field(str, "dense", choices=("dense", "sparse"),
+                          doc="round-based runs with a sparsifier: refresh from dense weight pulls, or from "
+                              "the rounds' aggregated sparse updates applied to a replica of the servers' state"),
+        "downlink_check_every": Field(int, 50, min=0,
+                                      doc="downlink sparse: compare the replica with the servers' dense weights "
+                                          "bit for bit every this many refreshes per buffer (0: never)"),
     },
     "checkpoint": {
         "dir": Field(str, None, nullable=True),
@@ -287,6 +293,10 @@ def _check_consistency(c):
     if comp["warmup"] and not sparsifier:
         raise ConfigError("compression.warmup: a density warm-up needs a sparsifier; "
                           f"set compression.type to topk, randomk or dgc (got {comp['type']})")
+    if comp["downlink"] == "sparse" and not sparsifier:
+        raise ConfigError("compression.downlink: sparse rebuilds the global weights from the rounds' sparse "
+                          "updates, so it needs a sparsifier; set compression.type to topk, randomk or dgc "
+                          f"(got {comp['type']})")
     if any(d < comp["density"] for d in comp["warmup"]):
         raise ConfigError(f"compression.warmup: a warm-up density below compression.density "
                           f"({comp['density']}) would not be a warm-up; got {comp['warmup']}")

@@ -38,6 +38,7 @@ class BufferState:
         self.mom = np.zeros(size, np.float32)
         self.version = 0              # number of rounds applied
         self.pending = {}             # round -> [sum array, set of ranks]
+        self.ring = None              # DownlinkRing: publishes each applied round (sparse downlink)
 
     def bind(self, weights, version=0):
         if weights.shape != (self.size,):
@@ -68,6 +69,8 @@ class BufferState:
         return applied
 
     def apply(self, grad_sum):
+        if self.ring is not None:
+            self.ring.record(self.version, grad_sum)
         lr = np.float32(self.schedule(self.version + 1))     # MXNet counts updates from 1
         self.mom *= np.float32(self.momentum if self.version < self.warmup else self.delay_momentum)
         self.mom -= lr * (grad_sum * np.float32(self.scale) + np.float32(self.wd) * self.weights)
@@ -84,6 +87,94 @@ class BufferState:
         self.version = int(d["version"])
         self.pending = {int(r): [np.asarray(s, np.float32).copy(), set(ranks)]
                         for r, (s, ranks) in d["pending"].items()}
+
+
+    def catch_up(self, rounds):
+        """Replica side of the sparse downlink: apply the published rounds (`read_ring`) from this
+        state's version on, in order, with the same `apply` as the server, so the state stays bit
+        for bit the server's. Returns True when every round up to the newest given is applied (or
+        this state is already newer), False when a round it needs is missing from `rounds` or is
+        marked dense (None): the state is then still a valid server state of an older version."""
+        if self.weights is None:
+            return False
+        newest = max(rounds, default=-1)
+        while self.version <= newest:
+            entry = rounds.get(self.version)
+            if entry is None:
+                return False
+            idx, vals = entry
+            grad_sum = np.zeros(self.size, np.float32)
+            grad_sum[idx] = vals
+            self.apply(grad_sum)
+        return True
+
+
+# ---- sparse downlink ---------------------------------------------------------------------------
+# A ring of the last `slots` rounds a buffer applied, published by the server in one pullable
+# float32 key: slot (round mod slots) = [round, count, count indices, (cap - count) unused,
+# count values, (cap - count) unused]. Round -1: an empty slot. Count -1: that round's sum has more
+# than `cap` non-zero entries (or is not representable), so a replica must pull the dense state.
+RING_HEADER = 2
+RING_EXACT = 1 << 24                  # float32 holds every integer below 2**24 exactly
+
+
+def ring_slot_length(cap):
+    return RING_HEADER + 2 * cap
+
+
+def ring_length(slots, cap):
+    return slots * ring_slot_length(cap)
+
+
+class DownlinkRing:
+    """Server side: the aggregated update of each of the last `slots` rounds, exactly as `apply`
+    got it. What is kept is every entry of the round's sum whose bits are not those of +0.0 (a
+    subset of the union of the workers' indices), so zeros(size) with those entries put back is
+    the same float32 array bit for bit, -0.0 and NaN included."""
+
+    def __init__(self, size, slots, cap):
+        if size >= RING_EXACT:
+            raise RoundError(f"a buffer of {size} elements cannot carry its indices as float32")
+        self.size, self.slots, self.cap = size, slots, cap
+        self.slot_len = ring_slot_length(cap)
+        self.array = np.zeros(ring_length(slots, cap), np.float32)
+        self.array[::self.slot_len] = -1.0
+
+    def record(self, rnd, grad_sum):
+        s = (rnd % self.slots) * self.slot_len
+        slot = self.array[s:s + self.slot_len]
+        idx = np.flatnonzero(grad_sum.view(np.uint32))
+        if rnd >= RING_EXACT:
+            slot[0] = -1.0            # the round number itself would not be exact: an empty slot
+            return
+        slot[0] = rnd
+        if idx.size > self.cap:
+            slot[1] = -1.0
+            return
+        n = idx.size
+        slot[1] = n
+        slot[RING_HEADER:RING_HEADER + n] = idx
+        slot[RING_HEADER + self.cap:RING_HEADER + self.cap + n] = grad_sum[idx]
+
+
+def read_ring(array, slots, cap):
+    """A pulled ring -> {round: (indices int64, values float32), or None where the slot says the
+    round needs a dense pull}."""
+    slot_len = ring_slot_length(cap)
+    if array.shape != (slots * slot_len,):
+        raise RoundError(f"ring of {array.shape[0]} values, expected {slots} slots of {slot_len}")
+    out = {}
+    for s in range(slots):
+        slot = array[s * slot_len:(s + 1) * slot_len]
+        rnd, n = int(slot[0]), int(slot[1])
+        if rnd < 0:
+            continue
+        if n < 0:
+            out[rnd] = None
+            continue
+        out[rnd] = (slot[RING_HEADER:RING_HEADER + n].astype(np.int64),
+                    slot[RING_HEADER + cap:RING_HEADER + cap + n].astype(np.float32))
+    return out
 
 
 def schedule_from_dict(d):

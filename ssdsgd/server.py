@@ -18,7 +18,7 @@ import numpy as np
 from ssdsgd import commands
 from ssdsgd.checkpoint import CheckpointError, load_npz, save_npz
 from ssdsgd.compression.codec import MailboxFormat
-from ssdsgd.rounds import BufferState, schedule_from_dict
+from ssdsgd.rounds import BufferState, DownlinkRing, schedule_from_dict
 
 
 def _die(what):
@@ -33,7 +33,7 @@ class RoundService:
 
     def __init__(self, plan, nd):
         self.nd = nd
-        self.roles = {}        # key -> (buffer id, 'weight' | 'mailbox' | 'clock', density stage)
+        self.roles = {}        # key -> (buffer id, 'weight' | 'mailbox' | 'clock' | 'ring' | 'mom', stage)
         self.states = {}       # buffer id -> BufferState
         self.stored = {}       # buffer id -> {'weight': NDArray, 'clock': NDArray}
         schedule = schedule_from_dict(plan["schedule"])
@@ -50,6 +50,13 @@ class RoundService:
                                          plan["momentum"], plan["wd"], schedule, formats,
                                          plan.get("delay_momentum"), plan.get("warmup", 0))
             self.stored[b] = {}
+            down = buf.get("downlink")
+            if down:
+                # Sparse downlink: a ring of the last rounds' aggregated updates, and the momentum
+                # (with its version) for a worker that must rebuild its replica from the dense state.
+                self.roles[down["ring_key"]] = (b, "ring", None)
+                self.roles[down["mom_key"]] = (b, "mom", None)
+                self.states[b].ring = DownlinkRing(buf["size"], down["slots"], down["cap"])
 
     def owns(self, key):
         return key in self.roles
@@ -91,11 +98,16 @@ class RoundService:
         state["clock"][:] = np.float32(st.version)
         state["weight"].wait_to_read()
         state["clock"].wait_to_read()
+        if st.ring is not None:
+            state["ring"][:] = st.ring.array
+            state["mom"][:] = np.append(st.mom, np.float32(st.version))
+            state["ring"].wait_to_read()
+            state["mom"].wait_to_read()
 
     def push(self, key, recv, stored):
         b, role, stage = self.roles[key]
         state = self.stored[b]
-        if role in ("weight", "clock"):
+        if role in ("weight", "clock", "ring", "mom"):
             # A "bind" push: keep a reference to the stored array so the mailbox handler can write
             # the global update into it (the updater is only ever handed the array of its own key).
             if role not in state:
@@ -106,6 +118,8 @@ class RoundService:
             return
         if "weight" not in state or "clock" not in state:
             raise RuntimeError(f"buffer {b}: mailbox push before its weight and clock keys were bound")
+        if self.states[b].ring is not None and ("ring" not in state or "mom" not in state):
+            raise RuntimeError(f"buffer {b}: mailbox push before its downlink ring and momentum keys were bound")
         if self.states[b].receive(recv.asnumpy(), stage):
             self._publish(b)
 

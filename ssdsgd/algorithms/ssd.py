@@ -4,7 +4,11 @@ Talks to the round service of ssdsgd.server through three keys per fused buffer 
   mailbox  every step: [round, rank, payload] (dense gradient, or sparse pieces from a compressor;
            one mailbox key per density stage when compression.warmup is set);
   weight   the global weights of the buffer plus their version (rounds applied) in the last slot;
-  clock    the version alone, one float: polled cheaply while waiting for a round.
+  clock    the version alone, one float: polled cheaply while waiting for a round;
+  with compression.downlink: sparse, two more: the ring of the last R rounds' aggregated sparse
+           updates (ssdsgd.rounds.DownlinkRing), pulled instead of the weights and applied to a
+           replica of the buffer's server state, and the momentum (with its version) from which that
+           replica is rebuilt when it cannot catch up from the ring.
 The KVStore is dist_async, so a push is acknowledged as soon as the server has filed it and never
 blocks on the other workers; the rounds are synchronous on the server side.
 
@@ -35,8 +39,10 @@ from ssdsgd.checkpoint import CheckpointError
 from ssdsgd.commands import num_servers
 from ssdsgd.compression.codec import MAX_ROUND_FP16
 from ssdsgd.compression.encoders import flatten, make_stages, time_encoding
+from ssdsgd.compression.fusion import KeyAllocator
 from ssdsgd.faults import cost_scale
 from ssdsgd.glu import GLU, GlobalMomentum, LocalSGD
+from ssdsgd.rounds import BufferState, read_ring, ring_length, ring_slot_length, schedule_from_dict
 
 class PullWatch:
     """Tells, without blocking the training loop, whether pulled arrays have landed.
@@ -164,6 +170,10 @@ class RoundClient:
         self.local_opt, self.local_states = self._make_local_optimizer(total_steps)
         self.pull_bytes = 0
         self.stats = {}
+        self.downlink = []                          # per buffer: sparse downlink settings, or None
+        self.replicas = []                          # per buffer: BufferState mirroring the server's
+        self.pulled = []                            # per buffer: 'ring' or 'dense', the last pull issued
+        self.ring_landings = []                     # per buffer: refreshes from the ring (for the guard)
 
     # ---- setup -------------------------------------------------------------------------------
     def _make_local_optimizer(self, total_steps):
@@ -215,6 +225,49 @@ class RoundClient:
         self.pull_bufs = [mx.nd.zeros(b.size + 1) for b in self.buffers]
         self.clock_bufs = [mx.nd.zeros(1) for b in self.buffers]
         self.versions = [0] * len(self.buffers)
+        self._plan_downlink()
+
+    def _plan_downlink(self):
+        """compression.downlink: sparse. Per buffer, the server keeps the last R rounds' aggregated
+        updates in a ring key: R = S (at least k; 1 for synchronous SGD, which pulls every round),
+        each slot [round, count, N*k_b indices, N*k_b values] with k_b the values one worker sends
+        per step in the steady state. A buffer uses the ring only if one ring pull is smaller than
+        one dense pull; the decision is logged once (rank 0) and kept in the run's stats."""
+        n = len(self.buffers)
+        self.downlink, self.replicas = [None] * n, [None] * n
+        self.pulled, self.ring_landings = ["dense"] * n, [0] * n
+        self.ring_bufs = [None] * n
+        if self.cfg.compression.downlink != "sparse":
+            return
+        kv, train = self.kv, self.cfg.train
+        slots = 1 if self.synchronous else max(self.S, self.k)
+        # Fresh keys after every key of every density stage, so no existing key moves.
+        used = max(max(b.weight_key, b.mailbox_key, b.clock_key) for bufs, _ in self.stages for b in bufs)
+        keys = KeyAllocator(num_servers(kv), start=used + 1)
+        decisions = []
+        for bi, b in enumerate(self.buffers):
+            cap = min(kv.num_workers * b.k, b.size)
+            ring_bytes, dense_bytes = 4 * ring_length(slots, cap), 4 * (b.size + 1)
+            sparse = ring_bytes < dense_bytes
+            decisions.append({"buffer": bi, "downlink": "sparse" if sparse else "dense", "slots": slots,
+                              "slot_bytes": 4 * ring_slot_length(cap), "ring_bytes": ring_bytes,
+                              "dense_bytes": dense_bytes})
+            if not sparse:
+                continue
+            self.downlink[bi] = {"ring_key": keys.on(b.server), "mom_key": keys.on(b.server),
+                                 "slots": slots, "cap": cap}
+            self.replicas[bi] = BufferState(
+                b.size, kv.num_workers, train.batch_size, self.server_momentum, train.wd,
+                schedule_from_dict(self.schedule.to_dict()), [], self.server_delay_momentum, self.warmup)
+            self.ring_bufs[bi] = mx.nd.zeros(ring_length(slots, cap))
+        self.stats["downlink"] = decisions
+        self.stats["downlink_resyncs"] = 0
+        self.stats["downlink_checks"] = 0
+        if kv.rank == 0:
+            for d in decisions:
+                print(f"downlink: buffer {d['buffer']}: {d['downlink']} (ring of {d['slots']} rounds, "
+                      f"{d['ring_bytes']} bytes a pull, against {d['dense_bytes']} for the dense weights)",
+                      flush=True)
 
     def plan_record(self):
         """What the checkpoint manifest records of the servers' layout (ssdsgd/checkpoint.py)."""
@@ -252,7 +305,8 @@ class RoundClient:
                 "op": "round_plan", "num_workers": kv.num_workers, "batch_size": train.batch_size,
                 "momentum": self.server_momentum, "delay_momentum": self.server_delay_momentum,
                 "warmup": self.warmup, "wd": train.wd, "schedule": self.schedule.to_dict(),
-                "buffers": [b.to_dict(list(stages)) for b, stages in zip(self.buffers, per_buffer)]})
+                "buffers": [dict(b.to_dict(list(stages)), downlink=down)
+                            for b, stages, down in zip(self.buffers, per_buffer, self.downlink)]})
         keys, vals = [], []
         for b, stages in zip(self.buffers, per_buffer):
             flat = flatten([self.params[i].data() for i in b.params])
@@ -261,31 +315,48 @@ class RoundClient:
             for sb in stages:
                 keys.append(sb.mailbox_key)
                 vals.append(mx.nd.zeros(sb.mailbox_len, dtype=sb.mailbox_dtype))
+        for b, down in zip(self.buffers, self.downlink):
+            if down:
+                keys += [down["ring_key"], down["mom_key"]]
+                vals += [mx.nd.zeros(ring_length(down["slots"], down["cap"])), mx.nd.zeros(b.size + 1)]
         kv.init(keys, vals)               # rank 0's values count; ends with a barrier
         if kv.rank == 0:
             # Bind pushes: hand the server's updater the stored weight and clock arrays once.
-            for b in self.buffers:
+            for b, down in zip(self.buffers, self.downlink):
                 kv.push(b.weight_key, mx.nd.zeros(b.size + 1))
                 kv.push(b.clock_key, mx.nd.zeros(1))
+                if down:
+                    kv.push(down["ring_key"], mx.nd.zeros(ring_length(down["slots"], down["cap"])))
+                    kv.push(down["mom_key"], mx.nd.zeros(b.size + 1))
             mx.nd.waitall()
             if resume_dir:
                 commands.send(kv, {"op": "load", "dir": resume_dir})
         kv._barrier()
         if not resume_dir:
             for bi in range(len(self.buffers)):
-                self._pull_weights(bi)
-                self._apply_pull(bi)
+                if self.downlink[bi]:
+                    self._resync(bi)               # the replica: weights, momentum and version
+                    self._refresh_from_replica(bi)
+                else:
+                    self._pull_weights(bi)
+                    self._apply_pull(bi)
         mx.nd.waitall()
 
     def state(self):
         """This worker's algorithm state for a checkpoint: (arrays, meta)."""
         arrays = {f"state{i}": s.asnumpy() for i, s in enumerate(self.local_states) if s is not None}
         arrays.update({f"pullbuf{bi}": buf.asnumpy() for bi, buf in enumerate(self.pull_bufs)})
+        for bi, rep in enumerate(self.replicas):
+            if rep is not None and rep.weights is not None:
+                arrays.update({f"ringbuf{bi}": self.ring_bufs[bi].asnumpy(), f"replica_w{bi}": rep.weights,
+                               f"replica_mom{bi}": rep.mom})
         memory = getattr(self.encoders[0], "memory", None)
         if memory is not None:
             arrays.update({f"residual{k}": v.asnumpy() for k, v in memory.residual.items()})
             arrays.update({f"velocity{k}": v.asnumpy() for k, v in memory.velocity.items()})
-        meta = {"versions": self.versions, "pending_pull": self.pending_pull,
+        meta = {"versions": self.versions, "pending_pull": self.pending_pull, "pulled": self.pulled,
+                "replica_versions": [None if r is None or r.weights is None else r.version for r in self.replicas],
+                "ring_landings": self.ring_landings,
                 "cost_model": self.stats.get("cost_model"),
                 "tensor_counts": [[getattr(e, "counts", None) for e in encs] for _, encs in self.stages],
                 "local_counts": {str(k): c for k, c in self.local_opt._index_update_count.items()},
@@ -311,18 +382,114 @@ class RoundClient:
                     e.counts = list(c)
         self.versions = list(meta["versions"])
         self.pending_pull = meta["pending_pull"]
+        # Sparse downlink: the replica and the in-flight ring pull as saved. A checkpoint without
+        # them (taken with the dense downlink) leaves the replica unbound: the first ring refresh
+        # then rebuilds it from the servers' dense state.
+        self.pulled = list(meta.get("pulled", ["dense"] * len(self.buffers)))
+        self.ring_landings = list(meta.get("ring_landings", [0] * len(self.buffers)))
+        for bi, (rep, v) in enumerate(zip(self.replicas, meta.get("replica_versions", [None] * len(self.buffers)))):
+            if rep is None:
+                self.pulled[bi] = "dense"
+            elif v is not None and f"replica_w{bi}" in arrays:
+                rep.bind(arrays[f"replica_w{bi}"], version=v)
+                rep.mom = np.asarray(arrays[f"replica_mom{bi}"], np.float32).copy()
+                self.ring_bufs[bi][:] = arrays[f"ringbuf{bi}"]
+            elif self.pulled[bi] == "ring":
+                raise ValueError(f"checkpoint: buffer {bi} has a ring pull in flight but no replica")
         self.watch = PullWatch([])         # the saved pull buffers have landed
         self.local_opt._index_update_count = {int(k): c for k, c in meta["local_counts"].items()}
         self.local_opt.num_update = meta["local_num_update"]
 
     # ---- communication pieces ------------------------------------------------------------------
-    def _pull_weights(self, bi):
+    def _use_ring(self, bi, step):
+        """Refresh buffer bi from the sparse rounds at this step? Only for buffers whose ring pays off,
+        and only in the steady density stage (a warm-up stage's rounds do not fit the slots)."""
+        return (self.downlink[bi] is not None
+                and density_stage(step, self.steps_per_epoch, len(self.stages)) == len(self.stages) - 1)
+
+    def _pull_weights(self, bi, ring=False):
         b = self.buffers[bi]
-        self.kv.pull(b.weight_key, out=self.pull_bufs[bi], priority=-b.params[-1])
+        if ring:
+            buf = self.ring_bufs[bi]
+            self.kv.pull(self.downlink[bi]["ring_key"], out=buf, priority=-b.params[-1])
+            self.pull_bytes += 4 * buf.size
+        else:
+            self.kv.pull(b.weight_key, out=self.pull_bufs[bi], priority=-b.params[-1])
+            self.pull_bytes += 4 * (b.size + 1)
+        self.pulled[bi] = "ring" if ring else "dense"
+
+    def _inflight(self):
+        return [self.ring_bufs[bi] if self.pulled[bi] == "ring" else self.pull_bufs[bi]
+                for bi in range(len(self.buffers))]
+
+    def _resync(self, bi):
+        """Rebuild buffer bi's replica from the servers' dense state (weights and momentum, both
+        with their version; pulled again if a round was applied in between). Blocking."""
+        b, down = self.buffers[bi], self.downlink[bi]
+        w, m = mx.nd.zeros(b.size + 1), mx.nd.zeros(b.size + 1)
+        for _ in range(100):
+            self.kv.pull(b.weight_key, out=w)
+            self.kv.pull(down["mom_key"], out=m)
+            self.pull_bytes += 8 * (b.size + 1)
+            wn, mn = w.asnumpy(), m.asnumpy()
+            if wn[-1] == mn[-1]:
+                rep = self.replicas[bi]
+                rep.bind(wn[:-1], version=int(wn[-1]))
+                rep.mom = mn[:-1].copy()
+                self.stats["downlink_resyncs"] += 1
+                return
+        raise RuntimeError(f"downlink: buffer {bi}: weights and momentum never came at the same version")
+
+    def _refresh_from_replica(self, bi):
+        """Copy the replica's weights into the parameters (and refresh the local optimizer, as a dense
+        pull does); returns its version."""
+        b, rep = self.buffers[bi], self.replicas[bi]
+        rounds = rep.version - self.versions[bi]
+        for i, off, n in zip(b.params, b.offsets, b.sizes):
+            p = self.params[i].data()
+            p[:] = mx.nd.array(rep.weights[off:off + n], dtype=np.float32).reshape(p.shape)
+            if self.local_states[i] is not None:
+                self.local_opt.refresh(self.local_states[i], p, rounds)
+        self.versions[bi] = rep.version
+        return rep.version
+
+    def _land_ring(self, bi):
+        """A landed ring pull: apply every round newer than the replica's version, in order (or
+        rebuild the replica from the dense state if a round it needs has left the ring or did not
+        fit its slot), then refresh the parameters from it. Every downlink_check_every-th time,
+        compare the replica with the servers' dense weights bit for bit."""
+        down, rep = self.downlink[bi], self.replicas[bi]
+        rounds = read_ring(self.ring_bufs[bi].asnumpy(), down["slots"], down["cap"])   # waits
+        if not rep.catch_up(rounds):
+            self._resync(bi)
+        version = self._refresh_from_replica(bi)
+        self.ring_landings[bi] += 1
+        every = self.cfg.compression.downlink_check_every
+        if every and self.ring_landings[bi] % every == 0:
+            self._check_replica(bi)
+        return version
+
+    def _check_replica(self, bi):
+        b, rep = self.buffers[bi], self.replicas[bi]
+        tmp = mx.nd.zeros(b.size + 1)
+        self.kv.pull(b.weight_key, out=tmp)
         self.pull_bytes += 4 * (b.size + 1)
+        w = tmp.asnumpy()
+        if int(w[-1]) != rep.version:
+            # Only without strict mode (S > k) can the servers have moved on since the ring was read.
+            self.stats["downlink_checks_skipped"] = self.stats.get("downlink_checks_skipped", 0) + 1
+            return
+        diff = int(np.count_nonzero(w[:-1].view(np.uint32) != rep.weights.view(np.uint32)))
+        if diff:
+            raise RuntimeError(f"downlink: buffer {bi} (keys {b.weight_key}/{self.downlink[bi]['ring_key']}): "
+                               f"the replica of the global weights at version {rep.version} differs from the "
+                               f"servers' in {diff} of {b.size} elements (bit comparison)")
+        self.stats["downlink_checks"] += 1
 
     def _apply_pull(self, bi):
         """Copy a landed weight pull into the parameters; returns its version."""
+        if self.pulled[bi] == "ring":
+            return self._land_ring(bi)
         b, buf = self.buffers[bi], self.pull_bufs[bi]
         version = int(buf[b.size].asscalar())           # waits for the pull to land
         rounds = version - self.versions[bi]
@@ -346,10 +513,10 @@ class RoundClient:
             time.sleep(delay)
             delay = min(delay * 2, 0.01)
 
-    def _wait_for_version(self, bi, version):
+    def _wait_for_version(self, bi, version, ring=False):
         """Wait until round `version - 1` is applied, then pull the weights into the parameters."""
         self._poll_clock(bi, version)
-        self._pull_weights(bi)
+        self._pull_weights(bi, ring)
         got = self._apply_pull(bi)
         if got < version:
             raise RuntimeError(f"buffer {bi}: clock said version {version} but weights are version {got}")
@@ -375,7 +542,7 @@ class RoundClient:
             pushed = self._push(step)
             t0 = time.perf_counter()
             for bi in range(len(self.buffers)):
-                self._wait_for_version(bi, step + 1)
+                self._wait_for_version(bi, step + 1, self._use_ring(bi, step))
             wait += time.perf_counter() - t0
             return self._record(pushed, staleness, wait)
 
@@ -394,7 +561,7 @@ class RoundClient:
         if stale:
             t0 = time.perf_counter()
             for bi in stale:
-                self._wait_for_version(bi, need)
+                self._wait_for_version(bi, need, self._use_ring(bi, step))
             waited = time.perf_counter() - t0
             wait += waited
             self.log.write(event="staleness_wait", step=step, need_version=need, seconds=round(waited, 6))
@@ -415,9 +582,9 @@ class RoundClient:
                     self._poll_clock(bi, step + 1)
                 wait += time.perf_counter() - t0
             for bi in range(len(self.buffers)):
-                self._pull_weights(bi)
+                self._pull_weights(bi, self._use_ring(bi, step))
             self.pending_pull = step
-            self.watch = PullWatch(self.pull_bufs)
+            self.watch = PullWatch(self._inflight())
         return self._record(pushed, staleness, wait)
 
     def _land_pull(self):

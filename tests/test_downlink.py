@@ -1,0 +1,239 @@
+"""Sparse downlink (compression.downlink: sparse): the servers publish each applied round's aggregated
+sparse update in a ring (ssdsgd.rounds.DownlinkRing); a worker's replica of the buffer's server state
+applies them with the same numpy update and must stay bit for bit equal to the server's state."""
+import numpy as np
+import pytest
+
+from ssdsgd.compression.codec import MailboxFormat
+from ssdsgd.rounds import BufferState, DownlinkRing, RoundError, read_ring, ring_length
+from ssdsgd.schedule import LRSchedule
+
+B = 8
+
+
+def schedule(rounds):
+    return LRSchedule("cosine", base_lr=0.3, total_updates=rounds, warmup_updates=3)
+
+
+def sparse_message(rnd, rank, idx, vals):
+    return np.concatenate([np.array([rnd, rank], np.float32), idx.astype(np.float32), vals.astype(np.float32)])
+
+
+def bits_equal(a, b):
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def make_pair(size, workers, k, rounds, momentum, delay_momentum, wd, slots, warmup=5):
+    fmt = [MailboxFormat("sparse", size, k)]
+    server = BufferState(size, workers, B, momentum, wd, schedule(rounds), fmt, delay_momentum, warmup)
+    replica = BufferState(size, workers, B, momentum, wd, schedule(rounds), [], delay_momentum, warmup)
+    server.ring = DownlinkRing(size, slots, workers * k)
+    w0 = np.random.default_rng(1).standard_normal(size).astype(np.float32)
+    server.bind(w0)
+    replica.bind(w0)
+    return server, replica
+
+
+@pytest.mark.parametrize("momentum,delay_momentum,wd", [(0.9, 0.5, 1e-4), (0.0, 0.0, 1e-4), (0.9, None, 0.0)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_replica_stays_bit_identical(seed, momentum, delay_momentum, wd):
+    """Random sparse pushes from N workers (repeated indices inside a message and across workers,
+    values that cancel exactly), arriving out of order and up to several rounds ahead; the replica
+    pulls the ring at random times (every 1 to slots - 2 rounds: one message can apply 3) and must
+    equal the server exactly."""
+    rng = np.random.default_rng(seed)
+    size, workers, k, rounds, slots = 300, 4, 12, 120, 5
+    server, replica = make_pair(size, workers, k, rounds, momentum, delay_momentum, wd, slots)
+    msgs = []
+    for rnd in range(rounds):
+        for rank in range(workers):
+            idx = rng.integers(0, size if rnd % 7 else 10, k)        # some rounds: heavy overlap
+            idx[: k // 4] = idx[0]                                    # repeats inside one message
+            vals = rng.standard_normal(k).astype(np.float32) * np.float32(10.0 ** rng.integers(-4, 3))
+            if rank == 1 and rnd % 5 == 0:
+                vals[0] = -np.float32(vals[: k // 4].sum(dtype=np.float32) - vals[0])   # may cancel
+            msgs.append((rnd, rank, sparse_message(rnd, rank, idx, vals)))
+    # Out of order: shuffle within windows of three rounds (a fast worker runs ahead).
+    order = []
+    for start in range(0, len(msgs), 3 * workers):
+        window = msgs[start:start + 3 * workers]
+        order += [window[i] for i in rng.permutation(len(window))]
+    checked = 0
+    next_pull = 1
+    for rnd, rank, msg in order:
+        server.receive(msg)
+        if server.version >= next_pull:
+            ring = read_ring(server.ring.array.copy(), slots, workers * k)
+            assert replica.catch_up(ring)
+            assert replica.version == server.version
+            assert bits_equal(replica.weights, server.weights)
+            assert bits_equal(replica.mom, server.mom)
+            checked += 1
+            next_pull = replica.version + int(rng.integers(1, slots - 1))   # a jump of 3 still fits
+    assert server.version == rounds and checked > 20
+
+
+def test_missed_rounds_and_dense_slots_ask_for_a_dense_pull():
+    size, workers, k, slots = 50, 2, 3, 2
+    server, replica = make_pair(size, workers, k, 10, 0.9, None, 1e-4, slots)
+    rng = np.random.default_rng(0)
+    for rnd in range(3):
+        for rank in range(workers):
+            server.receive(sparse_message(rnd, rank, rng.integers(0, size, k), rng.standard_normal(k)))
+    ring = read_ring(server.ring.array, slots, workers * k)
+    assert sorted(ring) == [1, 2]
+    assert not replica.catch_up(ring)              # round 0 has left the ring
+    assert replica.version == 0
+    # Resync from the dense state, then a round whose sum does not fit its slot.
+    replica.bind(server.weights, server.version)
+    replica.mom = server.mom.copy()
+    server.ring.record(server.version, np.ones(size, np.float32))
+    ring = read_ring(server.ring.array, slots, workers * k)
+    assert ring[3] is None and not replica.catch_up(ring)
+    assert replica.version == 3
+
+
+def test_record_keeps_negative_zero_and_nan():
+    ring = DownlinkRing(6, 1, 4)
+    g = np.array([0.0, -0.0, 1.5, np.nan, 0.0, 2.0], np.float32)
+    ring.record(0, g)
+    (idx, vals), = read_ring(ring.array, 1, 4).values()
+    back = np.zeros(6, np.float32)
+    back[idx] = vals
+    assert bits_equal(back, g)
+
+
+def test_read_ring_checks_length_and_empty_slots():
+    ring = DownlinkRing(10, 3, 2)
+    assert ring.array.shape == (ring_length(3, 2),)
+    assert read_ring(ring.array, 3, 2) == {}
+    with pytest.raises(RoundError):
+        read_ring(ring.array[:-1], 3, 2)
+
+
+
+def test_config_downlink_needs_a_sparsifier():
+    import os
+
+    from jobs import ROOT
+    from ssdsgd.config import ConfigError, load_config
+    cfg = load_config(os.path.join(ROOT, "configs/demo_digits_ssd_topk.yaml"))
+    assert cfg.compression.downlink == "dense" and cfg.compression.downlink_check_every == 50
+    cfg = load_config(os.path.join(ROOT, "configs/demo_digits_ssd_topk.yaml"), ["compression.downlink=sparse"])
+    assert cfg.compression.downlink == "sparse"
+    with pytest.raises(ConfigError, match=r"compression\.downlink: sparse .* needs a sparsifier"):
+        load_config(os.path.join(ROOT, "configs/demo_digits_ssd.yaml"), ["compression.downlink=sparse"])
+    with pytest.raises(ConfigError, match=r"compression\.downlink"):
+        load_config(os.path.join(ROOT, "configs/demo_digits_ssd_topk.yaml"), ["compression.downlink=lossy"])
+    with pytest.raises(ConfigError, match=r"compression\.downlink_check_every"):
+        load_config(os.path.join(ROOT, "configs/demo_digits_ssd_topk.yaml"), ["compression.downlink_check_every=-1"])
+
+
+class _FakeKV:
+    """kv.pull(key, out=...) from a dict of numpy arrays (what the servers would answer)."""
+
+    def __init__(self, stored):
+        self.stored = stored
+
+    def pull(self, key, out, priority=0):
+        out[:] = self.stored[key]
+
+
+def test_guard_names_the_buffer_whose_replica_differs():
+    from types import SimpleNamespace
+
+    import mxnet as mx  # noqa: F401  (RoundClient's module needs it)
+    from ssdsgd.algorithms.ssd import RoundClient
+    size = 20
+    replica = BufferState(size, 2, B, 0.9, 1e-4, schedule(10), [])
+    replica.bind(np.arange(size, dtype=np.float32), version=7)
+    server_w = np.append(replica.weights, np.float32(7))
+    client = SimpleNamespace(buffers=[SimpleNamespace(size=size, weight_key=3)], replicas=[replica],
+                             downlink=[{"ring_key": 9}], stats={"downlink_checks": 0}, pull_bytes=0,
+                             kv=_FakeKV({3: server_w}))
+    RoundClient._check_replica(client, 0)
+    assert client.stats["downlink_checks"] == 1 and client.pull_bytes == 4 * (size + 1)
+    server_w[5] = np.nextafter(server_w[5], np.float32(np.inf))        # one ulp off
+    with pytest.raises(RuntimeError, match=r"downlink: buffer 0 .* version 7 differs .* in 1 of 20"):
+        RoundClient._check_replica(client, 0)
+    server_w[-1] = 8                                                    # servers moved on: not compared
+    RoundClient._check_replica(client, 0)
+    assert client.stats["downlink_checks_skipped"] == 1
+
+# ---- real jobs on loopback ------------------------------------------------------------------------
+TOPK = "configs/demo_digits_ssd_topk.yaml"
+# Fixed buffers (no link probe, so both runs get the same plan): 3 buffers of the demo's small_cnn.
+STRICT = ["train.epochs=3", "algorithm.strict=true", "compression.buffers=fixed", "compression.buffer_bytes=32768"]
+
+
+def _params(path):
+    import mxnet as mx
+    return {k: v.asnumpy() for k, v in mx.nd.load(path).items()}
+
+
+@pytest.mark.timeout(400)
+def test_strict_sparse_downlink_ends_with_the_dense_downlink_weights(tmp_path):
+    """Strict SSD-SGD + top-k: refreshing from the replica gives exactly (bit for bit) the global
+    weights of the run that pulls dense weights, and the guard, run at every refresh, finds every
+    replica equal to the servers' weights. A third run without the guard shows the traffic: after
+    the warm-up at most 2.2x the pushed bytes are pulled (the union of 2 workers' indices)."""
+    from jobs import processes_with, run_job
+    dense = run_job(tmp_path, TOPK, *STRICT, name="dense")
+    assert dense.rc == 0, dense.output
+    sparse = run_job(tmp_path, TOPK, *STRICT, "compression.downlink=sparse",
+                     "compression.downlink_check_every=1", name="sparse")
+    assert sparse.rc == 0, sparse.output
+    sd, ss = dense.summary(), sparse.summary()
+    assert sd["steps"] == ss["steps"] == 66
+    wd, ws = _params(sd["checkpoint"]), _params(ss["checkpoint"])
+    assert wd.keys() == ws.keys()
+    for name in wd:
+        assert bits_equal(ws[name], wd[name]), name
+    client = ss["client"]
+    assert [d["downlink"] for d in client["downlink"]] == ["sparse"] * client["buffers"]
+    # Every refresh was checked: 22 warm-up steps + 44 delay steps / k = 5 refreshes, per buffer.
+    assert client["downlink_checks"] == client["buffers"] * (22 + 44 // 5)
+    assert client["downlink_resyncs"] == client["buffers"]          # only the one at start
+    assert "downlink: buffer 0: sparse" in sparse.output
+
+    plain = run_job(tmp_path, TOPK, *STRICT, "compression.downlink=sparse",
+                    "compression.downlink_check_every=0", name="bytes")
+    assert plain.rc == 0, plain.output
+    sp, aw, awd = plain.summary(), plain.summary()["after_warmup"], sd["after_warmup"]
+    assert bits_equal(_params(sp["checkpoint"])[name], wd[name])
+    push, pull = aw["push_bytes"] / aw["steps"], aw["pull_bytes"] / aw["steps"]
+    print(f"after warm-up, per step: pushed {push:.0f} B, pulled {pull:.0f} B sparse "
+          f"({pull / push:.2f}x), {awd['pull_bytes'] / awd['steps']:.0f} B dense")
+    assert pull <= 2.2 * push, (push, pull)
+    assert pull < 0.5 * awd["pull_bytes"] / awd["steps"]
+    for job in (dense, sparse, plain):
+        assert processes_with(job.marker) == []
+
+
+@pytest.mark.timeout(400)
+def test_resume_with_a_ring_pull_in_flight_matches_uninterrupted_run(tmp_path):
+    """Strict SSD-SGD + top-k with the sparse downlink, checkpoint every epoch; the warm-up of 24
+    steps puts a refresh's ring pull in flight at the end of epoch 2 (step 43). Run A stops there,
+    B resumes it (replica and in-flight ring from the worker's checkpoint), C runs through: B ends
+    bit for bit where C ends, and every refresh passes the guard."""
+    import os
+
+    from jobs import processes_with, run_job
+    common = STRICT[1:] + ["train.epochs=4", "algorithm.warmup_iters=24", "checkpoint.every_epochs=1",
+                           "compression.downlink=sparse", "compression.downlink_check_every=1"]
+    ck = os.path.join(str(tmp_path), "ck")
+    a = run_job(tmp_path, TOPK, *common, f"checkpoint.dir={ck}", "train.max_steps=44", name="A")
+    assert a.rc == 0, a.output
+    b = run_job(tmp_path, TOPK, *common, f"checkpoint.dir={ck}", name="B", args=["--resume"])
+    assert b.rc == 0, b.output
+    assert "resuming from" in b.output and "epoch-0002" in b.output
+    c = run_job(tmp_path, TOPK, *common, f"checkpoint.dir={tmp_path}/ck_c", name="C")
+    assert c.rc == 0, c.output
+    assert b.summary()["steps"] == c.summary()["steps"] == 88
+    wb, wc = (_params(j.summary()["checkpoint"]) for j in (b, c))
+    for name in wc:
+        assert bits_equal(wb[name], wc[name]), name
+    # B rebuilt nothing from the dense state: its replicas came from the checkpoint.
+    assert b.summary()["client"]["downlink_resyncs"] == 0
+    for job in (a, b, c):
+        assert processes_with(job.marker) == []

@@ -361,7 +361,7 @@ def test_round_client_global_momentum_state_and_load_state_round_trip():
     arrays, meta = client.state()
     assert sorted(arrays) == ["state0", "state1"]
     other, _, _ = _round_client("global_momentum")
-    other.pull_bufs, other.encoders, other.stages = [], [None], []
+    other.pull_bufs, other.encoders, other.stages, other.buffers = [], [None], [], [None]
     other.load_state(arrays, meta)
     for s_new, s_old in zip(other.local_states, client.local_states):
         assert np.abs(s_old[1].asnumpy()).max() > 0

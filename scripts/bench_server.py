@@ -202,7 +202,7 @@ def main(argv=None):
                    help="density sweep of sparse messages at --sweep-workers (none: skip)")
     p.add_argument("--sweep-workers", type=int, default=8)
     p.add_argument("--rounds", type=int, default=15, help="measured rounds per point (models < 1M floats)")
-    p.add_argument("--rounds-big", type=int, default=3, help="measured rounds per point (larger models)")
+    p.add_argument("--rounds-big", type=int, default=5, help="measured rounds per point (larger models)")
     p.add_argument("--dense-pool", type=int, default=4, help="distinct dense payloads per buffer (RAM)")
     p.add_argument("--out", default="results/bench_server")
     args = p.parse_args(argv)
@@ -210,6 +210,12 @@ def main(argv=None):
     load0 = os.getloadavg()
     wall0, cpu0 = time.time(), time.process_time()
     rows, fits, methods = [], [], {}
+    # Untimed first: the first allocations of a process (glibc's mmap threshold, page faults) made
+    # the first measured point several times slower than the same point measured later.
+    warm = split(MODELS[args.models[0]])
+    warm_pools = [payloads(np.random.default_rng(2), "sparse", s, int(args.density * s), 4) for s in warm]
+    measure("warm-up", warm, "sparse", args.density, 4, warm_pools, 2, "untimed")
+    del warm_pools
     for model in args.models:
         sizes = split(MODELS[model])
         rounds = args.rounds if MODELS[model] < 1_000_000 else args.rounds_big
@@ -252,7 +258,8 @@ def write_table(args, rows, fits, methods, load0, load1, wall, cpu):
              f"{platform.python_version()}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores. "
              f"time.process_time() summed over the receive() calls of a round (the last one applies the round), "
              f"median over {args.rounds} measured rounds (models < 1M floats) or {args.rounds_big} (larger), one "
-             f"warm-up round first. Top-k-like sparse messages (distinct uniform random indices). Old and new "
+             f"warm-up round first (and, before everything, an untimed pass of 4 workers). Top-k-like sparse "
+             f"messages (distinct uniform random indices). Old and new "
              f"ended with bit-identical weights at every point. **The machine was shared** (other training jobs "
              f"running; load average {load0[0]:.1f} at the start, {load1[0]:.1f} at the end; {wall:.0f} s wall, "
              f"{cpu:.0f} s CPU): CPU time is less affected than wall time, but caches and memory bandwidth are "

@@ -3,7 +3,8 @@
 One `BufferState` per fused buffer that lives on this server. Workers push one mailbox message per
 buffer per step: [round, rank, payload...], laid out as ssdsgd.compression.codec describes (one
 format per density stage of the compression warm-up, each with its own mailbox key). The payload is
-decoded (dense or sparse) and summed into that round's accumulator; once all N workers'
+decoded and added into that round's accumulator: a dense payload with one array add, a sparse one
+scattered in at its indices, so a sparse message costs O(k), not O(size). Once all N workers'
 contributions for a round are in, and every earlier round has been applied, the round is applied:
 
     G_t = sum_i g_i;   v <- mu*v - eta_g(t) * (G_t/(N*B) + lambda*w);   w <- w + v
@@ -14,6 +15,7 @@ ahead; their accumulators wait in `pending` until they can be applied in order.
 """
 import numpy as np
 
+from ssdsgd.compression.codec import SparseGrad
 from ssdsgd.schedule import LRSchedule
 
 class RoundError(RuntimeError):
@@ -56,10 +58,16 @@ class BufferState:
             raise RoundError(f"mailbox from rank {rank}, but the job has {self.num_workers} workers")
         if rnd < self.version:
             raise RoundError(f"rank {rank} pushed round {rnd}, already applied (version {self.version})")
-        entry = self.pending.setdefault(rnd, [np.zeros(self.size, np.float32), set()])
+        entry = self.pending.get(rnd)
+        if entry is None:
+            # The round's accumulator: O(size), once per round (not per message).
+            entry = self.pending[rnd] = [np.zeros(self.size, np.float32), set()]
         if rank in entry[1]:
             raise RoundError(f"rank {rank} pushed round {rnd} twice")
-        entry[0] += grad
+        if isinstance(grad, SparseGrad):
+            grad.add_to(entry[0])         # scatter-add: O(values sent)
+        else:
+            entry[0] += grad
         entry[1].add(rank)
         applied = 0
         while self.version in self.pending and len(self.pending[self.version][1]) == self.num_workers:

@@ -59,7 +59,9 @@ def test_sparse_codec_round_trip_against_numpy_scatter():
     payload = np.concatenate([idx.astype(np.float32), vals])
     want = np.zeros(size, np.float32)
     want[idx] = vals                                    # numpy scatter (distinct indices)
-    got = make_decoder("sparse", size, k)(payload)
+    sparse = make_decoder("sparse", size, k)(payload)
+    assert sparse.idx.shape == (k,) and sparse.vals.dtype == np.float32    # O(k), not a dense array
+    got = sparse.to_dense()
     assert got.shape == (size,) and got.dtype == np.float32
     np.testing.assert_array_equal(got, want)
 
@@ -69,7 +71,7 @@ def test_sparse_codec_round_trip_against_numpy_scatter():
     want = np.zeros(size, np.float64)
     for i, v in zip(idx, vals):
         want[i] += v
-    got = make_decoder("sparse", size, 6)(np.concatenate([idx.astype(np.float32), vals]))
+    got = make_decoder("sparse", size, 6)(np.concatenate([idx.astype(np.float32), vals])).to_dense()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
     assert got[5] == pytest.approx(3.75) and got[0] == pytest.approx(2.0)
 
@@ -77,7 +79,7 @@ def test_sparse_codec_round_trip_against_numpy_scatter():
     big = 1 << 24
     idx = np.array([big - 1, big - 2, 0], np.int64)
     got = make_decoder("sparse", big, 3)(np.concatenate([idx.astype(np.float32),
-                                                         np.array([1, 2, 3], np.float32)]))
+                                                         np.array([1, 2, 3], np.float32)])).to_dense()
     assert got[big - 1] == 1 and got[big - 2] == 2 and got[0] == 3 and got.sum() == 6
 
 
@@ -96,7 +98,7 @@ def test_dense_codec_is_identity_and_codecs_validate():
         with pytest.raises(ValueError):
             dec(np.array([0, bad_index, 2, 1, 1, 1], np.float32))
     # in range at both ends is fine
-    np.testing.assert_array_equal(dec(np.array([0, 9, 9, 1, 2, 3], np.float32)),
+    np.testing.assert_array_equal(dec(np.array([0, 9, 9, 1, 2, 3], np.float32)).to_dense(),
                                   np.array([1, 0, 0, 0, 0, 0, 0, 0, 0, 5], np.float32))
 
 

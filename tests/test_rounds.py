@@ -1,13 +1,14 @@
 """Tests for the round-based global update (ssdsgd.rounds), the server's RoundService, the mailbox
 codecs and the buffer plan (ssdsgd.compression.fusion.make_plan), against numpy references."""
 import pickle
+import tracemalloc
 
 import mxnet as mx
 import numpy as np
 import pytest
 
 from ssdsgd import commands
-from ssdsgd.compression.codec import MailboxFormat, make_decoder, payload_length
+from ssdsgd.compression.codec import MailboxFormat, SparseGrad, make_decoder, payload_length
 from ssdsgd.compression.fusion import KEY_HASH, make_plan
 from ssdsgd.rounds import BufferState, RoundError
 from ssdsgd.schedule import LRSchedule
@@ -297,7 +298,7 @@ def test_state_dict_round_trip_continues_identically():
 def test_sparse_decoder_scatter_adds():
     dec = make_decoder("sparse", 6, k=4)
     payload = np.array([1, 4, 1, 0, 2.5, -1.0, 0.5, 3.0], np.float32)
-    np.testing.assert_array_equal(dec(payload), np.array([3.0, 3.0, 0, 0, -1.0, 0], np.float32))
+    np.testing.assert_array_equal(dec(payload).to_dense(), np.array([3.0, 3.0, 0, 0, -1.0, 0], np.float32))
     assert payload_length("sparse", 6, 4) == 8
     assert payload_length("dense", 6) == 6
 
@@ -310,7 +311,7 @@ def test_sparse_decoder_random_against_loop():
     want = np.zeros(size, np.float64)
     for i, v in zip(idx, vals):
         want[i] += v
-    got = make_decoder("sparse", size, k)(np.concatenate([idx.astype(np.float32), vals]))
+    got = make_decoder("sparse", size, k)(np.concatenate([idx.astype(np.float32), vals])).to_dense()
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
@@ -349,6 +350,101 @@ def test_sparse_rounds_against_reference():
     ref = reference(w0, dense, step_lr)
     assert st.version == ROUNDS
     np.testing.assert_allclose(st.weights, ref[ROUNDS], rtol=1e-5, atol=1e-6)
+
+
+def dense_materialised(size, payload, k):
+    """The server's sparse decoding before O(sent): a zero dense array, np.add.at (the reference)."""
+    dense = np.zeros(size, np.float32)
+    np.add.at(dense, payload[:k].astype(np.int64), payload[k:])
+    return dense
+
+
+def test_sparse_rounds_with_repeats_out_of_order_bit_identical_to_dense_materialisation():
+    """Sparse messages scatter-added straight into the round's accumulator give bit for bit the
+    weights of adding each message's dense form (np.zeros + np.add.at), for the same arrival order:
+    repeated indices (up to 4 times in a message), values spanning 6 orders of magnitude, workers
+    several rounds apart; and match the float64 reference."""
+    size, k = 40, 12
+    rng = np.random.RandomState(21)
+    w0 = rng.standard_normal(size).astype(np.float32)
+    dense = np.zeros((ROUNDS, N, size), np.float64)
+    msgs = {}
+    for r in range(ROUNDS):
+        for rank in range(N):
+            idx = rng.randint(0, size, k)
+            idx[1:4] = idx[0]                             # one index four times
+            vals = (rng.standard_normal(k) * 10.0 ** rng.uniform(-3, 3, k)).astype(np.float32)
+            for i, v in zip(idx, vals):
+                dense[r, rank, i] += v
+            msgs[r, rank] = message(r, rank, np.concatenate([idx, vals]))
+    # rank 2 runs three rounds ahead, the others arrive shuffled
+    order = [(r, 2) for r in range(3)]
+    rest = [(r, q) for r in range(ROUNDS) for q in range(N) if (r, q) not in order]
+    rng.shuffle(rest)
+    order += rest
+    sparse_state = make_state(size=size, codec="sparse", k=k)
+    dense_state = make_state(size=size)                   # fed the dense materialisation
+    sparse_state.bind(w0)
+    dense_state.bind(w0)
+    for rnd, rank in order:
+        m = msgs[rnd, rank]
+        assert sparse_state.receive(m) == dense_state.receive(
+            message(rnd, rank, dense_materialised(size, m[2:], k)))
+        assert sparse_state.version == dense_state.version
+        assert sorted(sparse_state.pending) == sorted(dense_state.pending)
+        for r in sparse_state.pending:
+            np.testing.assert_array_equal(sparse_state.pending[r][0], dense_state.pending[r][0])
+        np.testing.assert_array_equal(sparse_state.weights, dense_state.weights)
+        np.testing.assert_array_equal(sparse_state.mom, dense_state.mom)
+    assert sparse_state.version == ROUNDS
+    ref = reference(w0, dense, step_lr)
+    np.testing.assert_allclose(sparse_state.weights, ref[ROUNDS], rtol=1e-5, atol=1e-5)
+
+
+def test_sparse_repeats_are_summed_before_they_are_added():
+    """float32 addition is not associative: acc + (1e8 + 1 - 1e8) is acc + 0, while adding the
+    values one by one into acc (np.add.at straight into the accumulator) would lose acc."""
+    payload = np.array([0, 0, 0, 1e8, 1.0, -1e8], np.float32)
+    acc = np.ones(2, np.float32)
+    make_decoder("sparse", 2, k=3)(payload).add_to(acc)
+    np.testing.assert_array_equal(acc, np.ones(2, np.float32) + dense_materialised(2, payload, 3))
+    assert acc[0] == 1.0
+    naive = np.ones(2, np.float32)
+    np.add.at(naive, payload[:3].astype(np.int64), payload[3:])
+    assert naive[0] == 0.0                                # what the test would catch
+
+
+def test_sparse_message_never_materialises_a_dense_array(monkeypatch):
+    """Decoding and adding a sparse message allocates O(k) memory: only the round's accumulator
+    (once per round) and the apply are O(size)."""
+    size, k, workers = 1 << 20, 64, 4                     # a dense float32 copy would be 4 MiB
+    rng = np.random.RandomState(22)
+    st = make_state(size=size, codec="sparse", k=k, num_workers=workers)
+    st.bind(np.zeros(size, np.float32))
+
+    def msg(rank, repeats=False):
+        idx = rng.choice(size, k, replace=False)
+        if repeats:
+            idx[1:5] = idx[0]
+        return message(0, rank, np.concatenate([idx, rng.standard_normal(k)]))
+
+    msgs = [msg(0), msg(1), msg(2, repeats=True), msg(3)]
+    _, _, parsed = st.formats[0].parse(msgs[2])
+    assert isinstance(parsed, SparseGrad)
+    assert parsed.idx.shape == (k - 4,) and parsed.vals.shape == (k - 4,)
+    monkeypatch.setattr(SparseGrad, "to_dense", lambda self: pytest.fail("densified on the server"))
+    st.receive(msgs[0])                                   # allocates the round's accumulator
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        st.receive(msgs[1])
+        st.receive(msgs[2])
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * k * 8, peak                        # far below the 4 MiB of a dense array
+    assert st.receive(msgs[3]) == 1
 
 
 # ---------------------------------------------------------------- RoundService (server side)

@@ -16,7 +16,13 @@ fp16 wire (compression.fp16_values), float16 message, sparse only:
           are capped at 2**22 elements. 6 bytes per sent value. Values beyond the fp16 range are
           clipped on the worker and what clipping and rounding lost stays in its error-feedback
           residual (encoders.py).
+
+On the server a dense payload decodes to the float32 array itself and a sparse payload to a
+`SparseGrad` (the distinct indices and their float32 sums), which `SparseGrad.add_to` scatter-adds
+into the round's accumulator: decoding and adding one message cost O(k), not O(buffer size).
 """
+import threading
+
 import numpy as np
 
 DIGIT = 2048                           # fp16 represents every integer in [0, 2048] exactly
@@ -48,8 +54,56 @@ def message_bytes(codec, size, k=None, fp16=False):
     return (2 if fp16 else 4) * message_length(codec, size, k, fp16)
 
 
+class _RepeatFinder:
+    """Tells in O(k) whether an index array repeats an index: writes each index's position into a
+    scratch array at that index and reads it back (with a repeat the later position wins). One
+    int32 per element of the largest buffer decoded so far, shared by every decoder of the process
+    (under a lock); np.empty, so only the pages of indices ever sent are touched."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.scratch = np.empty(0, np.int32)
+
+    def __call__(self, idx, size):
+        positions = np.arange(idx.size, dtype=np.int32)
+        with self.lock:
+            if self.scratch.size < size:
+                self.scratch = np.empty(size, np.int32)
+            self.scratch[idx] = positions
+            return bool((self.scratch[idx] != positions).any())
+
+
+has_repeats = _RepeatFinder()
+
+
+class SparseGrad:
+    """One worker's sparse contribution to a buffer of `size` elements: `idx` (int64, distinct, in
+    range) and `vals` (float32, the sum of the values sent at each index). Never densified by
+    the server; `to_dense()` is for tests and tools."""
+    __slots__ = ("size", "idx", "vals")
+
+    def __init__(self, size, idx, vals):
+        self.size = size
+        self.idx = idx
+        self.vals = vals
+
+    def add_to(self, acc):
+        """acc += this contribution, in place, in O(k). Bit for bit what adding its dense form
+        (np.zeros + np.add.at) would give: the indices are distinct, so every touched element
+        gets exactly one float32 addition and every other element is left as it is (adding the
+        dense form's 0.0 there would only turn a -0.0 into +0.0; a round's accumulator never holds
+        -0.0: it starts at +0.0 and a float32 sum is -0.0 only when both terms are)."""
+        acc[self.idx] += self.vals
+
+    def to_dense(self):
+        dense = np.zeros(self.size, np.float32)
+        self.add_to(dense)
+        return dense
+
+
 def make_decoder(codec, size, k=None, fp16=False):
-    """payload (1-D numpy) -> the dense float32 gradient contribution of one worker."""
+    """payload (1-D numpy) -> one worker's float32 gradient contribution: the dense array itself
+    for the dense codec, a SparseGrad for the sparse one."""
     if codec == "dense":
         if fp16:
             raise ValueError("the fp16 wire format carries sparse payloads only")
@@ -71,16 +125,22 @@ def make_decoder(codec, size, k=None, fp16=False):
                 idx = payload[:k].astype(np.int64)
             if idx.size and (idx.min() < 0 or idx.max() >= size):
                 raise ValueError("sparse payload index out of range")
-            dense = np.zeros(size, np.float32)
-            # add.at: repeated indices (random-k) add up
-            np.add.at(dense, idx, payload[(parts - 1) * k:].astype(np.float32))
-            return dense
+            vals = payload[(parts - 1) * k:].astype(np.float32, copy=False)
+            if has_repeats(idx, size):
+                # Repeated indices (a selection with replacement, a hand-made message) add up: sum
+                # them first, from 0.0 in message order, as np.add.at into a zero dense array does.
+                idx, where = np.unique(idx, return_inverse=True)
+                sums = np.zeros(idx.size, np.float32)
+                np.add.at(sums, where, vals)
+                vals = sums
+            return SparseGrad(size, idx, vals)
         return decode
     raise ValueError(f"unknown codec {codec!r}")
 
 
 class MailboxFormat:
-    """One mailbox key's message layout: parse() gives (round, rank, dense gradient contribution)."""
+    """One mailbox key's message layout: parse() gives (round, rank, gradient contribution), the
+    contribution a float32 array (dense codec) or a SparseGrad (sparse codec), see make_decoder."""
 
     def __init__(self, codec, size, k=None, fp16=False):
         self.fp16 = fp16

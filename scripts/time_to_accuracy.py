@@ -2,15 +2,18 @@
 the Fashion-MNIST ResNet-20 configs.
 
     sudo python scripts/time_to_accuracy.py [--suite digits|fmnist] [--rate 20] [--seeds 0 1 2]
-        [--set KEY=VALUE ...] [--out results/time_to_accuracy]
+        [--set KEY=VALUE ...] [--variants LABEL ...] [--reuse DIR] [--out results/time_to_accuracy]
 
 Each job runs in a fresh network namespace whose loopback is limited to --rate Mbit/s (tc tbf), jobs
 interleaved by seed. Writes evals.csv (variant, seed, epoch, seconds since launch, test accuracy),
 jobs.csv (one row per job, with the namespace's own byte counter), table.md (medians; the time each
 variant needs to reach the SSGD run's final accuracy of the same seed, and its ratio to SSGD's), and
-accuracy-vs-time / accuracy-vs-epoch plots through scripts/plot.py.
+accuracy-vs-time / accuracy-vs-epoch plots through scripts/plot.py. `--variants` runs only some variants;
+`--reuse DIR` then takes the other variants' jobs (the SSGD baseline, typically) from an earlier run's
+jobs.csv and evals.csv, and the table names DIR: those figures come from another run of the machine.
 """
 import argparse
+import csv
 import json
 import os
 import re
@@ -105,6 +108,19 @@ def table(jobs, evals, rate, title, variants):
     return "\n".join(lines)
 
 
+def read_earlier(directory, skip):
+    """Jobs and evaluations of an earlier run of this script, minus the variants in `skip`."""
+    def rows(name):
+        with open(os.path.join(directory, name)) as f:
+            return [r for r in csv.DictReader(f) if r["variant"] not in skip]
+    jobs = [dict(r, seed=int(r["seed"]), rc=int(r["rc"]), seconds=float(r["seconds"]),
+                 kernel_bytes=float(r["kernel_bytes"]), final_test_acc=float(r["final_test_acc"] or "nan"))
+            for r in rows("jobs.csv")]
+    evals = [dict(r, seed=int(r["seed"]), epoch=int(r["epoch"]), seconds=float(r["seconds"]),
+                  test_acc=float(r["test_acc"])) for r in rows("evals.csv")]
+    return jobs, evals
+
+
 def main():
     stop_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -115,6 +131,8 @@ def main():
                     help="config override for every job (repeatable)")
     ap.add_argument("--timeout", type=float, default=900, help="per job, seconds")
     ap.add_argument("--out", default="results/time_to_accuracy")
+    ap.add_argument("--variants", nargs="+", help="labels to run (default: all of the suite's)")
+    ap.add_argument("--reuse", metavar="DIR", help="take the variants not run from this earlier output folder")
     args = ap.parse_args()
     try:
         check_tools()
@@ -124,9 +142,19 @@ def main():
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     title, variants = SUITES[args.suite]
+    unknown = sorted(set(args.variants or ()) - set(variants))
+    if unknown:
+        print(f"error: unknown variant(s) {unknown}; the {args.suite} suite has {list(variants)}", file=sys.stderr)
+        return 2
+    chosen = args.variants or list(variants)
     jobs, evals = [], []
+    if args.reuse:
+        jobs, evals = read_earlier(args.reuse, skip=set(chosen))
+        title += f" (variants not run here: from {os.path.relpath(args.reuse, ROOT)})"
     for seed in args.seeds:
         for label, config in variants.items():
+            if label not in chosen:
+                continue
             print(f"[seed {seed}] {label} at {args.rate:g} Mbit/s", flush=True)
             job, ev = run(label, config, seed, args.rate, out, args.timeout, args.set)
             jobs.append(job)
@@ -139,7 +167,7 @@ def main():
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(text + "\n")
     print(text)
-    ok = [j["run_dir"] for j in jobs if j["rc"] == 0]
+    ok = [j["run_dir"] for j in jobs if j["rc"] == 0 and os.path.isdir(j["run_dir"])]
     if ok:
         subprocess.call([sys.executable, os.path.join(HERE, "plot.py"), "--runs", *ok, "--out", out])
     return 0 if all(j["rc"] == 0 for j in jobs) else 1

@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -84,3 +85,17 @@ def processes_with(marker):
         if marker in cmdline and state != "Z":
             found.append(int(pid))
     return found
+
+
+def wait_for_progress(job, proc, timeout=60):
+    """Until rank 0 has logged a step (the job is past start-up), or fail the test."""
+    import pytest
+    path = os.path.join(job.run_dir, "metrics.jsonl")
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            pytest.fail(f"job ended early: {proc.stdout.read()}")
+        if os.path.exists(path) and os.path.getsize(path) > 0:
+            return
+        time.sleep(0.2)
+    pytest.fail("job made no progress")

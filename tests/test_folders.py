@@ -12,22 +12,12 @@ import time
 import numpy as np
 import pytest
 
-from jobs import ROOT, processes_with, run_job, start_job
+from jobs import ROOT, processes_with, run_job, start_job, wait_for_progress
 
 SSGD = "configs/demo_digits_ssgd.yaml"
 SSD_TOPK = "configs/demo_digits_ssd_topk.yaml"
 
 
-def _wait_for_progress(job, proc, timeout=90):
-    path = os.path.join(job.run_dir, "metrics.jsonl")
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc.poll() is not None:
-            pytest.fail(f"job ended early: {proc.stdout.read()}")
-        if os.path.exists(path) and os.path.getsize(path) > 0:
-            return
-        time.sleep(0.2)
-    pytest.fail("job made no progress")
 
 
 def _stop(proc):
@@ -104,7 +94,7 @@ def test_second_job_on_the_same_folders_fails_at_once_naming_the_holder(tmp_path
     proc, job = start_job(tmp_path, SSGD, "train.epochs=500", "log.every_steps=1", f"checkpoint.dir={ck}",
                           name="first")
     try:
-        _wait_for_progress(job, proc)
+        wait_for_progress(job, proc, timeout=90)
         t0 = time.time()
         second = run_job(tmp_path, SSGD, "train.epochs=1", name="first", timeout=60)
         same_ck = run_job(tmp_path, SSGD, "train.epochs=1", f"checkpoint.dir={ck}", name="other", timeout=60)
@@ -132,7 +122,7 @@ def test_under_launch_py_rank_0_takes_the_locks(tmp_path):
     with the holder named by rank 0, and leaves the holder's files alone."""
     proc, job = start_job(tmp_path, SSGD, "train.epochs=500", "log.every_steps=1", name="held")
     try:
-        _wait_for_progress(job, proc)
+        wait_for_progress(job, proc, timeout=90)
         cmd = [sys.executable, os.path.join(ROOT, "launch", "launch.py"), "-n", "2", "-s", "1", "--timeout", "120",
                sys.executable, "-m", "ssdsgd.train", "--config", os.path.join(ROOT, SSGD),
                "--set", f"log.dir={job.marker}", "--set", "name=held", "--set", "train.epochs=1"]

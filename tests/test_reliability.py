@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from jobs import processes_with, role_of, run_job, start_job
+from jobs import processes_with, role_of, run_job, start_job, wait_for_progress
 
 SSGD = "configs/demo_digits_ssgd.yaml"
 SSD_TOPK = "configs/demo_digits_ssd_topk.yaml"
@@ -18,17 +18,6 @@ def load_params(path):
     return {k: v.asnumpy() for k, v in mx.nd.load(path).items()}
 
 
-def _wait_for_progress(job, proc, timeout=60):
-    """Until rank 0 has logged a step (the job is past start-up), or fail."""
-    path = os.path.join(job.run_dir, "metrics.jsonl")
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc.poll() is not None:
-            pytest.fail(f"job ended early: {proc.stdout.read()}")
-        if os.path.exists(path) and os.path.getsize(path) > 0:
-            return
-        time.sleep(0.2)
-    pytest.fail("job made no progress")
 
 
 @pytest.mark.timeout(180)
@@ -36,7 +25,7 @@ def _wait_for_progress(job, proc, timeout=60):
 def test_sigkill_of_any_role_ends_the_job(tmp_path, role, task):
     proc, job = start_job(tmp_path, SSD_TOPK, "train.epochs=500", "log.every_steps=1", name="kill")
     try:
-        _wait_for_progress(job, proc)
+        wait_for_progress(job, proc, timeout=60)
         victims = [p for p in processes_with(job.marker) if role_of(p) == (role, task)]
         assert len(victims) == 1, victims
         os.kill(victims[0], signal.SIGKILL)
@@ -232,7 +221,7 @@ def test_ports_are_bound_to_the_chosen_interface_only(tmp_path):
     runs bind through the same ps-lite code; one job covers both.)"""
     proc, job = start_job(tmp_path, SSD_TOPK, "train.epochs=500", "log.every_steps=1", name="ports")
     try:
-        _wait_for_progress(job, proc)
+        wait_for_progress(job, proc, timeout=60)
         listening = {}
         for pid in processes_with(job.marker):
             role, task = role_of(pid)

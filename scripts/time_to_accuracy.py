@@ -9,8 +9,8 @@ interleaved by seed. Writes evals.csv (variant, seed, epoch, seconds since launc
 jobs.csv (one row per job, with the namespace's own byte counter), table.md (medians; the time each
 variant needs to reach the SSGD run's final accuracy of the same seed, and its ratio to SSGD's), and
 accuracy-vs-time / accuracy-vs-epoch plots through scripts/plot.py. `--variants` runs only some variants;
-`--reuse DIR` then takes the other variants' jobs (the SSGD baseline, typically) from an earlier run's
-jobs.csv and evals.csv, and the table names DIR: those figures come from another run of the machine.
+`--reuse DIR` then takes the SSGD baseline's jobs from an earlier run's jobs.csv and evals.csv (when SSGD
+is not run), and the table names DIR: those figures come from another run of the machine.
 """
 import argparse
 import csv
@@ -108,11 +108,11 @@ def table(jobs, evals, rate, title, variants):
     return "\n".join(lines)
 
 
-def read_earlier(directory, skip):
-    """Jobs and evaluations of an earlier run of this script, minus the variants in `skip`."""
+def read_earlier(directory, variant="SSGD"):
+    """Jobs and evaluations of one variant (the baseline) from an earlier run of this script."""
     def rows(name):
         with open(os.path.join(directory, name)) as f:
-            return [r for r in csv.DictReader(f) if r["variant"] not in skip]
+            return [r for r in csv.DictReader(f) if r["variant"] == variant]
     jobs = [dict(r, seed=int(r["seed"]), rc=int(r["rc"]), seconds=float(r["seconds"]),
                  kernel_bytes=float(r["kernel_bytes"]), final_test_acc=float(r["final_test_acc"] or "nan"))
             for r in rows("jobs.csv")]
@@ -132,7 +132,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=900, help="per job, seconds")
     ap.add_argument("--out", default="results/time_to_accuracy")
     ap.add_argument("--variants", nargs="+", help="labels to run (default: all of the suite's)")
-    ap.add_argument("--reuse", metavar="DIR", help="take the variants not run from this earlier output folder")
+    ap.add_argument("--reuse", metavar="DIR", help="take the SSGD baseline from this earlier output folder")
     args = ap.parse_args()
     try:
         check_tools()
@@ -148,9 +148,9 @@ def main():
         return 2
     chosen = args.variants or list(variants)
     jobs, evals = [], []
-    if args.reuse:
-        jobs, evals = read_earlier(args.reuse, skip=set(chosen))
-        title += f" (variants not run here: from {os.path.relpath(args.reuse, ROOT)})"
+    if args.reuse and "SSGD" not in chosen:
+        jobs, evals = read_earlier(args.reuse)
+        title += f" (SSGD from the earlier run in {os.path.relpath(os.path.abspath(args.reuse), ROOT)})"
     for seed in args.seeds:
         for label, config in variants.items():
             if label not in chosen:

@@ -224,3 +224,19 @@ def test_paired_ahead_behind_counts_wins_ties_losses():
     # differences in points: +1, 0, -1, +1 -> mean 0.25, sd 0.957
     assert line == (f"- {ahead} vs behind, 4 seeds: ahead wins 2, ties 1, loses 1; "
                     "difference +0.25 ± 0.96 points (mean ± sd)")
+
+
+def test_time_to_accuracy_reuses_only_the_ssgd_baseline(tmp_path):
+    """--reuse DIR reads the SSGD jobs and evaluations of an earlier run (typed), never another variant's."""
+    import time_to_accuracy as tta
+    from results_io import write_csv
+    jobs = [{"variant": v, "seed": 0, "rc": 0, "seconds": s, "kernel_bytes": 1e6, "final_test_acc": a,
+             "rate_mbit": 20, "run_dir": "x"} for v, s, a in (("SSGD", 100.0, 0.9), ("SSD-SGD", 50.0, 0.8))]
+    evals = [{"variant": v, "seed": 0, "epoch": e, "seconds": 10.0 * e, "test_acc": 0.1 * e}
+             for v in ("SSGD", "SSD-SGD") for e in (1, 9)]
+    write_csv(str(tmp_path / "jobs.csv"), jobs)
+    write_csv(str(tmp_path / "evals.csv"), evals)
+    got_jobs, got_evals = tta.read_earlier(str(tmp_path))
+    assert [j["variant"] for j in got_jobs] == ["SSGD"] and got_jobs[0]["final_test_acc"] == 0.9
+    assert [(e["epoch"], e["seconds"]) for e in got_evals] == [(1, 10.0), (9, 90.0)]
+    assert tta.time_to(got_evals, 0.85) == 90.0

@@ -87,9 +87,10 @@ def table(jobs, evals, rate, title, variants):
     ssgd_tta = {s: time_to([e for e in evals if e["variant"] == "SSGD" and e["seed"] == s], target[s])
                 for s in seeds if target[s] is not None}
     for label in variants:
-        js = [j for j in jobs if j["variant"] == label and j["rc"] == 0]
+        tried = [j for j in jobs if j["variant"] == label]
+        js = [j for j in tried if j["rc"] == 0]
         if not js:
-            lines.append(f"| {label} | failed | | | | |")
+            lines.append(f"| {label} | {'failed' if tried else 'not run'} | | | | |")
             continue
         tta, ratio = [], []
         for j in js:

@@ -216,19 +216,11 @@ def test_resume_with_a_ring_pull_in_flight_matches_uninterrupted_run(tmp_path):
     steps puts a refresh's ring pull in flight at the end of epoch 2 (step 43). Run A stops there,
     B resumes it (replica and in-flight ring from the worker's checkpoint), C runs through: B ends
     bit for bit where C ends, and every refresh passes the guard."""
-    import os
-
-    from jobs import processes_with, run_job
+    from jobs import processes_with, stopped_resumed_and_uninterrupted
     common = STRICT[1:] + ["train.epochs=4", "algorithm.warmup_iters=24", "checkpoint.every_epochs=1",
                            "compression.downlink=sparse", "compression.downlink_check_every=1"]
-    ck = os.path.join(str(tmp_path), "ck")
-    a = run_job(tmp_path, TOPK, *common, f"checkpoint.dir={ck}", "train.max_steps=44", name="A")
-    assert a.rc == 0, a.output
-    b = run_job(tmp_path, TOPK, *common, f"checkpoint.dir={ck}", name="B", args=["--resume"])
-    assert b.rc == 0, b.output
-    assert "resuming from" in b.output and "epoch-0002" in b.output
-    c = run_job(tmp_path, TOPK, *common, f"checkpoint.dir={tmp_path}/ck_c", name="C")
-    assert c.rc == 0, c.output
+    a, b, c = stopped_resumed_and_uninterrupted(tmp_path, TOPK, *common, stop_steps=44)
+    assert "epoch-0002" in b.output
     assert b.summary()["steps"] == c.summary()["steps"] == 88
     wb, wc = (_params(j.summary()["checkpoint"]) for j in (b, c))
     for name in wc:

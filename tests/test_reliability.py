@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from jobs import processes_with, role_of, run_job, start_job, wait_for_progress
+from jobs import processes_with, role_of, run_job, start_job, stopped_resumed_and_uninterrupted, wait_for_progress
 
 SSGD = "configs/demo_digits_ssgd.yaml"
 SSD_TOPK = "configs/demo_digits_ssd_topk.yaml"
@@ -60,15 +60,9 @@ def test_resume_after_epoch_2_matches_uninterrupted_run(tmp_path):
     """Strict SSD-SGD + top-k, checkpoint every epoch. Run A stops after epoch 2 (max_steps), run B
     resumes it to epoch 4; run C goes to epoch 4 without stopping. B must end where C ends."""
     common = ["train.epochs=4", "algorithm.strict=true", "checkpoint.every_epochs=1"]
-    ck = os.path.join(str(tmp_path), "ck")
-    a = run_job(tmp_path, SSD_TOPK, *common, f"checkpoint.dir={ck}", "train.max_steps=44", name="A")
-    assert a.rc == 0, a.output
-    assert os.path.exists(os.path.join(ck, "epoch-0002", "manifest.json"))
-    b = run_job(tmp_path, SSD_TOPK, *common, f"checkpoint.dir={ck}", name="B", args=["--resume"])
-    assert b.rc == 0, b.output
-    assert "resuming from" in b.output and "epoch-0002" in b.output
-    c = run_job(tmp_path, SSD_TOPK, *common, f"checkpoint.dir={tmp_path}/ck_c", name="C")
-    assert c.rc == 0, c.output
+    a, b, c = stopped_resumed_and_uninterrupted(tmp_path, SSD_TOPK, *common, stop_steps=44)
+    assert os.path.exists(os.path.join(str(tmp_path), "ck", "epoch-0002", "manifest.json"))
+    assert "epoch-0002" in b.output
     assert b.summary()["steps"] == c.summary()["steps"] == 88
     wb, wc, wa = (load_params(j.summary()["checkpoint"]) for j in (b, c, a))
     for k in wc:

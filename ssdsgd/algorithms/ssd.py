@@ -443,15 +443,8 @@ class RoundClient:
     def _refresh_from_replica(self, bi):
         """Copy the replica's weights into the parameters (and refresh the local optimizer, as a dense
         pull does); returns its version."""
-        b, rep = self.buffers[bi], self.replicas[bi]
-        rounds = rep.version - self.versions[bi]
-        for i, off, n in zip(b.params, b.offsets, b.sizes):
-            p = self.params[i].data()
-            p[:] = mx.nd.array(rep.weights[off:off + n], dtype=np.float32).reshape(p.shape)
-            if self.local_states[i] is not None:
-                self.local_opt.refresh(self.local_states[i], p, rounds)
-        self.versions[bi] = rep.version
-        return rep.version
+        rep = self.replicas[bi]
+        return self._set_buffer(bi, rep.version, lambda off, n: mx.nd.array(rep.weights[off:off + n], dtype=np.float32))
 
     def _land_ring(self, bi):
         """A landed ring pull: apply every round newer than the replica's version, in order (or
@@ -492,10 +485,16 @@ class RoundClient:
             return self._land_ring(bi)
         b, buf = self.buffers[bi], self.pull_bufs[bi]
         version = int(buf[b.size].asscalar())           # waits for the pull to land
+        return self._set_buffer(bi, version, lambda off, n: buf[off:off + n])
+
+    def _set_buffer(self, bi, version, piece):
+        """Load buffer bi's global weights at `version` into the parameters (piece(offset, length): the
+        flat values of one parameter) and refresh the local optimizer's state; returns the version."""
+        b = self.buffers[bi]
         rounds = version - self.versions[bi]
         for i, off, n in zip(b.params, b.offsets, b.sizes):
             p = self.params[i].data()
-            buf[off:off + n].reshape(p.shape).copyto(p)
+            piece(off, n).reshape(p.shape).copyto(p)
             if self.local_states[i] is not None:
                 self.local_opt.refresh(self.local_states[i], p, rounds)
         self.versions[bi] = version

@@ -52,20 +52,31 @@ def unique_name(prefix=PREFIX):
     return f"{prefix}{os.getpid()}-{secrets.token_hex(4)}"
 
 
-def parse_net_dev(text, iface="lo"):
-    """Counters of `iface` from /proc/<pid>/net/dev text: {rx_bytes, rx_packets, ..., tx_bytes, ...}."""
+def parse_net_dev_all(text):
+    """Counters of every interface in /proc/<pid>/net/dev text: {iface: {rx_bytes, ..., tx_bytes, ...}}."""
     rx = ("rx_bytes", "rx_packets", "rx_errors", "rx_dropped")
     tx = ("tx_bytes", "tx_packets", "tx_errors", "tx_dropped")
+    out = {}
     for line in text.splitlines():
         name, sep, rest = line.partition(":")
-        if sep and name.strip() == iface:
-            v = [int(x) for x in rest.split()]
-            return {**dict(zip(rx, v[0:4])), **dict(zip(tx, v[8:12]))}
-    raise NetnsError(f"interface {iface} not found in net/dev")
+        if not sep or "|" in line:            # the two header lines
+            continue
+        v = [int(x) for x in rest.split()]
+        if len(v) >= 12:
+            out[name.strip()] = {**dict(zip(rx, v[0:4])), **dict(zip(tx, v[8:12]))}
+    return out
+
+
+def parse_net_dev(text, iface="lo"):
+    """Counters of `iface` from /proc/<pid>/net/dev text: {rx_bytes, rx_packets, ..., tx_bytes, ...}."""
+    found = parse_net_dev_all(text).get(iface)
+    if found is None:
+        raise NetnsError(f"interface {iface} not found in net/dev")
+    return found
 
 
 def counters_of_pid(pid, iface="lo"):
-    """lo counters of the network namespace process `pid` lives in (no fork: reads /proc/<pid>/net/dev).
+    """`iface` counters of the network namespace process `pid` lives in (no fork: reads /proc/<pid>/net/dev).
 
     Returns None when the process is gone."""
     try:

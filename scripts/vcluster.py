@@ -20,6 +20,7 @@ every process left in each namespace by PID, deletes the namespaces and the key 
 first removes leftovers of earlier runs whose creating process is dead (their names carry its PID).
 """
 import atexit
+import json
 import os
 import re
 import shutil
@@ -238,6 +239,29 @@ class VCluster:
 
     def pids(self, i):
         return netns.pids_in(self.namespaces[i])
+
+    def host_pid(self, i):
+        """PID of a process that lives on host i for the cluster's whole life (its sshd): its
+        /proc/<pid>/net/dev holds the host's interface counters, readable without a fork."""
+        return self._sshd[i].pid
+
+    def counters(self, i, iface="eth0"):
+        """Exact byte/packet counters of host i's `iface`: {tx_bytes, rx_bytes, tx_packets, ...}."""
+        out = _run(["ip", "-n", self.namespaces[i], "-s", "-j", "link", "show", iface], "reading counters")
+        stats = json.loads(out)[0]["stats64"]
+        return {f"{d}_{k}": v for d in ("rx", "tx") for k, v in stats[d].items()}
+
+    def qdisc_drops(self):
+        """Packets dropped by the shaping qdiscs of every host link, both directions (0 when unshaped)."""
+        total = 0
+        for ns, dev in [(ns, "eth0") for ns in self.namespaces] + [(self.switch, f"v{i}") for i in range(self.n)]:
+            out = subprocess.run(["tc", "-n", ns, "-s", "-j", "qdisc", "show", "dev", dev],
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True).stdout
+            try:
+                total += sum(q.get("drops", 0) for q in json.loads(out or "[]") if q.get("kind") == "tbf")
+            except ValueError:
+                return None
+        return total
 
     def leftovers(self):
         """{host: [cmdline, ...]} of processes on the hosts other than their sshd listeners."""

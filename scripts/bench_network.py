@@ -1,9 +1,25 @@
-"""Bandwidth-limited network benchmark: every job in a fresh network namespace with a rate-limited loopback.
+"""Bandwidth-limited network benchmark: every job on per-host shaped links (default) or on one shaped loopback.
+
+Two topologies (--topology):
+  hosts (default): each job gets a fresh virtual cluster (scripts/vcluster.py): one network namespace
+    per host, each with its own link (eth0 on a bridge), `tbf rate R mbit burst 256kb latency 50ms` on
+    both directions of every host link (no qdisc for rate 0 = unlimited), one sshd per host. Host h0
+    runs the launcher and the scheduler (the ssh launcher runs the scheduler where it runs itself; its
+    traffic is a few KB), each server and each worker has a host of its own: 1 server + 2 workers use
+    h0..h3, servers on h1..hS, workers after them. The job is started on h0 with the ssh launcher
+    (hostfile h1..h(S+W), --interface eth0). Recorded in addition, from each host's eth0 counters
+    (sampled every 0.1 s from /proc/<sshd pid>/net/dev, the host's sshd living in its namespace): bytes
+    sent (tx) and received (rx) by the server hosts and by the worker hosts (mean over the hosts of
+    that role), per step in the steady window, and each link's utilisation in that window
+    (bytes * 8 / (rate * window seconds)); the servers' CPU seconds per step (whole job and steady
+    window); kernel bytes are the sum of every host's eth0 tx (each byte once, when it leaves its host).
+  loopback: one namespace with a rate-limited loopback that every role shares (the behaviour before the
+    per-host topology existed; the README's older figures).
 
 For each repeat, rate and algorithm (interleaved: repeat 1 runs A B C ... at every rate, then repeat 2),
-the benchmark creates a namespace (scripts/netns.py: lo mtu 9000, `tbf rate R mbit burst 256kb latency
-50ms`, no qdisc for rate 0 = unlimited), runs `python -m ssdsgd.run` inside it for a fixed number of
-steps, and records:
+the loopback topology creates a namespace (scripts/netns.py: lo mtu 9000, `tbf rate R mbit burst 256kb
+latency 50ms`, no qdisc for rate 0 = unlimited), runs `python -m ssdsgd.run` inside it for a fixed
+number of steps, and records:
   - the job's summary.json (images/s, wall time, steps, push/pull bytes per step of rank 0),
   - the namespace's exact lo byte counters before/after (every loopback byte is counted once as tx and
     once as rx; tx is reported), and a steady-state bytes/step measured between two logged steps,
@@ -16,15 +32,18 @@ is printed and written to <out>/table.md.
 
 The compute bound (N x the single-worker images/s with no communication) is measured once
 per repeat with 1 worker + 1 server, unlimited rate, SSD-SGD with no warm-up and delay 100000 (so the
-worker never pulls or waits) and dense pushes (asynchronous, so the worker never waits on them).
+worker never pulls or waits) and dense pushes (asynchronous, so the worker never waits on them), in
+the same topology as the other jobs (hosts: a 3-host cluster, launcher, server, worker).
 
-Usage (root; ip and tc from iproute2):
-  python scripts/bench_network.py                       # full suite: 3 repeats x rates 0,100,20 x 6 algorithms
+Usage (root; ip and tc from iproute2; hosts also sshd, ssh, ssh-keygen from openssh):
+  python scripts/bench_network.py                       # full suite: 3 repeats x rates 0,100,20 x 7 algorithms
+  python scripts/bench_network.py --topology loopback   # the same on one shared loopback
   python scripts/bench_network.py --quick --out /tmp/bench_quick
   python scripts/bench_network.py --algorithms ssgd,ssd_topk --rates 0,50 --steps 40 --repeats 1
   python scripts/bench_network.py --table-only --out bench_results   # re-make table.md from runs.csv
 """
 import argparse
+import contextlib
 import csv
 import json
 import math
@@ -33,9 +52,11 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 import netns
+import vcluster
 from results_io import COMPUTE_BOUND, rate_name, read_jsonl, stop_on_sigterm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -67,12 +88,24 @@ BASELINE = "ssgd"
 COMPRESSED = ("ssgd_2bit", "ssd_topk", "ssgd_topk", "ssd_topk_s2k")
 ROLES = ("worker", "server", "scheduler", "launcher")
 
-FIELDS = ["algorithm", "label", "rate_mbit", "repeat", "status", "exit_code", "images_per_sec",
-          "steady_images_per_sec", "wall_seconds", "job_seconds", "steps", "num_workers", "kernel_bytes",
-          "kernel_bytes_per_step", "steady_kernel_bytes_per_step", "kernel_rx_bytes", "qdisc_drops",
-          "push_bytes_per_step", "pull_bytes_per_step", "final_loss", "final_test_acc", "wait_seconds"] + \
+TOPOLOGIES = {"hosts": "per-host links (one host per role, each link shaped in both directions)",
+              "loopback": "loopback (all roles share one link)"}
+LINK_ROLES = ("server", "worker")     # the host links the hosts topology reports, per direction
+# Columns of the hosts topology (empty in loopback rows): per role (mean over its hosts) and direction.
+LINK_FIELDS = [f"{r}_{d}_bytes" for r in LINK_ROLES for d in ("tx", "rx")] + \
+              [f"steady_{r}_{d}_bytes_per_step" for r in LINK_ROLES for d in ("tx", "rx")] + \
+              [f"{r}_{d}_util" for r in LINK_ROLES for d in ("tx", "rx")]
+
+FIELDS = ["algorithm", "label", "topology", "rate_mbit", "repeat", "status", "exit_code", "images_per_sec",
+          "steady_images_per_sec", "wall_seconds", "job_seconds", "steady_seconds", "steps", "num_workers",
+          "num_servers", "kernel_bytes", "kernel_bytes_per_step", "steady_kernel_bytes_per_step",
+          "kernel_rx_bytes", "qdisc_drops", "push_bytes_per_step", "pull_bytes_per_step",
+          "push_bytes_per_step_after_warmup", "pull_bytes_per_step_after_warmup"] + LINK_FIELDS + \
+         ["server_cpu_seconds_per_step", "steady_server_cpu_seconds_per_step", "final_loss", "final_test_acc",
+          "wait_seconds"] + \
          [f"peak_rss_{r}_mb" for r in ROLES] + ["job_cpu_seconds", "other_cpu_share", "idle_wait_seconds",
-                                                "bound_workers", "run_dir", "log", "namespace", "error"]
+                                                "bound_workers", "run_dir", "log", "namespace", "host_links",
+                                                "error"]
 
 FULL = dict(steps=60, repeats=3, rates="0,100,20", job_timeout=900.0)
 QUICK = dict(steps=20, repeats=1, rates="0,20", job_timeout=300.0)
@@ -93,8 +126,8 @@ def _interp(samples, t):
     return samples[-1][1]
 
 
-def steady_state(records, start_step, images_per_step, counter_samples):
-    """Images/s and kernel tx bytes/step between the first logged step >= start_step and the last one.
+def steady_window(records, start_step):
+    """(steps, t0, t1) between the first logged step >= start_step and the last logged step, or None.
 
     Leaves out the start-up, the first (hybridize) steps and the warm-up, and the final evaluation."""
     steps = [r for r in records if "loss" in r and "step" in r and "time" in r]
@@ -102,38 +135,126 @@ def steady_state(records, start_step, images_per_step, counter_samples):
     if len(window) < 2:
         window = steps[-2:] if len(steps) >= 2 else []
     if len(window) < 2:
-        return None, None
+        return None
     a, b = window[0], window[-1]
     dsteps, dt = b["step"] - a["step"], b["time"] - a["time"]
     if dsteps <= 0 or dt <= 0:
+        return None
+    return dsteps, a["time"], b["time"]
+
+
+def window_delta(samples, t0, t1):
+    """How much a sampled counter ([(time, value)]) grew between t0 and t1 (interpolated), or None."""
+    a, b = _interp(samples, t0), _interp(samples, t1)
+    return None if a is None or b is None else b - a
+
+
+def steady_state(records, start_step, images_per_step, counter_samples):
+    """Images/s and kernel tx bytes/step between the first logged step >= start_step and the last one."""
+    w = steady_window(records, start_step)
+    if w is None:
         return None, None
-    ips = dsteps * images_per_step / dt
-    ca, cb = _interp(counter_samples, a["time"]), _interp(counter_samples, b["time"])
-    bps = (cb - ca) / dsteps if ca is not None and cb is not None else None
-    return ips, bps
+    dsteps, t0, t1 = w
+    d = window_delta(counter_samples, t0, t1)
+    return dsteps * images_per_step / (t1 - t0), None if d is None else d / dsteps
+
+
+def host_roles(servers, workers):
+    """Role of each host of the hosts topology: h0 the launcher (and scheduler), then the servers, then the
+    workers, one host each (the ssh launcher places servers first, round robin over the hostfile)."""
+    return ["launcher"] + ["server"] * servers + ["worker"] * workers
+
+
+def utilisation(nbytes, rate_mbit, seconds):
+    """Share of a link's capacity used: bytes * 8 / (rate * seconds); None when unlimited or unknown."""
+    if nbytes is None or not rate_mbit or not seconds or seconds <= 0:
+        return None
+    return nbytes * 8 / (rate_mbit * 1e6 * seconds)
+
+
+def per_role_links(roles, per_host):
+    """Mean over the hosts of each role of per-host {"tx": x, "rx": y} values: {role: {"tx", "rx"}}.
+
+    roles: role of each host index; per_host: {host index: {"tx": ..., "rx": ...}} (None values and
+    missing hosts are left out of the means; a role without any value gets None)."""
+    out = {}
+    for role in dict.fromkeys(roles):
+        hosts = [i for i, r in enumerate(roles) if r == role]
+        out[role] = {}
+        for d in ("tx", "rx"):
+            values = [per_host[i][d] for i in hosts if i in per_host and per_host[i].get(d) is not None]
+            out[role][d] = sum(values) / len(values) if values else None
+    return out
+
+
+def link_columns(roles, before, after, samples, window, rate_mbit):
+    """The hosts topology's link columns of a CSV row.
+
+    before/after: {host: {"tx_bytes", "rx_bytes"}} exact counters around the job; samples: {host: {"tx":
+    [(time, bytes)], "rx": [...]}} polled while it ran; window: (steps, t0, t1) of steady_window or None."""
+    whole = {i: {d: after[i][f"{d}_bytes"] - before[i][f"{d}_bytes"] for d in ("tx", "rx")} for i in after}
+    row = {}
+    for role, v in per_role_links(roles, whole).items():
+        if role in LINK_ROLES:
+            row.update({f"{role}_{d}_bytes": None if v[d] is None else round(v[d]) for d in ("tx", "rx")})
+    if window is not None:
+        dsteps, t0, t1 = window
+        steady = {i: {d: window_delta(samples[i][d], t0, t1) for d in ("tx", "rx")} for i in samples}
+        for role, v in per_role_links(roles, steady).items():
+            if role not in LINK_ROLES:
+                continue
+            for d in ("tx", "rx"):
+                if v[d] is None:
+                    continue
+                row[f"steady_{role}_{d}_bytes_per_step"] = round(v[d] / dsteps)
+                u = utilisation(v[d], rate_mbit, t1 - t0)
+                row[f"{role}_{d}_util"] = None if u is None else round(u, 4)
+    row["host_links"] = "; ".join(f"h{i} {roles[i]} tx {whole[i]['tx']} rx {whole[i]['rx']}"
+                                  for i in sorted(whole))
+    return {k: "" if v is None else v for k, v in row.items()}
 
 
 class Sampler:
     """Polls, while a job runs, the namespace's lo tx counter (every `net_every` s, read from
     /proc/<pid>/net/dev of the job's first process) and every namespace process's VmHWM (every
-    `rss_every` s), keeping the max per pid; the role comes from the process's DMLC_ROLE."""
+    `rss_every` s), keeping the max per pid; the role comes from the process's DMLC_ROLE.
 
-    def __init__(self, ns, pid, net_every=0.1, rss_every=0.5):
+    Hosts topology: `links` {host: (pid living on it, iface)} adds per-host tx and rx samples (every
+    `net_every` s), `pids` (a function) lists the processes of every host; `pid` is None (no lo)."""
+
+    def __init__(self, ns, pid, net_every=0.1, rss_every=0.5, links=None, pids=None):
         self.ns, self.pid = ns, pid
         self.net_every, self.rss_every = net_every, rss_every
+        self._pids = pids or ns.pids
+        self.links = dict(links or {})
         self.counter = []                    # (time.time(), tx_bytes)
+        self.link_samples = {h: {"tx": [], "rx": []} for h in self.links}
         self.hwm = {}                        # pid -> (role, kB)
         self.cpu_ticks = {}                  # pid -> utime + stime (clock ticks), last seen
+        self.server_cpu = []                 # (time.time(), ticks of every server process so far)
+        self._server_pids = set()
         self._next_rss = 0.0
 
     def poll(self):
         now = time.time()
-        c = netns.counters_of_pid(self.pid)
-        if c is not None:
-            self.counter.append((now, c["tx_bytes"]))
+        if self.pid is not None:
+            c = netns.counters_of_pid(self.pid)
+            if c is not None:
+                self.counter.append((now, c["tx_bytes"]))
+        for host, (pid, iface) in self.links.items():
+            c = netns.counters_of_pid(pid, iface)
+            if c is not None:
+                self.link_samples[host]["tx"].append((now, c["tx_bytes"]))
+                self.link_samples[host]["rx"].append((now, c["rx_bytes"]))
+        if self._server_pids:
+            for pid in self._server_pids:
+                ticks = _cpu_ticks(pid)
+                if ticks is not None:
+                    self.cpu_ticks[pid] = max(ticks, self.cpu_ticks.get(pid, 0))
+            self.server_cpu.append((now, sum(self.cpu_ticks.get(p, 0) for p in self._server_pids)))
         if time.monotonic() >= self._next_rss:
             self._next_rss = time.monotonic() + self.rss_every
-            for pid in self.ns.pids():
+            for pid in self._pids():
                 kb = netns.read_status_kb(pid, "VmHWM")
                 if kb is None:
                     continue
@@ -143,12 +264,22 @@ class Sampler:
                     "launcher" if "ssdsgd.run" in _cmdline(pid) else "other")
                 prev_role, prev_kb = self.hwm.get(pid, (role, 0))
                 self.hwm[pid] = (role, max(kb, prev_kb) if prev_role == role else kb)
+                if role == "server":
+                    self._server_pids.add(pid)
                 ticks = _cpu_ticks(pid)
                 if ticks is not None:
                     self.cpu_ticks[pid] = max(ticks, self.cpu_ticks.get(pid, 0))
 
     def job_cpu_seconds(self):
         return sum(self.cpu_ticks.values()) / os.sysconf("SC_CLK_TCK")
+
+    def server_cpu_seconds(self):
+        """CPU seconds of the server processes (the last value seen of each)."""
+        return sum(self.cpu_ticks.get(p, 0) for p in self._server_pids) / os.sysconf("SC_CLK_TCK")
+
+    def server_cpu_seconds_samples(self):
+        tick = os.sysconf("SC_CLK_TCK")
+        return [(t, v / tick) for t, v in self.server_cpu]
 
     def peak_mb(self):
         out = {}
@@ -223,10 +354,116 @@ def _stop_job(proc, grace=15.0):
             continue
 
 
+def _wait_for_job(proc, sampler, deadline):
+    """Poll the sampler until the job ends; stop it at `deadline` (monotonic). Returns True if it timed out."""
+    try:
+        while proc.poll() is None:
+            sampler.poll()
+            if time.monotonic() > deadline:
+                _stop_job(proc)
+                return True
+            time.sleep(sampler.net_every)
+    except BaseException:
+        _stop_job(proc)
+        raise
+    finally:
+        proc.wait()
+    return False
+
+
+@contextlib.contextmanager
+def _signals_ignored():
+    """A second Ctrl-C (or a SIGTERM) must not interrupt a teardown and leave namespaces behind."""
+    main = threading.current_thread() is threading.main_thread()
+    stops = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in stops} if main else {}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def virtual_cluster(hosts, rate_mbit, queue_ms):
+    """A VCluster of `hosts` hosts, every link shaped at rate_mbit (0/None: unlimited); always deleted."""
+    vc = vcluster.VCluster(hosts, rate_mbit or None, latency=f"{queue_ms:g}ms")
+    vc.create()
+    try:
+        yield vc
+    finally:
+        with _signals_ignored():
+            vc.delete()
+
+
+def _run_on_loopback(job, args, command, env, log_path, row, t0):
+    """One job in its own namespace with a shaped loopback. Returns (returncode, timed_out, sampler, cpu)."""
+    with netns.Namespace(job["rate"] or None, args.delay_ms, latency=f"{args.queue_ms:g}ms") as ns, \
+            open(log_path, "w") as log:
+        row["namespace"] = ns.name
+        log.write(f"# namespace {ns.name}: {ns.qdisc()}\n# {' '.join(command)}\n")
+        log.flush()
+        before = ns.counters()
+        cpu_before = _system_cpu()
+        proc = subprocess.Popen(ns.argv(command), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        sampler = Sampler(ns, proc.pid)
+        # the launcher's own timeout fires first
+        timed_out = _wait_for_job(proc, sampler, t0 + args.job_timeout + 30)
+        cpu_after = _system_cpu()
+        ns.kill_all()                                  # nothing may outlive the job in the namespace
+        after = ns.counters()
+        row["qdisc_drops"] = _qdisc_drops(ns)
+    sampler.counter.append((time.time(), after["tx_bytes"]))
+    row.update(kernel_bytes=after["tx_bytes"] - before["tx_bytes"],
+               kernel_rx_bytes=after["rx_bytes"] - before["rx_bytes"])
+    return proc.returncode, timed_out, sampler, (cpu_before, cpu_after)
+
+
+def _run_on_hosts(job, args, command, env, log_path, row, t0):
+    """One job on a fresh virtual cluster, one host per role (see host_roles). Returns what
+    _run_on_loopback does; the per-host counters go to row["_links"] for run_one."""
+    roles = host_roles(job["servers"], job["workers"])
+    with virtual_cluster(len(roles), job["rate"], args.queue_ms) as vc, open(log_path, "w") as log:
+        row["namespace"] = vc.name
+        hostfile = vc.write_hostfile(os.path.join(vc.dir, "hostfile"), range(1, len(roles)))
+        command = command + ["--set", "cluster.launcher=ssh", "--set", f"cluster.hostfile={hostfile}",
+                             "--set", "cluster.interface=eth0", "--set", f"cluster.ssh_config={vc.ssh_config}"]
+        shaping = f"tbf {job['rate']:g} Mbit/s each way on every host link" if job["rate"] else "unlimited links"
+        log.write(f"# cluster {vc.name}: " + ", ".join(f"h{i} {r}" for i, r in enumerate(roles)) +
+                  f"; {shaping}\n# {' '.join(command)}\n")
+        log.flush()
+        hosts = range(len(roles))
+        before = {i: vc.counters(i) for i in hosts}
+        cpu_before = _system_cpu()
+        proc = subprocess.Popen(vc.exec_argv(0, command), cwd=ROOT, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        sshd = {vc.host_pid(i) for i in hosts}
+        sampler = Sampler(None, None, links={i: (vc.host_pid(i), "eth0") for i in hosts},
+                          pids=lambda: [p for i in hosts for p in vc.pids(i) if p not in sshd])
+        timed_out = _wait_for_job(proc, sampler, t0 + args.job_timeout + 30)
+        cpu_after = _system_cpu()
+        left = vc.leftovers()
+        if left:                                       # VCluster.delete kills them; the log names them
+            log.write(f"# left on the hosts after the job: {left}\n")
+        after = {i: vc.counters(i) for i in hosts}
+        row["qdisc_drops"] = vc.qdisc_drops()
+    now = time.time()
+    for i in hosts:
+        for d in ("tx", "rx"):
+            sampler.link_samples[i][d].append((now, after[i][f"{d}_bytes"]))
+    # Kernel bytes: every byte once, when it leaves its host (the sum of the hosts' eth0 tx).
+    row.update(kernel_bytes=sum(after[i]["tx_bytes"] - before[i]["tx_bytes"] for i in hosts),
+               kernel_rx_bytes=sum(after[i]["rx_bytes"] - before[i]["rx_bytes"] for i in hosts))
+    row["_links"] = (roles, before, after)
+    return proc.returncode, timed_out, sampler, (cpu_before, cpu_after)
+
+
 def run_one(job, args):
-    """Run one job in its own namespace; return its CSV row (never raises for a failed job)."""
+    """Run one job in its own namespace(s); return its CSV row (never raises for a failed job)."""
     row = {k: "" for k in FIELDS}
-    row.update(algorithm=job["key"], label=job["label"], rate_mbit=job["rate"], repeat=job["repeat"])
+    row.update(algorithm=job["key"], label=job["label"], topology=args.topology, rate_mbit=job["rate"],
+               repeat=job["repeat"])
     log_dir = os.path.join(args.out, "runs")
     run_dir = os.path.join(log_dir, job["name"])
     log_path = os.path.join(args.out, "logs", job["name"] + ".log")
@@ -240,40 +477,12 @@ def run_one(job, args):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
     env.update(OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
     t0 = time.monotonic()
-    with netns.Namespace(job["rate"] or None, args.delay_ms, latency=f"{args.queue_ms:g}ms") as ns, \
-            open(log_path, "w") as log:
-        row["namespace"] = ns.name
-        log.write(f"# namespace {ns.name}: {ns.qdisc()}\n# {' '.join(command)}\n")
-        log.flush()
-        before = ns.counters()
-        cpu_before = _system_cpu()
-        proc = subprocess.Popen(ns.argv(command), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        sampler = Sampler(ns, proc.pid)
-        hard_deadline = t0 + args.job_timeout + 30     # the launcher's own timeout fires first
-        timed_out = False
-        try:
-            while proc.poll() is None:
-                sampler.poll()
-                if time.monotonic() > hard_deadline:
-                    timed_out = True
-                    _stop_job(proc)
-                    break
-                time.sleep(sampler.net_every)
-        except BaseException:
-            _stop_job(proc)
-            raise
-        finally:
-            proc.wait()
-        cpu_after = _system_cpu()
-        ns.kill_all()                                  # nothing may outlive the job in the namespace
-        after = ns.counters()
-        row["qdisc_drops"] = _qdisc_drops(ns)
+    runner = _run_on_hosts if args.topology == "hosts" else _run_on_loopback
+    returncode, timed_out, sampler, (cpu_before, cpu_after) = runner(job, args, command, env, log_path, row, t0)
+    links = row.pop("_links", None)
     row["job_seconds"] = round(time.monotonic() - t0, 2)
-    row["exit_code"] = proc.returncode
-    sampler.counter.append((time.time(), after["tx_bytes"]))
-    tx = after["tx_bytes"] - before["tx_bytes"]
-    row.update(kernel_bytes=tx, kernel_rx_bytes=after["rx_bytes"] - before["rx_bytes"])
+    row["exit_code"] = returncode
+    tx = row["kernel_bytes"]
     # CPU used on this machine by anything but the job (other users' work skews the benchmark).
     busy, total = cpu_after[0] - cpu_before[0], cpu_after[1] - cpu_before[1]
     if total > 0:
@@ -284,9 +493,9 @@ def run_one(job, args):
             row[f"peak_rss_{role}_mb"] = round(mb, 1)
 
     summary_path = os.path.join(run_dir, "summary.json")
-    if timed_out or proc.returncode == 124:
+    if timed_out or returncode == 124:
         row["status"] = "timeout"
-    elif proc.returncode != 0 or not os.path.exists(summary_path):
+    elif returncode != 0 or not os.path.exists(summary_path):
         row["status"] = "failed"
     else:
         row["status"] = "ok"
@@ -296,21 +505,40 @@ def run_one(job, args):
     losses = [r["loss"] for r in records if "loss" in r]
     if losses:
         row["final_loss"] = round(losses[-1], 5)
+    window = steady_window(records, job["steady_from"])
+    if links is not None:
+        roles, before, after = links
+        row.update(link_columns(roles, before, after, sampler.link_samples, window, job["rate"]))
     if os.path.exists(summary_path):
         with open(summary_path) as f:
             s = json.load(f)
         steps = s["steps"]
         row.update(images_per_sec=round(s["images_per_sec"], 3), wall_seconds=round(s["wall_seconds"], 3),
-                   steps=steps, num_workers=s["num_workers"],
+                   steps=steps, num_workers=s["num_workers"], num_servers=s.get("num_servers", ""),
                    kernel_bytes_per_step=round(tx / max(1, steps)),
                    push_bytes_per_step=round(s["bytes_per_step"]["push"]),
                    pull_bytes_per_step=round(s["bytes_per_step"]["pull"]),
                    final_test_acc=s.get("final_test_acc"), wait_seconds=round(s.get("wait_seconds") or 0.0, 3))
-        ips, bps = steady_state(records, job["steady_from"], job["batch"] * s["num_workers"], sampler.counter)
-        if ips is not None:
-            row["steady_images_per_sec"] = round(ips, 3)
-        if bps is not None:
-            row["steady_kernel_bytes_per_step"] = round(bps)
+        aw = s.get("after_warmup") or {}
+        if aw.get("steps"):
+            row.update(push_bytes_per_step_after_warmup=round(aw["push_bytes"] / aw["steps"]),
+                       pull_bytes_per_step_after_warmup=round(aw["pull_bytes"] / aw["steps"]))
+        if sampler.server_cpu:
+            row["server_cpu_seconds_per_step"] = round(sampler.server_cpu_seconds() / max(1, steps), 5)
+        if window is not None:
+            dsteps, w0, w1 = window
+            row["steady_seconds"] = round(w1 - w0, 3)
+            row["steady_images_per_sec"] = round(dsteps * job["batch"] * s["num_workers"] / (w1 - w0), 3)
+            if links is None:
+                d = window_delta(sampler.counter, w0, w1)
+            else:
+                deltas = [window_delta(sampler.link_samples[i]["tx"], w0, w1) for i in sampler.link_samples]
+                d = None if any(x is None for x in deltas) else sum(deltas)
+            if d is not None:
+                row["steady_kernel_bytes_per_step"] = round(d / dsteps)
+            cpu = window_delta(sampler.server_cpu_seconds_samples(), w0, w1)
+            if cpu is not None:
+                row["steady_server_cpu_seconds_per_step"] = round(cpu / dsteps, 5)
     return row
 
 
@@ -385,6 +613,10 @@ def aggregate(rows):
         p, q = _num(r.get("push_bytes_per_step")), _num(r.get("pull_bytes_per_step"))
         return p + q if p is not None and q is not None else None
 
+    def pull_push(r):
+        p, q = _num(r.get("push_bytes_per_step_after_warmup")), _num(r.get("pull_bytes_per_step_after_warmup"))
+        return q / p if p and q is not None else None
+
     result = []
     for key in order:
         g = groups[key]
@@ -403,6 +635,13 @@ def aggregate(rows):
             bytes_ratio=ratios(rs, "kernel_bytes_per_step"),
             steady_bytes_ratio=ratios(rs, "steady_kernel_bytes_per_step"),
             rss_ratio=ratios(rs, "peak_rss_worker_mb"),
+            steady_seconds=med("steady_seconds"),
+            push_after_warmup=med("push_bytes_per_step_after_warmup"),
+            pull_after_warmup=med("pull_bytes_per_step_after_warmup"),
+            pull_push_ratio=_median([pull_push(r) for r in rs]),
+            server_cpu_per_step=med("server_cpu_seconds_per_step"),
+            steady_server_cpu_per_step=med("steady_server_cpu_seconds_per_step"),
+            **{f: med(f) for f in LINK_FIELDS},
             failed=[f"rep {r['repeat']}: {r['status']} (exit {r['exit_code']})" for r in failed])
         result.append(g)
 
@@ -417,7 +656,21 @@ def aggregate(rows):
                          "images_per_sec": n * one if one else None,
                          "steady_images_per_sec": n * one_steady if one_steady else None,
                          "runs": len(cb_rows)}
-    return {"groups": result, "compute_bound": compute_bound, "busy_runs": len(busy), "ok_runs": len(ok)}
+    return {"groups": result, "compute_bound": compute_bound, "busy_runs": len(busy), "ok_runs": len(ok),
+            "topology": topology_of(rows[0]) if rows else "loopback"}
+
+
+def topology_of(row):
+    """A CSV row's topology; rows written before the column existed are loopback runs."""
+    return row.get("topology") or "loopback"
+
+
+def split_topologies(rows):
+    """{topology: its rows}, in the order the topologies first appear."""
+    out = {}
+    for r in rows:
+        out.setdefault(topology_of(r), []).append(r)
+    return out
 
 
 def _infer_workers(ok_rows):
@@ -430,51 +683,91 @@ def _fmt(v, spec="{:.1f}", none="–"):
     return none if v is None else spec.format(v)
 
 
-def markdown_table(agg, title="Bandwidth-limited benchmark"):
+def _link_cell(g, role, d):
+    """`KB/step (utilisation)` of a role's link in one direction, steady window."""
+    v, u = g[f"steady_{role}_{d}_bytes_per_step"], g[f"{role}_{d}_util"]
+    return _fmt(None if v is None else v / 1e3, "{:.1f}") + ("" if u is None else f" ({100 * u:.0f}%)")
+
+
+def markdown_table(agg, title="Bandwidth-limited benchmark", topology=None):
     groups, cb = agg["groups"], agg["compute_bound"]
-    lines = [f"## {title}", ""]
-    head = ["algorithm", "rate", "ok/runs", "img/s", "× SSGD", "steady img/s", "steady × SSGD",
-            "% of bound", "kernel MB/step", "× SSGD bytes", "steady kernel MB/step", "rank-0 push+pull KB/step",
-            "worker RSS MB", "× SSGD RSS", "server RSS MB", "final loss", "other CPU"]
+    topology = topology or agg.get("topology") or "loopback"
+    hosts = topology == "hosts"
+    lines = [f"## {title} — {TOPOLOGIES[topology]}", "", f"Topology: `{topology}` — {TOPOLOGIES[topology]}"
+             + (": h0 launcher + scheduler, each server and each worker on a host of its own, every host link "
+                "shaped at the rate in both directions." if hosts else
+                ": every role in one namespace, every byte crosses the one shaped loopback."), ""]
+    head = ["algorithm", "rate", "ok/runs", "img/s", "× SSGD", "steady img/s", "steady × SSGD", "% of bound"]
+    if hosts:
+        head += ["server tx KB/step (util)", "server rx KB/step (util)", "worker tx KB/step (util)",
+                 "worker rx KB/step (util)", "server CPU ms/step", "rank-0 push KB/step", "rank-0 pull KB/step",
+                 "pull ÷ push", "kernel MB/step", "× SSGD bytes", "worker RSS MB", "× SSGD RSS", "server RSS MB",
+                 "final loss", "other CPU"]
+    else:
+        head += ["kernel MB/step", "× SSGD bytes", "steady kernel MB/step", "rank-0 push+pull KB/step",
+                 "worker RSS MB", "× SSGD RSS", "server RSS MB", "final loss", "other CPU"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     bound = cb and (cb["steady_images_per_sec"] or cb["images_per_sec"])
+    mb = lambda v: None if v is None else v / 1e6  # noqa: E731
+    kb = lambda v: None if v is None else v / 1e3  # noqa: E731
     for g in groups:
         ips = g["steady_images_per_sec"] or g["images_per_sec"]
         pct = 100.0 * ips / bound if ips and bound else None
-        mb = lambda v: None if v is None else v / 1e6  # noqa: E731
-        lines.append("| " + " | ".join([
-            g["label"], rate_name(g["rate_mbit"]), f"{g['ok']}/{g['runs']}",
-            _fmt(g["images_per_sec"]), _fmt(g["speedup"], "{:.2f}×"),
-            _fmt(g["steady_images_per_sec"]), _fmt(g["steady_speedup"], "{:.2f}×"), _fmt(pct, "{:.0f}%"),
-            _fmt(mb(g["kernel_bytes_per_step"]), "{:.3f}"), _fmt(g["bytes_ratio"], "{:.3f}"),
-            _fmt(mb(g["steady_kernel_bytes_per_step"]), "{:.3f}"),
-            _fmt(None if g["worker_bytes_per_step"] is None else g["worker_bytes_per_step"] / 1e3, "{:.1f}"),
-            _fmt(g["peak_rss_worker_mb"], "{:.0f}"), _fmt(g["rss_ratio"], "{:.2f}×"),
-            _fmt(g["peak_rss_server_mb"], "{:.0f}"), _fmt(g["final_loss"], "{:.3f}"),
-            _fmt(None if g["other_cpu_share"] is None else 100 * g["other_cpu_share"], "{:.0f}%")]) + " |")
+        cells = [g["label"], rate_name(g["rate_mbit"]), f"{g['ok']}/{g['runs']}",
+                 _fmt(g["images_per_sec"]), _fmt(g["speedup"], "{:.2f}×"),
+                 _fmt(g["steady_images_per_sec"]), _fmt(g["steady_speedup"], "{:.2f}×"), _fmt(pct, "{:.0f}%")]
+        if hosts:
+            cpu = g["steady_server_cpu_per_step"]
+            cpu = g["server_cpu_per_step"] if cpu is None else cpu
+            cells += [_link_cell(g, r, d) for r in LINK_ROLES for d in ("tx", "rx")] + [
+                _fmt(None if cpu is None else 1e3 * cpu, "{:.1f}"),
+                _fmt(kb(g["push_after_warmup"]), "{:.1f}"), _fmt(kb(g["pull_after_warmup"]), "{:.1f}"),
+                _fmt(g["pull_push_ratio"], "{:.2f}×"),
+                _fmt(mb(g["kernel_bytes_per_step"]), "{:.3f}"), _fmt(g["bytes_ratio"], "{:.3f}")]
+        else:
+            cells += [_fmt(mb(g["kernel_bytes_per_step"]), "{:.3f}"), _fmt(g["bytes_ratio"], "{:.3f}"),
+                      _fmt(mb(g["steady_kernel_bytes_per_step"]), "{:.3f}"),
+                      _fmt(kb(g["worker_bytes_per_step"]), "{:.1f}")]
+        cells += [_fmt(g["peak_rss_worker_mb"], "{:.0f}"), _fmt(g["rss_ratio"], "{:.2f}×"),
+                  _fmt(g["peak_rss_server_mb"], "{:.0f}"), _fmt(g["final_loss"], "{:.3f}"),
+                  _fmt(None if g["other_cpu_share"] is None else 100 * g["other_cpu_share"], "{:.0f}%")]
+        lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     if cb:
         lines.append(f"Compute bound: {_fmt(cb['images_per_sec'])} img/s (steady {_fmt(cb['steady_images_per_sec'])}) "
                      f"= {cb['workers']:g} workers × the images/s of one worker with no communication "
                      f"({_fmt(cb['single_images_per_sec'])}, steady {_fmt(cb['single_steady_images_per_sec'])}; "
                      f"median of {cb['runs']} run(s)), measured as a 1-worker 1-server SSD-SGD job at unlimited "
-                     "rate with no warm-up, delay 100000 (never pulls or waits) and dense asynchronous pushes.")
+                     "rate with no warm-up, delay 100000 (never pulls or waits) and dense asynchronous pushes"
+                     + (", on a 3-host cluster (launcher, server, worker)." if hosts else "."))
     else:
         lines.append("Compute bound: not measured.")
     comm = communication_share(agg)
     if comm:
         lines.append("SSGD communication share (1 − SSGD steady img/s ÷ compute bound): " +
                      ", ".join(f"{rate_name(r)} {100 * s:.0f}%" for r, s in comm.items()) + ".")
-    lines += ["",
-              "Medians over repeats; `× SSGD` columns are medians of per-repeat ratios to SSGD at the same rate "
+    common = ("Medians over repeats; `× SSGD` columns are medians of per-repeat ratios to SSGD at the same rate "
               "and repeat. img/s is the job's summary (all workers, all steps incl. warm-up); steady img/s is "
               "measured between the first logged step at or after warm-up + delay and the last step (rank 0's "
-              "clock). Kernel bytes: tx bytes of the namespace's loopback (each byte once; includes start-up, "
-              "evaluation and TCP/IP headers) per training step; steady kernel MB/step counts only the steady "
-              "window. Rank-0 push+pull: the bytes rank 0's client accounts per step (payload only). RSS: peak "
-              "VmHWM per role (max over processes of that role), sampled every 0.5 s. Other CPU: share of the "
-              "machine's CPU time used by processes outside the job while it ran (above ~10% the machine was "
-              "busy with other work and the timings are unreliable)."]
+              "clock). ")
+    tail = ("RSS: peak VmHWM per role (max over processes of that role), sampled every 0.5 s. Other CPU: share of "
+            "the machine's CPU time used by processes outside the job while it ran (above ~10% the machine was "
+            "busy with other work and the timings are unreliable).")
+    if hosts:
+        lines += ["", common +
+                  "Link columns: bytes per training step that the server's host (server) and a worker's host (worker, "
+                  "mean over the worker hosts) sent (tx) and received (rx) on its eth0 in the steady window "
+                  "(TCP/IP and Ethernet headers included); in brackets the link's utilisation in that window, "
+                  "bytes × 8 ÷ (rate × window seconds), not shown for unlimited links. Server CPU: CPU seconds "
+                  "of the server processes per step in the steady window (sampled every 0.1 s). Rank-0 push/pull: "
+                  "the payload bytes rank 0's client accounts per step after the warm-up; pull ÷ push is their "
+                  "ratio. Kernel bytes: the sum of every host's eth0 tx (each byte once) per training step, whole "
+                  "job (start-up and evaluation included). " + tail]
+    else:
+        lines += ["", common +
+                  "Kernel bytes: tx bytes of the namespace's loopback (each byte once; includes start-up, "
+                  "evaluation and TCP/IP headers) per training step; steady kernel MB/step counts only the steady "
+                  "window. Rank-0 push+pull: the bytes rank 0's client accounts per step (payload only). " + tail]
     if agg.get("busy_runs"):
         lines += ["", f"**Warning:** in {agg['busy_runs']} of {agg['ok_runs']} successful runs other processes used "
                       f"more than {BUSY:.0%} of the machine's CPU (column `other CPU`); their timings are skewed. "
@@ -482,7 +775,7 @@ def markdown_table(agg, title="Bandwidth-limited benchmark"):
     failed = [(g["label"], g["rate_mbit"], f) for g in groups for f in g["failed"]]
     if failed:
         lines += ["", "Failed runs:"] + [f"- {lab} at {rate_name(rate)}: {f}" for lab, rate, f in failed]
-    targets = check_targets(agg)
+    targets = check_targets(agg, topology)
     if targets:
         lines += ["", "Targets:"] + [f"- {t}" for t in targets]
     return "\n".join(lines) + "\n"
@@ -502,9 +795,57 @@ def communication_share(agg):
     return out
 
 
-def check_targets(agg):
+def check_targets(agg, topology=None):
     """Human-readable verdicts of the project's targets (listed, with where they stand, in the README's
-    "Throughput on a bandwidth-limited link" section)."""
+    "Throughput on a bandwidth-limited link" section): loopback, the original targets; hosts, issue
+    12's acceptance at TARGET_RATE per host link."""
+    topology = topology or agg.get("topology") or "loopback"
+    out = _host_targets(agg) if topology == "hosts" else _loopback_targets(agg)
+    by = {(g["algorithm"], g["rate_mbit"]): g for g in agg["groups"]}
+    for (alg, rate), g in by.items():
+        if alg in COMPRESSED and g["rss_ratio"] is not None:
+            verdict = "met" if g["rss_ratio"] <= 1.3 else "NOT met"
+            out.append(f"{g['label']} worker peak RSS ≤ 1.3× SSGD's at {rate_name(rate)}: "
+                       f"{g['rss_ratio']:.2f}× → {verdict}")
+    return out
+
+
+TARGET_RATE = 20.0         # Mbit/s per host link: the rate of the hosts topology's acceptance checks
+TARGET_BOUND_SHARE = 0.85  # SSD-SGD + top-k 1% img/s ≥ this share of the compute bound ...
+TARGET_SPEEDUP = 3.0       # ... and ≥ this many times SSGD's
+TARGET_PULL_PUSH = 2.2     # pulled bytes per step after warm-up ≤ this many times the pushed bytes
+
+
+def _host_targets(agg):
+    by = {(g["algorithm"], g["rate_mbit"]): g for g in agg["groups"]}
+    cb = agg["compute_bound"]
+    bound = cb and (cb["steady_images_per_sec"] or cb["images_per_sec"])
+    out = []
+    g = by.get(("ssd_topk", TARGET_RATE))
+    where = f"at {rate_name(TARGET_RATE)} per host link"
+    if g is None:
+        out.append(f"SSD-SGD+top-k 1% not measured {where}: speed-up targets not assessable")
+    else:
+        ips = g["steady_images_per_sec"] or g["images_per_sec"]
+        share = ips / bound if ips and bound else None
+        verdict = "n/a" if share is None else ("met" if share >= TARGET_BOUND_SHARE else "NOT met")
+        out.append(f"{g['label']} ≥ {TARGET_BOUND_SHARE:.0%} of the compute bound {where}: "
+                   f"{_fmt(None if share is None else 100 * share, '{:.0f}%')} (steady) → {verdict}")
+        sp = g["steady_speedup"] or g["speedup"]
+        verdict = "n/a" if sp is None else ("met" if sp >= TARGET_SPEEDUP else "NOT met")
+        out.append(f"{g['label']} ≥ {TARGET_SPEEDUP:g}× SSGD img/s {where}: {_fmt(sp, '{:.2f}×')} (steady) / "
+                   f"{_fmt(g['speedup'], '{:.2f}×')} (summary) → {verdict}")
+    for (alg, rate), g in by.items():
+        if alg == "ssd_topk":
+            r = g["pull_push_ratio"]
+            verdict = "n/a" if r is None else ("met" if r <= TARGET_PULL_PUSH else "NOT met")
+            out.append(f"{g['label']} pulled bytes/step after warm-up ≤ {TARGET_PULL_PUSH:g}× pushed at "
+                       f"{rate_name(rate)}: {_fmt(r, '{:.2f}×')} (rank 0: {_fmt(g['pull_after_warmup'], '{:,.0f}')} "
+                       f"/ {_fmt(g['push_after_warmup'], '{:,.0f}')} B) → {verdict}")
+    return out
+
+
+def _loopback_targets(agg):
     by = {(g["algorithm"], g["rate_mbit"]): g for g in agg["groups"]}
     comm = communication_share(agg)
     out = []
@@ -528,17 +869,14 @@ def check_targets(agg):
             out.append(f"{g['label']} kernel bytes/step ≤ 15% of SSGD's at {rate_name(rate)}: steady "
                        f"{_fmt(g['steady_bytes_ratio'], '{:.1%}')}, whole job {_fmt(g['bytes_ratio'], '{:.1%}')} "
                        f"→ {verdict}")
-    for (alg, rate), g in by.items():
-        if alg in COMPRESSED and g["rss_ratio"] is not None:
-            verdict = "met" if g["rss_ratio"] <= 1.3 else "NOT met"
-            out.append(f"{g['label']} worker peak RSS ≤ 1.3× SSGD's at {rate_name(rate)}: "
-                       f"{g['rss_ratio']:.2f}× → {verdict}")
     return out
 
 
 def write_table(csv_path, out_dir, title="Bandwidth-limited benchmark"):
-    rows = read_rows(csv_path)
-    text = markdown_table(aggregate(rows), title)
+    """table.md from runs.csv: one table per topology the CSV holds."""
+    parts = [markdown_table(aggregate(rs), title, topology)
+             for topology, rs in split_topologies(read_rows(csv_path)).items()]
+    text = "\n".join(parts) if parts else f"## {title}\n\nNo runs.\n"
     with open(os.path.join(out_dir, "table.md"), "w") as f:
         f.write(text)
     return text
@@ -550,6 +888,9 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="algorithms: " + ", ".join(f"{k} ({v[0]})" for k, v in ALGORITHMS.items()))
+    ap.add_argument("--topology", choices=tuple(TOPOLOGIES), default="hosts",
+                    help="hosts (default): one virtual host per role, each with its own shaped link; "
+                         "loopback: every role in one namespace sharing one shaped loopback")
     ap.add_argument("--quick", action="store_true",
                     help=f"short suite (< 10 min on 2 cores): {QUICK['steps']} steps, {QUICK['repeats']} repeat, "
                          f"rates {QUICK['rates']}, job timeout {QUICK['job_timeout']:g} s")
@@ -567,7 +908,8 @@ def parse_args(argv=None):
                     help="tbf latency: how long a packet may queue at the link before it is dropped "
                          "(default 50; drops on loopback cost TCP retransmission timeouts)")
     ap.add_argument("--delay-ms", type=float, default=None,
-                    help="also add a netem delay on the loopback (needs the sch_netem kernel module)")
+                    help="loopback topology only: also add a netem delay on the loopback (needs the sch_netem "
+                         "kernel module)")
     ap.add_argument("--wait-idle", type=float, default=0.0, metavar="SECONDS",
                     help="before each job wait, at most this long, until the machine is < 15%% busy "
                          "(for shared machines; default 0: do not wait)")
@@ -592,6 +934,8 @@ def parse_args(argv=None):
         ap.error(f"--algorithms: unknown {', '.join(unknown) or '(empty)'}; choose from {', '.join(ALGORITHMS)}")
     if args.steps < 1 or args.repeats < 1 or args.job_timeout <= 0:
         ap.error("--steps, --repeats and --job-timeout must be positive")
+    if args.delay_ms and args.topology == "hosts":
+        ap.error("--delay-ms needs --topology loopback (the virtual cluster shapes with tbf only)")
     args.out = os.path.abspath(args.out)
     args.config = os.path.abspath(args.config)
     return args
@@ -612,7 +956,7 @@ def plan(args):
         rate_tag = "unl" if not rate else f"{rate:g}mbit"
         return {"key": key, "label": label, "rate": rate, "repeat": rep, "sets": sets,
                 "name": f"{stamp}_{key}_{rate_tag}_rep{rep}", "batch": cfg.train.batch_size,
-                "workers": cfg.cluster.workers,
+                "workers": cfg.cluster.workers, "servers": cfg.cluster.servers,
                 # the same window for every algorithm: after SSD's warm-up and first delay period
                 "steady_from": min(a.warmup_iters + a.delay, max(1, args.steps // 2))}
 
@@ -641,7 +985,7 @@ def main(argv=None):
             print(f"rep {j['repeat']}  {rate_name(j['rate']):>13}  {j['label']:<36} {' '.join(j['sets'])}")
         return 0
     try:
-        netns.check_tools()
+        (vcluster.check_tools if args.topology == "hosts" else netns.check_tools)()
     except netns.NetnsError as e:
         print(f"bench_network: {e}", file=sys.stderr)
         return 2
@@ -663,7 +1007,8 @@ def main(argv=None):
     t_suite = time.monotonic()
     interrupted = setup_error = False
     print(f"bench_network: {len(jobs)} jobs, {args.steps} steps each, rates "
-          f"{', '.join(rate_name(r) for r in args.rate_list)}; results in {args.out}", flush=True)
+          f"{', '.join(rate_name(r) for r in args.rate_list)}, topology {TOPOLOGIES[args.topology]}; "
+          f"results in {args.out}", flush=True)
     try:
         with open(csv_path, mode, newline="") as f:
             writer = csv.DictWriter(f, fieldnames=fields)
@@ -681,7 +1026,10 @@ def main(argv=None):
                 print(f"{row['status']} (exit {row['exit_code']}) {_fmt(_num(row['images_per_sec']))} img/s, "
                       f"steady {_fmt(_num(row['steady_images_per_sec']))}, kernel "
                       f"{_fmt(_num(row['kernel_bytes_per_step']), '{:,.0f}')} B/step, "
-                      f"{row['job_seconds']} s" + (f" -- {row['error']}" if row["error"] else ""), flush=True)
+                      + (f"server link steady tx/rx {_fmt(_num(row['steady_server_tx_bytes_per_step']), '{:,.0f}')}/"
+                         f"{_fmt(_num(row['steady_server_rx_bytes_per_step']), '{:,.0f}')} B/step, "
+                         if args.topology == "hosts" else "")
+                      + f"{row['job_seconds']} s" + (f" -- {row['error']}" if row["error"] else ""), flush=True)
     except KeyboardInterrupt:
         interrupted = True
         print("\nbench_network: interrupted; the running job and its namespace were cleaned up", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""Fast tests of the benchmark tools: CSV -> table aggregation, plots, and a rate-limited namespace."""
+"""Fast tests of the benchmark tools: CSV -> table aggregation (both topologies), plots, a rate-limited
+namespace, the per-host-link helpers, and one tiny smoke run of the hosts topology on a virtual cluster."""
 import csv
 import json
 import os
@@ -240,3 +241,170 @@ def test_time_to_accuracy_reuses_only_the_ssgd_baseline(tmp_path):
     assert [j["variant"] for j in got_jobs] == ["SSGD"] and got_jobs[0]["final_test_acc"] == 0.9
     assert [(e["epoch"], e["seconds"]) for e in got_evals] == [(1, 10.0), (9, 90.0)]
     assert tta.time_to(got_evals, 0.85) == 90.0
+
+
+# ------------------------------------------------------------------ hosts topology (per-host links)
+
+NET_DEV = ("Inter-|   Receive                                                |  Transmit\n"
+           " face |bytes    packets errs drop fifo frame compressed multicast|"
+           "bytes    packets errs drop fifo colls carrier compressed\n"
+           "    lo:     100       2    0    0    0     0          0         0"
+           "      100       2    0    0    0     0       0          0\n"
+           "  eth0: 5000000    4000    0    1    0     0          0         0"
+           "   250000    3000    0    0    0     0       0          0\n")
+
+
+def test_parse_net_dev_per_interface():
+    every = netns.parse_net_dev_all(NET_DEV)
+    assert set(every) == {"lo", "eth0"}
+    eth0 = netns.parse_net_dev(NET_DEV, "eth0")
+    assert (eth0["rx_bytes"], eth0["rx_packets"], eth0["rx_dropped"]) == (5_000_000, 4000, 1)
+    assert (eth0["tx_bytes"], eth0["tx_packets"]) == (250_000, 3000)
+    assert netns.parse_net_dev(NET_DEV)["tx_bytes"] == 100          # lo stays the default
+    with pytest.raises(netns.NetnsError):
+        netns.parse_net_dev(NET_DEV, "eth1")
+
+
+def test_host_roles_per_role_links_and_utilisation():
+    assert bn.host_roles(1, 2) == ["launcher", "server", "worker", "worker"]
+    assert bn.host_roles(2, 1) == ["launcher", "server", "server", "worker"]
+    roles = bn.host_roles(1, 2)
+    per_host = {0: {"tx": 5, "rx": 5}, 1: {"tx": 900, "rx": 100}, 2: {"tx": 40, "rx": 400},
+                3: {"tx": 60, "rx": None}}                         # h3's rx unknown: left out of the mean
+    links = bn.per_role_links(roles, per_host)
+    assert links["server"] == {"tx": 900, "rx": 100}
+    assert links["worker"] == {"tx": 50, "rx": 400}
+    assert bn.per_role_links(roles, {})["worker"] == {"tx": None, "rx": None}
+    # 2.5 MB in 2 s on a 20 Mbit/s link: 20 Mbit of 40 Mbit -> 50%
+    assert bn.utilisation(2_500_000, 20, 2.0) == pytest.approx(0.5)
+    assert bn.utilisation(2_500_000, 0, 2.0) is None                 # unlimited: no utilisation
+    assert bn.utilisation(None, 20, 2.0) is None and bn.utilisation(1, 20, 0) is None
+
+
+def test_link_columns_whole_job_and_steady_window():
+    roles = bn.host_roles(1, 2)
+    # per host and direction a counter growing at a constant rate (bytes/s) from t = 100 to 110
+    rates = {0: (10, 10), 1: (1_000_000, 100_000), 2: (40_000, 400_000), 3: (60_000, 600_000)}
+    samples = {i: {d: [(100.0 + t, v * t) for t in range(11)] for d, v in zip(("tx", "rx"), r)}
+               for i, r in rates.items()}
+    before = {i: {"tx_bytes": 0, "rx_bytes": 0} for i in rates}
+    after = {i: {"tx_bytes": 10 * r[0], "rx_bytes": 10 * r[1]} for i, r in rates.items()}
+    row = bn.link_columns(roles, before, after, samples, (20, 102.5, 106.5), 20)   # 20 steps in 4 s
+    assert row["server_tx_bytes"] == 10_000_000 and row["server_rx_bytes"] == 1_000_000
+    assert row["worker_tx_bytes"] == 500_000 and row["worker_rx_bytes"] == 5_000_000
+    assert row["steady_server_tx_bytes_per_step"] == 200_000          # 4 MB / 20 steps
+    assert row["steady_server_rx_bytes_per_step"] == 20_000
+    assert row["steady_worker_rx_bytes_per_step"] == 100_000          # mean of 80 and 120 KB
+    assert row["server_tx_util"] == pytest.approx(0.4)                # 8 Mbit/s of 20
+    assert row["worker_rx_util"] == pytest.approx(0.2)
+    assert row["host_links"].startswith("h0 launcher tx 100 rx 100; h1 server tx 10000000 rx 1000000")
+    unlimited = bn.link_columns(roles, before, after, samples, (20, 102.5, 106.5), 0)
+    assert unlimited["server_tx_util"] == "" and unlimited["steady_server_tx_bytes_per_step"] == 200_000
+    no_window = bn.link_columns(roles, before, after, samples, None, 20)
+    assert "steady_server_tx_bytes_per_step" not in no_window and no_window["server_tx_bytes"] == 10_000_000
+
+
+def _hosts_row(alg, rate, rep, steady, push=20_000, pull=40_000, server_tx=500_000):
+    row = _row(alg, rate, rep, steady, 1_000_000, 400, steady=steady)
+    row.update(topology="hosts", push_bytes_per_step_after_warmup=push, pull_bytes_per_step_after_warmup=pull,
+               steady_server_tx_bytes_per_step=server_tx, steady_server_rx_bytes_per_step=50_000,
+               steady_worker_tx_bytes_per_step=25_000, steady_worker_rx_bytes_per_step=250_000,
+               server_tx_util=0.8 if rate else "", server_rx_util=0.1 if rate else "",
+               worker_tx_util=0.05 if rate else "", worker_rx_util=0.4 if rate else "",
+               steady_server_cpu_seconds_per_step=0.004)
+    return row
+
+
+def test_hosts_table_columns_and_issue_12_targets(tmp_path):
+    rows = [_hosts_row(bn.COMPUTE_BOUND, 0, 1, 50), _hosts_row("ssgd", 20, 1, 30, pull=1_100_000),
+            _hosts_row("ssd_topk", 20, 1, 90), _hosts_row("ssd", 20, 1, 60)]
+    agg = bn.aggregate(rows)
+    assert agg["topology"] == "hosts"
+    g = {x["algorithm"]: x for x in agg["groups"]}["ssd_topk"]
+    assert g["pull_push_ratio"] == pytest.approx(2.0) and g["server_tx_util"] == pytest.approx(0.8)
+    table = bn.markdown_table(agg, "T")
+    assert table.startswith("## T — per-host links") and "Topology: `hosts`" in table
+    assert "server tx KB/step (util)" in table and "kernel MB/step |" in table
+    # steady 90 img/s = 90% of the 2 × 50 bound, 3× SSGD; pulls 2× pushes
+    assert ("| SSD-SGD+top-k 1% | 20 Mbit/s | 1/1 | 90.0 | 3.00× | 90.0 | 3.00× | 90% | 500.0 (80%) | "
+            "50.0 (10%) | 25.0 (5%) | 250.0 (40%) | 4.0 | 20.0 | 40.0 | 2.00× |") in table
+    assert "≥ 85% of the compute bound at 20 Mbit/s per host link: 90% (steady) → met" in table
+    assert "≥ 3× SSGD img/s at 20 Mbit/s per host link: 3.00× (steady)" in table
+    assert "pulled bytes/step after warm-up ≤ 2.2× pushed at 20 Mbit/s: 2.00×" in table
+    assert "on a 3-host cluster" in table
+    assert "15% of SSGD" not in table                                 # the loopback targets are not checked
+    slow = bn.aggregate([_hosts_row(bn.COMPUTE_BOUND, 0, 1, 50), _hosts_row("ssgd", 20, 1, 30),
+                         _hosts_row("ssd_topk", 20, 1, 80, pull=50_000)])
+    verdicts = bn.check_targets(slow)
+    assert [v.rsplit("→ ", 1)[1] for v in verdicts[:3]] == ["NOT met"] * 3      # 80%, 2.67×, 2.5×
+    assert verdicts[3].startswith("SSD-SGD+top-k 1% worker peak RSS ≤ 1.3× SSGD's")   # checked in both topologies
+    assert bn.check_targets(bn.aggregate([_hosts_row("ssgd", 100, 1, 30)])) == [
+        "SSD-SGD+top-k 1% not measured at 20 Mbit/s per host link: speed-up targets not assessable"]
+
+    # One CSV with both topologies: one table each; a CSV written before the column existed is loopback.
+    _write_csv(tmp_path / "runs.csv", rows + synthetic_rows())
+    text = bn.write_table(str(tmp_path / "runs.csv"), str(tmp_path), "T")
+    assert "## T — per-host links" in text and "## T — loopback (all roles share one link)" in text
+    assert "| SSD-SGD+top-k 1% | 20 Mbit/s | 3/4 | 50.0 | 3.00× |" in text        # the loopback rows
+    old = tmp_path / "old"
+    old.mkdir()
+    fields = [f for f in bn.FIELDS if f != "topology"]
+    with open(old / "runs.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(synthetic_rows())
+    assert bn.main(["--table-only", "--out", str(old)]) == 0
+    assert "— loopback (all roles share one link)" in (old / "table.md").read_text()
+
+
+def test_topology_option():
+    assert bn.parse_args([]).topology == "hosts"
+    assert bn.parse_args(["--topology", "loopback", "--delay-ms", "5"]).delay_ms == 5
+    with pytest.raises(SystemExit):
+        bn.parse_args(["--delay-ms", "5"])                           # no netem on the virtual cluster
+
+
+def _cluster_or_skip():
+    import vcluster
+    try:
+        vcluster.check_tools()
+    except vcluster.ClusterError as e:
+        pytest.skip(f"no virtual cluster here: {e}")
+    return vcluster
+
+
+@pytest.mark.timeout(150)
+def test_hosts_topology_smoke(tmp_path):
+    """A tiny job on the per-host topology: a CSV row with link bytes both ways, nothing left behind."""
+    from jobs import processes_with
+    vcluster = _cluster_or_skip()
+    out = tmp_path / "bench"
+    cmd = [sys.executable, os.path.join(ROOT, "scripts", "bench_network.py"), "--topology", "hosts",
+           "--algorithms", "ssd_topk", "--rates", "100", "--steps", "6", "--repeats", "1", "--no-compute-bound",
+           "--job-timeout", "100", "--config", os.path.join(ROOT, "configs", "demo_digits_ssd.yaml"),
+           "--set", "log.every_steps=2", "--set", "algorithm.warmup_iters=2", "--out", str(out)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        text, _ = proc.communicate(timeout=140)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 15)        # SIGTERM: the bench deletes its cluster
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, text
+    (row,) = bn.read_rows(out / "runs.csv")
+    assert (row["status"], row["topology"], row["num_workers"]) == ("ok", "hosts", "2"), row
+    for role in ("server", "worker"):
+        for d in ("tx", "rx"):
+            assert float(row[f"{role}_{d}_bytes"]) > 0, (role, d, row)
+            assert float(row[f"steady_{role}_{d}_bytes_per_step"]) > 0, (role, d, row)
+            assert 0 < float(row[f"{role}_{d}_util"]) < 1, (role, d, row)
+    assert row["host_links"].count(" worker ") == 2 and float(row["steady_server_cpu_seconds_per_step"]) >= 0
+    assert "— per-host links" in (out / "table.md").read_text()
+    # nothing left: no namespace or key folder of the bench's clusters, no process of the job
+    mine = f"{vcluster.PREFIX}{proc.pid}-"
+    assert mine not in subprocess.run(["ip", "netns", "list"], stdout=subprocess.PIPE, text=True).stdout
+    assert not [d for d in os.listdir(vcluster.TMP) if d.startswith(mine)]
+    assert processes_with(str(tmp_path)) == []

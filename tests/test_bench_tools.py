@@ -373,9 +373,12 @@ def _cluster_or_skip():
     return vcluster
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(200)
 def test_hosts_topology_smoke(tmp_path):
-    """A tiny job on the per-host topology: a CSV row with link bytes both ways, nothing left behind."""
+    """A tiny job on the per-host topology: a CSV row with link bytes both ways, nothing left behind.
+
+    ~30 s on an idle 2-core machine (cluster set-up and 5 processes starting MXNet; 6 training steps);
+    95 s was seen with the machine's both cores busy with other jobs."""
     from jobs import processes_with
     vcluster = _cluster_or_skip()
     out = tmp_path / "bench"
@@ -388,7 +391,7 @@ def test_hosts_topology_smoke(tmp_path):
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
-        text, _ = proc.communicate(timeout=140)
+        text, _ = proc.communicate(timeout=170)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, 15)        # SIGTERM: the bench deletes its cluster

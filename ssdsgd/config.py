@@ -218,8 +218,8 @@ SCHEMA = {
                           doc="round-based runs with a sparsifier: refresh from dense weight pulls, or from "
                               "the rounds' aggregated sparse updates applied to a replica of the servers' state"),
         "downlink_check_every": Field(int, 50, min=0,
-                                      doc="downlink sparse: compare the replica with the servers' dense weights "
-                                          "bit for bit every this many refreshes per buffer (0: never)"),
+                                      doc="downlink sparse: every this many rounds the servers publish a CRC-32 of "
+                                          "a buffer's weights in its ring and the replica must match it (0: never)"),
     },
     "checkpoint": {
         "dir": Field(str, None, nullable=True),

@@ -13,6 +13,9 @@ which is MXNet's sgd_mom_update on the summed gradient, so a run that stays sync
 the stock dist_sync baseline. Rounds may arrive in any order and a fast worker may be several rounds
 ahead; their accumulators wait in `pending` until they can be applied in order.
 """
+import zlib
+from typing import NamedTuple, Optional
+
 import numpy as np
 
 from ssdsgd.compression.codec import SparseGrad
@@ -20,6 +23,10 @@ from ssdsgd.schedule import LRSchedule
 
 class RoundError(RuntimeError):
     pass
+
+
+class ReplicaMismatch(RoundError):
+    """A worker's replica of a buffer's server state is not the servers' (sparse downlink guard)."""
 
 
 class BufferState:
@@ -41,6 +48,7 @@ class BufferState:
         self.version = 0              # number of rounds applied
         self.pending = {}             # round -> [sum array, set of ranks]
         self.ring = None              # DownlinkRing: publishes each applied round (sparse downlink)
+        self.checks = 0               # replica side: rounds whose published checksum this state matched
 
     def bind(self, weights, version=0):
         if weights.shape != (self.size,):
@@ -77,12 +85,12 @@ class BufferState:
         return applied
 
     def apply(self, grad_sum):
-        if self.ring is not None:
-            self.ring.record(self.version, grad_sum)
         lr = np.float32(self.schedule(self.version + 1))     # MXNet counts updates from 1
         self.mom *= np.float32(self.momentum if self.version < self.warmup else self.delay_momentum)
         self.mom -= lr * (grad_sum * np.float32(self.scale) + np.float32(self.wd) * self.weights)
         self.weights += self.mom
+        if self.ring is not None:
+            self.ring.record(self.version, grad_sum, self.weights)
         self.version += 1
 
     def state_dict(self):
@@ -102,7 +110,10 @@ class BufferState:
         state's version on, in order, with the same `apply` as the server, so the state stays bit
         for bit the server's. Returns True when every round up to the newest given is applied (or
         this state is already newer), False when a round it needs is missing from `rounds` or is
-        marked dense (None): the state is then still a valid server state of an older version."""
+        marked dense (None): the state is then still a valid server state of an older version.
+        A round published with the checksum of the server's weights after it (every
+        downlink_check_every-th round) is checked: ReplicaMismatch if this state's weights differ;
+        `checks` counts the rounds that passed."""
         if self.weights is None:
             return False
         newest = max(rounds, default=-1)
@@ -110,19 +121,28 @@ class BufferState:
             entry = rounds.get(self.version)
             if entry is None:
                 return False
-            idx, vals = entry
             grad_sum = np.zeros(self.size, np.float32)
-            grad_sum[idx] = vals
+            grad_sum[entry.indices] = entry.values
             self.apply(grad_sum)
+            if entry.checksum is not None:
+                mine = weights_checksum(self.weights)
+                if mine != entry.checksum:
+                    raise ReplicaMismatch(f"the replica of the global weights at version {self.version} "
+                                          f"differs from the servers' (CRC-32 {mine:#010x}, servers' "
+                                          f"{entry.checksum:#010x})")
+                self.checks += 1
         return True
 
 
 # ---- sparse downlink ---------------------------------------------------------------------------
 # A ring of the last `slots` rounds a buffer applied, published by the server in one pullable
-# float32 key: slot (round mod slots) = [round, count, count indices, (cap - count) unused,
-# count values, (cap - count) unused]. Round -1: an empty slot. Count -1: that round's sum has more
-# than `cap` non-zero entries (or is not representable), so a replica must pull the dense state.
-RING_HEADER = 2
+# float32 key: slot (round mod slots) = [round, count, crc_high, crc_low, count indices, (cap - count)
+# unused, count values, (cap - count) unused]. Round -1: an empty slot. Count -1: that round's sum
+# has more than `cap` non-zero entries (or is not representable), so a replica must pull the dense
+# state. crc_high/crc_low: the two 16-bit halves of the CRC-32 of the server's weights after the
+# round (each exact in float32), on every check_every-th round; -1 on the others. The replica checks
+# its own weights against it, so the guard costs 8 bytes a slot instead of a dense pull.
+RING_HEADER = 4
 RING_EXACT = 1 << 24                  # float32 holds every integer below 2**24 exactly
 
 
@@ -134,21 +154,34 @@ def ring_length(slots, cap):
     return slots * ring_slot_length(cap)
 
 
+def weights_checksum(weights):
+    """CRC-32 of a float32 array's bytes: equal for bit-identical arrays."""
+    return zlib.crc32(np.ascontiguousarray(weights, np.float32).view(np.uint8))
+
+
+class RingRound(NamedTuple):
+    indices: np.ndarray               # int64
+    values: np.ndarray                # float32
+    checksum: Optional[int]           # CRC-32 of the server's weights after the round, or None
+
+
 class DownlinkRing:
     """Server side: the aggregated update of each of the last `slots` rounds, exactly as `apply`
     got it. What is kept is every entry of the round's sum whose bits are not those of +0.0 (a
     subset of the union of the workers' indices), so zeros(size) with those entries put back is
-    the same float32 array bit for bit, -0.0 and NaN included."""
+    the same float32 array bit for bit, -0.0 and NaN included. check_every > 0: every
+    check_every-th round (rounds r with (r + 1) % check_every == 0) carries the weights' checksum."""
 
-    def __init__(self, size, slots, cap):
+    def __init__(self, size, slots, cap, check_every=0):
         if size >= RING_EXACT:
             raise RoundError(f"a buffer of {size} elements cannot carry its indices as float32")
-        self.size, self.slots, self.cap = size, slots, cap
+        self.size, self.slots, self.cap, self.check_every = size, slots, cap, check_every
         self.slot_len = ring_slot_length(cap)
         self.array = np.zeros(ring_length(slots, cap), np.float32)
         self.array[::self.slot_len] = -1.0
 
-    def record(self, rnd, grad_sum):
+    def record(self, rnd, grad_sum, weights=None):
+        """Publish round `rnd`'s sum; `weights`: the server's weights after it (for the checksum)."""
         s = (rnd % self.slots) * self.slot_len
         slot = self.array[s:s + self.slot_len]
         idx = np.flatnonzero(grad_sum.view(np.uint32))
@@ -156,6 +189,10 @@ class DownlinkRing:
             slot[0] = -1.0            # the round number itself would not be exact: an empty slot
             return
         slot[0] = rnd
+        slot[2:4] = -1.0
+        if weights is not None and self.check_every and (rnd + 1) % self.check_every == 0:
+            crc = weights_checksum(weights)
+            slot[2:4] = crc >> 16, crc & 0xFFFF
         if idx.size > self.cap:
             slot[1] = -1.0
             return
@@ -166,8 +203,7 @@ class DownlinkRing:
 
 
 def read_ring(array, slots, cap):
-    """A pulled ring -> {round: (indices int64, values float32), or None where the slot says the
-    round needs a dense pull}."""
+    """A pulled ring -> {round: RingRound, or None where the slot says the round needs a dense pull}."""
     slot_len = ring_slot_length(cap)
     if array.shape != (slots * slot_len,):
         raise RoundError(f"ring of {array.shape[0]} values, expected {slots} slots of {slot_len}")
@@ -180,8 +216,9 @@ def read_ring(array, slots, cap):
         if n < 0:
             out[rnd] = None
             continue
-        out[rnd] = (slot[RING_HEADER:RING_HEADER + n].astype(np.int64),
-                    slot[RING_HEADER + cap:RING_HEADER + cap + n].astype(np.float32))
+        checksum = None if slot[2] < 0 else (int(slot[2]) << 16) | int(slot[3])
+        out[rnd] = RingRound(slot[RING_HEADER:RING_HEADER + n].astype(np.int64),
+                             slot[RING_HEADER + cap:RING_HEADER + cap + n].astype(np.float32), checksum)
     return out
 
 

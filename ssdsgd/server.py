@@ -56,7 +56,8 @@ class RoundService:
                 # (with its version) for a worker that must rebuild its replica from the dense state.
                 self.roles[down["ring_key"]] = (b, "ring", None)
                 self.roles[down["mom_key"]] = (b, "mom", None)
-                self.states[b].ring = DownlinkRing(buf["size"], down["slots"], down["cap"])
+                self.states[b].ring = DownlinkRing(buf["size"], down["slots"], down["cap"],
+                                                   down.get("check_every", 0))
 
     def owns(self, key):
         return key in self.roles

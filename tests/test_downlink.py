@@ -97,7 +97,7 @@ def test_record_keeps_negative_zero_and_nan():
     ring = DownlinkRing(6, 1, 4)
     g = np.array([0.0, -0.0, 1.5, np.nan, 0.0, 2.0], np.float32)
     ring.record(0, g)
-    (idx, vals), = read_ring(ring.array, 1, 4).values()
+    (idx, vals, _), = read_ring(ring.array, 1, 4).values()
     back = np.zeros(6, np.float32)
     back[idx] = vals
     assert bits_equal(back, g)
@@ -129,36 +129,45 @@ def test_config_downlink_needs_a_sparsifier():
         load_config(os.path.join(ROOT, "configs/demo_digits_ssd_topk.yaml"), ["compression.downlink_check_every=-1"])
 
 
-class _FakeKV:
-    """kv.pull(key, out=...) from a dict of numpy arrays (what the servers would answer)."""
-
-    def __init__(self, stored):
-        self.stored = stored
-
-    def pull(self, key, out, priority=0):
-        out[:] = self.stored[key]
-
-
-def test_guard_names_the_buffer_whose_replica_differs():
+def test_checksum_guard_names_the_version_and_the_buffer():
+    """Every check_every-th round carries the CRC-32 of the server's weights; a replica one ulp off
+    is refused at the next checked round, and RoundClient names the buffer and its keys."""
     from types import SimpleNamespace
 
-    import mxnet as mx  # noqa: F401  (RoundClient's module needs it)
+    import mxnet as mx
     from ssdsgd.algorithms.ssd import RoundClient
-    size = 20
-    replica = BufferState(size, 2, B, 0.9, 1e-4, schedule(10), [])
-    replica.bind(np.arange(size, dtype=np.float32), version=7)
-    server_w = np.append(replica.weights, np.float32(7))
-    client = SimpleNamespace(buffers=[SimpleNamespace(size=size, weight_key=3)], replicas=[replica],
-                             downlink=[{"ring_key": 9}], stats={"downlink_checks": 0}, pull_bytes=0,
-                             kv=_FakeKV({3: server_w}))
-    RoundClient._check_replica(client, 0)
-    assert client.stats["downlink_checks"] == 1 and client.pull_bytes == 4 * (size + 1)
-    server_w[5] = np.nextafter(server_w[5], np.float32(np.inf))        # one ulp off
-    with pytest.raises(RuntimeError, match=r"downlink: buffer 0 .* version 7 differs .* in 1 of 20"):
-        RoundClient._check_replica(client, 0)
-    server_w[-1] = 8                                                    # servers moved on: not compared
-    RoundClient._check_replica(client, 0)
-    assert client.stats["downlink_checks_skipped"] == 1
+    from ssdsgd.rounds import ReplicaMismatch, weights_checksum
+    size, workers, k, slots = 40, 2, 3, 4
+    server, replica = make_pair(size, workers, k, 20, 0.9, 0.5, 1e-4, slots)
+    server.ring.check_every = 2
+    rng = np.random.default_rng(3)
+
+    def play(rounds):
+        for rnd in rounds:
+            for rank in range(workers):
+                server.receive(sparse_message(rnd, rank, rng.integers(0, size, k), rng.standard_normal(k)))
+        return read_ring(server.ring.array.copy(), slots, workers * k)
+
+    ring = play(range(3))
+    assert [ring[r].checksum is not None for r in range(3)] == [False, True, False]   # (r + 1) % 2 == 0
+    assert ring[1].checksum != weights_checksum(server.weights)          # the weights after round 1 only
+    assert replica.catch_up(ring) and replica.checks == 1
+    replica.weights[7] = np.nextafter(replica.weights[7], np.float32(np.inf))   # one ulp off
+    ring = play(range(3, 5))
+    with pytest.raises(ReplicaMismatch, match=r"version 4 differs from the servers' \(CRC-32"):
+        replica.catch_up(ring)
+
+    replica.bind(server.weights, server.version)
+    replica.mom = server.mom.copy()
+    replica.weights[0] += np.float32(1)
+    play(range(5, 7))
+    ring_buf = mx.nd.array(server.ring.array)
+    client = SimpleNamespace(buffers=[SimpleNamespace(weight_key=3)], replicas=[replica],
+                             downlink=[{"ring_key": 9, "slots": slots, "cap": workers * k}],
+                             ring_bufs=[ring_buf], stats={})
+    with pytest.raises(RuntimeError, match=r"downlink: buffer 0 \(keys 3/9\): .* version 6 differs"):
+        RoundClient._land_ring(client, 0)
+
 
 # ---- real jobs on loopback ------------------------------------------------------------------------
 TOPK = "configs/demo_digits_ssd_topk.yaml"
@@ -176,7 +185,8 @@ def test_strict_sparse_downlink_ends_with_the_dense_downlink_weights(tmp_path):
     """Strict SSD-SGD + top-k: refreshing from the replica gives exactly (bit for bit) the global
     weights of the run that pulls dense weights, and the guard, run at every refresh, finds every
     replica equal to the servers' weights. A third run without the guard shows the traffic: after
-    the warm-up at most 2.2x the pushed bytes are pulled (the union of 2 workers' indices)."""
+    the warm-up at most 2.2x the pushed bytes are pulled (the union of 2 workers' indices), with the
+    guard at its default."""
     from jobs import processes_with, run_job
     dense = run_job(tmp_path, TOPK, *STRICT, name="dense")
     assert dense.rc == 0, dense.output
@@ -191,13 +201,13 @@ def test_strict_sparse_downlink_ends_with_the_dense_downlink_weights(tmp_path):
         assert bits_equal(ws[name], wd[name]), name
     client = ss["client"]
     assert [d["downlink"] for d in client["downlink"]] == ["sparse"] * client["buffers"]
-    # Every refresh was checked: 22 warm-up steps + 44 delay steps / k = 5 refreshes, per buffer.
-    assert client["downlink_checks"] == client["buffers"] * (22 + 44 // 5)
+    # Every round a replica applied was checked (check_every = 1): 22 warm-up rounds, then 8
+    # refreshes of 5 rounds each (the last 4 rounds are never pulled), per buffer.
+    assert client["downlink_checks"] == client["buffers"] * (22 + 8 * 5)
     assert client["downlink_resyncs"] == client["buffers"]          # only the one at start
     assert "downlink: buffer 0: sparse" in sparse.output
 
-    plain = run_job(tmp_path, TOPK, *STRICT, "compression.downlink=sparse",
-                    "compression.downlink_check_every=0", name="bytes")
+    plain = run_job(tmp_path, TOPK, *STRICT, "compression.downlink=sparse", name="bytes")
     assert plain.rc == 0, plain.output
     sp, aw, awd = plain.summary(), plain.summary()["after_warmup"], sd["after_warmup"]
     assert bits_equal(_params(sp["checkpoint"])[name], wd[name])

@@ -42,7 +42,8 @@ from ssdsgd.compression.encoders import flatten, make_stages, time_encoding
 from ssdsgd.compression.fusion import KeyAllocator
 from ssdsgd.faults import cost_scale
 from ssdsgd.glu import GLU, GlobalMomentum, LocalSGD
-from ssdsgd.rounds import BufferState, read_ring, ring_length, ring_slot_length, schedule_from_dict
+from ssdsgd.rounds import (BufferState, ReplicaMismatch, read_ring, ring_length, ring_slot_length,
+                           schedule_from_dict)
 
 class PullWatch:
     """Tells, without blocking the training loop, whether pulled arrays have landed.
@@ -173,7 +174,6 @@ class RoundClient:
         self.downlink = []                          # per buffer: sparse downlink settings, or None
         self.replicas = []                          # per buffer: BufferState mirroring the server's
         self.pulled = []                            # per buffer: 'ring' or 'dense', the last pull issued
-        self.ring_landings = []                     # per buffer: refreshes from the ring (for the guard)
 
     # ---- setup -------------------------------------------------------------------------------
     def _make_local_optimizer(self, total_steps):
@@ -235,7 +235,7 @@ class RoundClient:
         one dense pull; the decision is logged once (rank 0) and kept in the run's stats."""
         n = len(self.buffers)
         self.downlink, self.replicas = [None] * n, [None] * n
-        self.pulled, self.ring_landings = ["dense"] * n, [0] * n
+        self.pulled = ["dense"] * n
         self.ring_bufs = [None] * n
         if self.cfg.compression.downlink != "sparse":
             return
@@ -255,7 +255,8 @@ class RoundClient:
             if not sparse:
                 continue
             self.downlink[bi] = {"ring_key": keys.on(b.server), "mom_key": keys.on(b.server),
-                                 "slots": slots, "cap": cap}
+                                 "slots": slots, "cap": cap,
+                                 "check_every": self.cfg.compression.downlink_check_every}
             self.replicas[bi] = BufferState(
                 b.size, kv.num_workers, train.batch_size, self.server_momentum, train.wd,
                 schedule_from_dict(self.schedule.to_dict()), [], self.server_delay_momentum, self.warmup)
@@ -356,7 +357,6 @@ class RoundClient:
             arrays.update({f"velocity{k}": v.asnumpy() for k, v in memory.velocity.items()})
         meta = {"versions": self.versions, "pending_pull": self.pending_pull, "pulled": self.pulled,
                 "replica_versions": [None if r is None or r.weights is None else r.version for r in self.replicas],
-                "ring_landings": self.ring_landings,
                 "cost_model": self.stats.get("cost_model"),
                 "tensor_counts": [[getattr(e, "counts", None) for e in encs] for _, encs in self.stages],
                 "local_counts": {str(k): c for k, c in self.local_opt._index_update_count.items()},
@@ -386,7 +386,6 @@ class RoundClient:
         # them (taken with the dense downlink) leaves the replica unbound: the first ring refresh
         # then rebuilds it from the servers' dense state.
         self.pulled = list(meta.get("pulled", ["dense"] * len(self.buffers)))
-        self.ring_landings = list(meta.get("ring_landings", [0] * len(self.buffers)))
         for bi, (rep, v) in enumerate(zip(self.replicas, meta.get("replica_versions", [None] * len(self.buffers)))):
             if rep is None:
                 self.pulled[bi] = "dense"
@@ -449,35 +448,18 @@ class RoundClient:
     def _land_ring(self, bi):
         """A landed ring pull: apply every round newer than the replica's version, in order (or
         rebuild the replica from the dense state if a round it needs has left the ring or did not
-        fit its slot), then refresh the parameters from it. Every downlink_check_every-th time,
-        compare the replica with the servers' dense weights bit for bit."""
-        down, rep = self.downlink[bi], self.replicas[bi]
+        fit its slot), then refresh the parameters from it. Rounds that carry the servers'
+        checksum (every downlink_check_every-th) are checked on the way (rounds.catch_up)."""
+        b, down, rep = self.buffers[bi], self.downlink[bi], self.replicas[bi]
         rounds = read_ring(self.ring_bufs[bi].asnumpy(), down["slots"], down["cap"])   # waits
-        if not rep.catch_up(rounds):
+        try:
+            caught_up = rep.catch_up(rounds)
+        except ReplicaMismatch as e:
+            raise RuntimeError(f"downlink: buffer {bi} (keys {b.weight_key}/{down['ring_key']}): {e}") from None
+        if not caught_up:
             self._resync(bi)
-        version = self._refresh_from_replica(bi)
-        self.ring_landings[bi] += 1
-        every = self.cfg.compression.downlink_check_every
-        if every and self.ring_landings[bi] % every == 0:
-            self._check_replica(bi)
-        return version
-
-    def _check_replica(self, bi):
-        b, rep = self.buffers[bi], self.replicas[bi]
-        tmp = mx.nd.zeros(b.size + 1)
-        self.kv.pull(b.weight_key, out=tmp)
-        self.pull_bytes += 4 * (b.size + 1)
-        w = tmp.asnumpy()
-        if int(w[-1]) != rep.version:
-            # Only without strict mode (S > k) can the servers have moved on since the ring was read.
-            self.stats["downlink_checks_skipped"] = self.stats.get("downlink_checks_skipped", 0) + 1
-            return
-        diff = int(np.count_nonzero(w[:-1].view(np.uint32) != rep.weights.view(np.uint32)))
-        if diff:
-            raise RuntimeError(f"downlink: buffer {bi} (keys {b.weight_key}/{self.downlink[bi]['ring_key']}): "
-                               f"the replica of the global weights at version {rep.version} differs from the "
-                               f"servers' in {diff} of {b.size} elements (bit comparison)")
-        self.stats["downlink_checks"] += 1
+        self.stats["downlink_checks"] = sum(r.checks for r in self.replicas if r is not None)
+        return self._refresh_from_replica(bi)
 
     def _apply_pull(self, bi):
         """Copy a landed weight pull into the parameters; returns its version."""

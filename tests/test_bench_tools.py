@@ -317,29 +317,31 @@ def _hosts_row(alg, rate, rep, steady, push=20_000, pull=40_000, server_tx=500_0
 
 def test_hosts_table_columns_and_issue_12_targets(tmp_path):
     rows = [_hosts_row(bn.COMPUTE_BOUND, 0, 1, 50), _hosts_row("ssgd", 20, 1, 30, pull=1_100_000),
-            _hosts_row("ssd_topk", 20, 1, 90), _hosts_row("ssd", 20, 1, 60)]
+            _hosts_row("ssd_topk_sparse", 20, 1, 90), _hosts_row("ssd", 20, 1, 60)]
     agg = bn.aggregate(rows)
     assert agg["topology"] == "hosts"
-    g = {x["algorithm"]: x for x in agg["groups"]}["ssd_topk"]
+    g = {x["algorithm"]: x for x in agg["groups"]}["ssd_topk_sparse"]
     assert g["pull_push_ratio"] == pytest.approx(2.0) and g["server_tx_util"] == pytest.approx(0.8)
     table = bn.markdown_table(agg, "T")
     assert table.startswith("## T — per-host links") and "Topology: `hosts`" in table
     assert "server tx KB/step (util)" in table and "kernel MB/step |" in table
     # steady 90 img/s = 90% of the 2 × 50 bound, 3× SSGD; pulls 2× pushes
-    assert ("| SSD-SGD+top-k 1% | 20 Mbit/s | 1/1 | 90.0 | 3.00× | 90.0 | 3.00× | 90% | 500.0 (80%) | "
-            "50.0 (10%) | 25.0 (5%) | 250.0 (40%) | 4.0 | 20.0 | 40.0 | 2.00× |") in table
+    assert ("| SSD-SGD+top-k 1%, sparse downlink (shipped) | 20 Mbit/s | 1/1 | 90.0 | 3.00× | 90.0 | 3.00× | 90% | "
+            "500.0 (80%) | 50.0 (10%) | 25.0 (5%) | 250.0 (40%) | 4.0 | 20.0 | 40.0 | 2.00× |") in table
     assert "≥ 85% of the compute bound at 20 Mbit/s per host link: 90% (steady) → met" in table
     assert "≥ 3× SSGD img/s at 20 Mbit/s per host link: 3.00× (steady)" in table
     assert "pulled bytes/step after warm-up ≤ 2.2× pushed at 20 Mbit/s: 2.00×" in table
     assert "on a 3-host cluster" in table
     assert "15% of SSGD" not in table                                 # the loopback targets are not checked
     slow = bn.aggregate([_hosts_row(bn.COMPUTE_BOUND, 0, 1, 50), _hosts_row("ssgd", 20, 1, 30),
-                         _hosts_row("ssd_topk", 20, 1, 80, pull=50_000)])
+                         _hosts_row("ssd_topk_sparse", 20, 1, 80, pull=50_000)])
     verdicts = bn.check_targets(slow)
     assert [v.rsplit("→ ", 1)[1] for v in verdicts[:3]] == ["NOT met"] * 3      # 80%, 2.67×, 2.5×
-    assert verdicts[3].startswith("SSD-SGD+top-k 1% worker peak RSS ≤ 1.3× SSGD's")   # checked in both topologies
+    # the RSS check runs in both topologies
+    assert verdicts[3].startswith("SSD-SGD+top-k 1%, sparse downlink (shipped) worker peak RSS ≤ 1.3× SSGD's")
     assert bn.check_targets(bn.aggregate([_hosts_row("ssgd", 100, 1, 30)])) == [
-        "SSD-SGD+top-k 1% not measured at 20 Mbit/s per host link: speed-up targets not assessable"]
+        "SSD-SGD+top-k 1%, sparse downlink (shipped) not measured at 20 Mbit/s per host link: "
+        "speed-up targets not assessable"]
 
     # One CSV with both topologies: one table each; a CSV written before the column existed is loopback.
     _write_csv(tmp_path / "runs.csv", rows + synthetic_rows())
@@ -355,6 +357,20 @@ def test_hosts_table_columns_and_issue_12_targets(tmp_path):
         w.writerows(synthetic_rows())
     assert bn.main(["--table-only", "--out", str(old)]) == 0
     assert "— loopback (all roles share one link)" in (old / "table.md").read_text()
+
+
+def test_shipped_top_k_settings_are_the_configs():
+    """The benchmark's `ssd_topk_sparse` job runs the shipped top-k config's SSD-SGD and compression
+    settings (read from the file), on the benchmark's model and data."""
+    from ssdsgd.config import load_config
+    sets = bn.ALGORITHMS["ssd_topk_sparse"][1]
+    bench = load_config(os.path.join(bn.ROOT, bn.DEFAULT_CONFIG), sets)
+    shipped = load_config(os.path.join(bn.ROOT, bn.SHIPPED_TOPK_CONFIG))
+    assert bench.compression.to_dict() == shipped.compression.to_dict()
+    for key in ("type", "delay", "momentum", "max_staleness", "local"):
+        assert bench.algorithm.to_dict()[key] == shipped.algorithm.to_dict()[key], key
+    assert bench.compression.downlink == "sparse"
+    assert bench.algorithm.warmup_iters == load_config(os.path.join(bn.ROOT, bn.DEFAULT_CONFIG)).algorithm.warmup_iters
 
 
 def test_topology_option():

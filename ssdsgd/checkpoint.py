@@ -35,6 +35,7 @@ import zipfile
 
 import numpy as np
 
+from ssdsgd.compression.registry import is_sparsifier
 from ssdsgd.metrics import write_json_atomic
 
 MANIFEST = "manifest.json"
@@ -50,7 +51,7 @@ class CheckpointError(RuntimeError):
 
 def round_based(cfg):
     """Runs through our round server (SSD-SGD, compressed SSGD) rather than the stock KVStore."""
-    return cfg.algorithm.type == "ssd" or cfg.compression.type not in ("none", "2bit")
+    return cfg.algorithm.type == "ssd" or is_sparsifier(cfg.compression.type)
 
 
 def fingerprint_parts(cfg):

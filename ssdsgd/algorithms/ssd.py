@@ -40,6 +40,7 @@ from ssdsgd.commands import num_servers
 from ssdsgd.compression.codec import MAX_ROUND_FP16
 from ssdsgd.compression.encoders import flatten, make_stages, time_encoding
 from ssdsgd.compression.fusion import KeyAllocator
+from ssdsgd.compression.registry import is_sparsifier
 from ssdsgd.faults import cost_scale
 from ssdsgd.glu import GLU, GlobalMomentum, LocalSGD
 from ssdsgd.rounds import BufferState, read_ring, ring_length, ring_slot_length, schedule_from_dict
@@ -211,7 +212,7 @@ class RoundClient:
         self.stages = make_stages(shapes, num_servers(kv), comp, kv.rank, momentum=self.cfg.train.momentum,
                                   cost=cost, seed=self.cfg.seed)
         self.buffers, self.encoders = self.stages[-1]          # the steady state
-        if comp.fusion == "behind" and comp.type != "none" and all(len(b.params) == 1 for b in self.buffers):
+        if comp.fusion == "behind" and is_sparsifier(comp.type) and all(len(b.params) == 1 for b in self.buffers):
             raise ValueError(f"compression.fusion: behind over {len(self.buffers)} buffers of one tensor each "
                              f"is sparsification ahead of fusion under another name; use compression.buffers: "
                              f"one or fixed (a global top-k per buffer), or fusion: ahead")
@@ -220,7 +221,7 @@ class RoundClient:
                           density_sent=sum(b.k for b in self.buffers) / total)
         if len(self.stages) > 1:
             self.stats["warmup_density_sent"] = [sum(b.k for b in bufs) / total for bufs, _ in self.stages[:-1]]
-        if comp.type != "none":
+        if is_sparsifier(comp.type):
             self.stats["compress_seconds_per_step"] = time_encoding(self.buffers, self.encoders, shapes)
         self.pull_bufs = [mx.nd.zeros(b.size + 1) for b in self.buffers]
         self.clock_bufs = [mx.nd.zeros(1) for b in self.buffers]

@@ -19,9 +19,9 @@ import mxnet as mx
 import numpy as np
 
 from ssdsgd.compression.codec import DIGIT, FP16_MAX, MAX_ROUND_FP16
-from ssdsgd.compression.compressor import make_compressor
 from ssdsgd.compression.fusion import plan_for_config, tensor_counts, warmup_stages
 from ssdsgd.compression.memory import Memory
+from ssdsgd.compression.registry import is_sparsifier, make_compressor
 
 
 def message_header(step, rank, fp16=False):
@@ -150,8 +150,7 @@ def make_encoders(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, s
     """
     buffers = plan_for_config(shapes, num_servers, comp, cost)
     whole = tensor_counts(shapes, comp)[2]
-    sparse = comp.type not in ("none", "2bit")
-    if not sparse:
+    if not is_sparsifier(comp.type):
         return buffers, [DenseEncoder() for _ in buffers]
     memory = Memory(comp.error_feedback, momentum if comp.momentum_correction else 0.0)
     compressor = make_compressor(comp.type, seed)

@@ -13,6 +13,7 @@ clock keys are chosen to land on the same server.
 from dataclasses import dataclass, replace
 
 from ssdsgd.compression.codec import max_buffer_elements, message_bytes, message_length
+from ssdsgd.compression.registry import is_sparsifier
 
 KEY_HASH = 9973  # ps-lite key placement in MXNet's KVStoreDist
 
@@ -232,7 +233,7 @@ def plan_for_config(shapes, num_servers, comp, cost=None):
     cost: {'alpha', 'beta', 'backward'} measured at job start (needed for buffers: cost_model).
     No mxnet here: the front end re-makes a checkpoint's plan with it before a resume starts."""
     sizes, counts, _ = tensor_counts(shapes, comp)
-    sparse = comp.type not in ("none", "2bit")
+    sparse = is_sparsifier(comp.type)
     if not sparse:
         counts = sizes
     codec = "sparse" if sparse else "dense"

@@ -164,6 +164,7 @@ class RoundClient:
         self.server_momentum = 0.0 if mc else cfg.train.momentum
         self.server_delay_momentum = 0.0 if mc else self.delay_momentum
         self.buffers = self.encoders = None         # planned in setup() (may need a link probe)
+        self.memory = None                          # the encoders' error-feedback memory, if any
         self.stages = None                          # (buffers, encoders) per density stage
         self.versions = []                          # version of the global weights under w_loc
         self.pending_pull = None                    # step at which the in-flight pull was issued
@@ -212,6 +213,7 @@ class RoundClient:
         self.stages = make_stages(shapes, num_servers(kv), comp, kv.rank, momentum=self.cfg.train.momentum,
                                   cost=cost, seed=self.cfg.seed)
         self.buffers, self.encoders = self.stages[-1]          # the steady state
+        self.memory = self.encoders[0].memory                   # error feedback, shared by every encoder
         if comp.fusion == "behind" and is_sparsifier(comp.type) and all(len(b.params) == 1 for b in self.buffers):
             raise ValueError(f"compression.fusion: behind over {len(self.buffers)} buffers of one tensor each "
                              f"is sparsification ahead of fusion under another name; use compression.buffers: "
@@ -351,10 +353,8 @@ class RoundClient:
             if rep is not None and rep.weights is not None:
                 arrays.update({f"ringbuf{bi}": self.ring_bufs[bi].asnumpy(), f"replica_w{bi}": rep.weights,
                                f"replica_mom{bi}": rep.mom})
-        memory = getattr(self.encoders[0], "memory", None)
-        if memory is not None:
-            arrays.update({f"residual{k}": v.asnumpy() for k, v in memory.residual.items()})
-            arrays.update({f"velocity{k}": v.asnumpy() for k, v in memory.velocity.items()})
+        if self.memory is not None:
+            arrays.update(self.memory.state_dict())
         meta = {"versions": self.versions, "pending_pull": self.pending_pull, "pulled": self.pulled,
                 "replica_versions": [None if r is None or r.weights is None else r.version for r in self.replicas],
                 "ring_landings": self.ring_landings,
@@ -370,13 +370,8 @@ class RoundClient:
                 s[:] = arrays[f"state{i}"]
         for bi, buf in enumerate(self.pull_bufs):
             buf[:] = arrays[f"pullbuf{bi}"]
-        memory = getattr(self.encoders[0], "memory", None)
-        if memory is not None:
-            for name, arr in arrays.items():
-                if name.startswith("residual"):
-                    memory.residual[int(name[len("residual"):])] = mx.nd.array(arr)
-                elif name.startswith("velocity"):
-                    memory.velocity[int(name[len("velocity"):])] = mx.nd.array(arr)
+        if self.memory is not None:
+            self.memory.load_state_dict(arrays)
         for (_, encs), counts in zip(self.stages, meta.get("tensor_counts", [])):
             for e, c in zip(encs, counts):
                 if c is not None:          # compression.allocation: gradient re-allocates them
@@ -567,9 +562,8 @@ class RoundClient:
             self.log.write(event="staleness_wait", step=step, need_version=need, seconds=round(waited, 6))
         for i, p in enumerate(self.params):
             self.local_opt.update(i, p.data(), p.grad(), self.local_states[i])
-        memory = getattr(self.encoders[0], "memory", None)
-        if memory is not None and memory.momentum:
-            memory.momentum = self.delay_momentum       # momentum correction: the stage's momentum
+        if self.memory is not None and self.memory.momentum:
+            self.memory.momentum = self.delay_momentum      # momentum correction: the stage's momentum
         pushed = self._push(step)
         if (step - self.warmup + 1) % self.k == 0:
             if self.strict or self.S <= self.k:
@@ -616,8 +610,7 @@ class RoundClient:
 
     def residual_norm(self):
         """L2 norm of the error-feedback residuals (None without a sparsifier). Synchronises."""
-        memory = getattr(self.encoders[0], "memory", None)
-        return memory.residual_norm() if memory is not None else None
+        return self.memory.residual_norm() if self.memory is not None else None
 
     def finish(self):
         mx.nd.waitall()

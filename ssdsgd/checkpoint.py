@@ -35,7 +35,7 @@ import zipfile
 
 import numpy as np
 
-from ssdsgd.compression.registry import is_sparsifier
+from ssdsgd.algorithms import ROUNDS, STOCK, client_kind
 from ssdsgd.metrics import write_json_atomic
 
 MANIFEST = "manifest.json"
@@ -51,7 +51,7 @@ class CheckpointError(RuntimeError):
 
 def round_based(cfg):
     """Runs through our round server (SSD-SGD, compressed SSGD) rather than the stock KVStore."""
-    return cfg.algorithm.type == "ssd" or is_sparsifier(cfg.compression.type)
+    return client_kind(cfg) == ROUNDS
 
 
 def fingerprint_parts(cfg):
@@ -200,7 +200,7 @@ def manifest_problem(m, cfg, folder_epoch=None):
         if problem:
             return f"plan: {problem}"
         plan = m["plan"]
-        if plan["kind"] == "rounds":
+        if plan["kind"] == ROUNDS:
             needed |= {f"server-buffer{b}.npz" for b in range(len(plan["buffer_sizes"]))}
         else:
             needed |= {f"server-stock{r}.npz" for r in range(plan["servers"])}
@@ -218,14 +218,14 @@ def manifest_problem(m, cfg, folder_epoch=None):
 
 
 def _plan_problem(plan, cfg):
-    kind = "rounds" if round_based(cfg) else "stock"
+    kind = client_kind(cfg)
     if plan.get("kind") != kind:
         return f"kind {plan.get('kind')!r}, but this config runs {kind!r}"
     servers = plan.get("servers")
     if not _is_int(servers) or servers != cfg.cluster.servers:
         return (f"written for {servers!r} servers, but cluster.servers is {cfg.cluster.servers}: a checkpoint "
                 f"resumes only on the server layout it was taken with")
-    if kind == "stock":
+    if kind == STOCK:
         return None
     sizes = plan.get("buffer_sizes")
     if not isinstance(sizes, list) or not sizes or not all(_is_int(n) and n > 0 for n in sizes):

@@ -70,10 +70,8 @@ def run_worker(cfg, resume=False, overwrite=False):
     from ssdsgd.remote import MARK as REMOTE_MARK
 
     # The kvstore must exist before we know our rank; its type depends only on the config.
-    from ssdsgd.algorithms.ssd import RoundClient
-    from ssdsgd.algorithms.stock import StockClient
-    round_based = ckpt.round_based(cfg)
-    kv = mx.kv.create((RoundClient if round_based else StockClient).kvstore_type(cfg))
+    from ssdsgd.algorithms import create_kvstore, make_client
+    kv = create_kvstore(cfg)
     rank, nworkers = kv.rank, kv.num_workers
     print(f"{REMOTE_MARK}{RANK_MARK} {rank}", flush=True)   # the launcher labels our output with the rank
     if nworkers != cfg.cluster.workers:
@@ -120,13 +118,8 @@ def run_worker(cfg, resume=False, overwrite=False):
         if rank == 0:
             print(f"resuming from {resume_dir}: {start_epoch} epochs, {step} steps done", flush=True)
     schedule = schedule_from_config(cfg.train, steps_per_epoch)
-    if round_based:
-        def measure_backward():
-            return _time_backward(net, loss_fn, data.train, params)
-        client = RoundClient(kv, params, cfg, schedule, log, total_steps, measure_backward,
-                             steps_per_epoch=steps_per_epoch)
-    else:
-        client = StockClient(kv, params, cfg, schedule, log)
+    client = make_client(cfg, kv, params, schedule, log, total_steps=total_steps, steps_per_epoch=steps_per_epoch,
+                         measure_backward=lambda: _time_backward(net, loss_fn, data.train, params))
     client.setup(resume_dir, saved[1] if saved else None, manifest.get("plan") if resume else None)
     if saved is not None:
         client.load_state(*saved)
@@ -165,20 +158,20 @@ def run_worker(cfg, resume=False, overwrite=False):
                 _handle_nonfinite(cfg.train.nonfinite, loss, params, step, rank, log)
                 totals["skipped_steps"] += 1
             rec = client.after_backward(step)
-            totals["push_bytes"] += rec["push_bytes"]
-            totals["pull_bytes"] += rec["pull_bytes"]
+            totals["push_bytes"] += rec.push_bytes
+            totals["pull_bytes"] += rec.pull_bytes
             if step >= warmup_steps:
                 after_warmup["steps"] += 1
-                after_warmup["push_bytes"] += rec["push_bytes"]
-                after_warmup["pull_bytes"] += rec["pull_bytes"]
-            if rec["wait_seconds"] is not None:
-                totals["wait_seconds"] += rec["wait_seconds"]
-            if rec["staleness"] is not None:
-                staleness.append(rec["staleness"])
+                after_warmup["push_bytes"] += rec.push_bytes
+                after_warmup["pull_bytes"] += rec.pull_bytes
+            if rec.wait_seconds is not None:
+                totals["wait_seconds"] += rec.wait_seconds
+            if rec.staleness is not None:
+                staleness.append(rec.staleness)
             step += 1
             window["images"] += bsz
-            window["push"] += rec["push_bytes"]
-            window["pull"] += rec["pull_bytes"]
+            window["push"] += rec.push_bytes
+            window["pull"] += rec.pull_bytes
             window["n"] += 1
             _touch(heartbeat)
             if step % cfg.log.every_steps == 0 or step == total_steps:
@@ -187,13 +180,13 @@ def run_worker(cfg, resume=False, overwrite=False):
                 ips = window["images"] / max(1e-9, now - window["t"])
                 log.write(epoch=epoch, step=step, loss=window["loss"], images_per_sec=ips,
                           push_bytes=window["push"] / window["n"], pull_bytes=window["pull"] / window["n"],
-                          staleness=rec["staleness"], wait_seconds=rec["wait_seconds"],
+                          staleness=rec.staleness, wait_seconds=rec.wait_seconds,
                           lr=schedule(step), residual_norm=client.residual_norm())
                 if rank == 0:
                     print(f"epoch {epoch} step {step}/{total_steps} loss {window['loss']:.4f} "
                           f"{ips:.1f} img/s push {human_bytes(window['push'] / window['n'])}/step "
                           f"pull {human_bytes(window['pull'] / window['n'])}/step "
-                          f"staleness {rec['staleness']}", flush=True)
+                          f"staleness {rec.staleness}", flush=True)
                 window = _log_window(now)
         mx.nd.waitall()
         epoch_seconds = time.perf_counter() - t_epoch
@@ -249,7 +242,7 @@ def run_worker(cfg, resume=False, overwrite=False):
             "max_staleness": max(stal) if stal else None,
             "mean_staleness": float(np.mean([p["mean_staleness"] for p in parts
                                              if p["mean_staleness"] is not None])) if stal else None,
-            "workers": parts, "checkpoint": checkpoint, "client": getattr(client, "stats", {}),
+            "workers": parts, "checkpoint": checkpoint, "client": client.stats,
             "note": "push_bytes/pull_bytes are rank 0's own traffic; per-worker figures under 'workers'",
         }
         write_json_atomic(os.path.join(out_dir, "summary.json"), summary)

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from jobs import ROOT
+from ssdsgd import algorithms
+from ssdsgd.algorithms.base import Client, StepRecord
 from ssdsgd.compression.codec import MailboxFormat
 from ssdsgd.compression.encoders import make_encoders
 from ssdsgd.compression.registry import SPARSIFIERS, is_sparsifier, make_compressor, register
@@ -53,3 +55,55 @@ def test_unknown_compressor_is_refused():
     assert not is_sparsifier("maxk")
     with pytest.raises(ValueError, match="not a sparsifier"):
         make_compressor("maxk")
+
+
+# ------------------------------------------------------------------------- an algorithm variant
+
+class ToyClient(Client):
+    """The README's example variant: pushes nothing, pulls nothing (the weights stay local)."""
+    kind = "toy"
+
+    @classmethod
+    def kvstore_type(cls, cfg):
+        return "local"
+
+    def setup(self, resume_dir=None, saved_meta=None, saved_plan=None):
+        self.steps = 0
+
+    def after_backward(self, step):
+        self.steps += 1
+        return StepRecord(push_bytes=0, pull_bytes=0)
+
+    def global_weights(self, steps_done):
+        return None, 0
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    monkeypatch.setitem(algorithms.CLIENTS, "toy", f"{__name__}:ToyClient")
+    monkeypatch.setattr(algorithms, "client_kind", lambda cfg: "toy")
+
+
+def test_a_registered_client_is_built_through_make_client(toy):
+    cfg = load_config(os.path.join(ROOT, "configs/demo_digits_ssd.yaml"))
+    kv = algorithms.create_kvstore(cfg)
+    assert kv.type == "local"
+    client = algorithms.make_client(cfg, kv, [], None, None, total_steps=10, steps_per_epoch=5)
+    assert isinstance(client, ToyClient) and client.stats == {}
+    client.setup()
+    assert client.after_backward(0) == StepRecord(0, 0, None, None)
+    assert client.plan_record() == {"kind": "toy"} and client.state() == ({}, {})
+    assert client.residual_norm() is None
+    client.finish()
+
+
+@pytest.mark.parametrize("config, sets, kind", [
+    ("demo_digits_ssgd.yaml", [], "stock"),
+    ("demo_digits_ssgd.yaml", ["algorithm.type=asgd", "compression.type=2bit"], "stock"),
+    ("demo_digits_ssgd.yaml", ["compression.type=topk"], "rounds"),
+    ("demo_digits_ssd.yaml", [], "rounds"),
+])
+def test_client_kind_routes_the_built_in_configs(config, sets, kind):
+    cfg = load_config(os.path.join(ROOT, "configs", config), sets)
+    assert algorithms.client_kind(cfg) == kind
+    assert algorithms.client_class(cfg).kind == kind

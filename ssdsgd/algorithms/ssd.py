@@ -27,7 +27,6 @@ makes runs reproducible step by step. With S > k the pull goes out at once, may 
 round, and may land up to S - k steps later: on a slow link the transfer then hides behind several
 steps of compute instead of one.
 """
-import os
 import threading
 import time
 
@@ -35,6 +34,8 @@ import mxnet as mx
 import numpy as np
 
 from ssdsgd import commands
+from ssdsgd.algorithms import ROUNDS
+from ssdsgd.algorithms.base import Client, StepRecord
 from ssdsgd.checkpoint import CheckpointError
 from ssdsgd.commands import num_servers
 from ssdsgd.compression.codec import MAX_ROUND_FP16
@@ -133,16 +134,12 @@ def _describe_plan(sizes):
     return f"{len(sizes)} buffers of {', '.join(map(str, sizes[:12]))}{'...' if len(sizes) > 12 else ''} elements"
 
 
-class RoundClient:
-    name = "rounds"
+class RoundClient(Client):
+    kind = ROUNDS
 
     def __init__(self, kv, params, cfg, schedule, log, total_steps, measure_backward=None,
                  steps_per_epoch=None):
-        self.kv = kv
-        self.params = params
-        self.cfg = cfg
-        self.schedule = schedule
-        self.log = log
+        super().__init__(kv, params, cfg, schedule, log)
         alg = cfg.algorithm
         self.synchronous = alg.type == "ssgd"
         self.warmup = total_steps if self.synchronous else alg.warmup_iters
@@ -171,7 +168,6 @@ class RoundClient:
         self.watch = None                           # tells when that pull has landed
         self.local_opt, self.local_states = self._make_local_optimizer(total_steps)
         self.pull_bytes = 0
-        self.stats = {}
         self.downlink = []                          # per buffer: sparse downlink settings, or None
         self.replicas = []                          # per buffer: BufferState mirroring the server's
         self.pulled = []                            # per buffer: 'ring' or 'dense', the last pull issued
@@ -195,11 +191,14 @@ class RoundClient:
         states = [opt.create_state(i, p.data()) for i, p in enumerate(self.params)]
         return opt, states
 
-    @staticmethod
-    def kvstore_type(cfg):
-        # Large buffers must reach one server whole (their keys were placed there on purpose).
-        os.environ["MXNET_KVSTORE_BIGARRAY_BOUND"] = str(1 << 30)
+    @classmethod
+    def kvstore_type(cls, cfg):
         return "dist_async"
+
+    @classmethod
+    def kvstore_environment(cls):
+        # Large buffers must reach one server whole (their keys were placed there on purpose).
+        return {"MXNET_KVSTORE_BIGARRAY_BOUND": str(1 << 30)}
 
     def _plan(self, saved_cost=None):
         """Buffers and encoders. A resumed run plans from the costs its checkpoint recorded, so it gets
@@ -274,7 +273,7 @@ class RoundClient:
 
     def plan_record(self):
         """What the checkpoint manifest records of the servers' layout (ssdsgd/checkpoint.py)."""
-        return {"kind": "rounds", "buffer_sizes": [b.size for b in self.buffers],
+        return {"kind": self.kind, "buffer_sizes": [b.size for b in self.buffers],
                 "cost_model": self.stats.get("cost_model")}
 
     def setup(self, resume_dir=None, saved_meta=None, saved_plan=None):
@@ -590,8 +589,7 @@ class RoundClient:
                 raise RuntimeError(f"strict mode: pull issued for version {issued + 1} got {got}")
 
     def _record(self, pushed, staleness, wait):
-        return {"push_bytes": pushed, "pull_bytes": self.pull_bytes, "staleness": staleness,
-                "wait_seconds": wait}
+        return StepRecord(pushed, self.pull_bytes, staleness, wait)
 
     def global_weights(self, steps_done):
         """Global weights after all workers' first `steps_done` rounds, per parameter (for eval).
@@ -611,6 +609,3 @@ class RoundClient:
     def residual_norm(self):
         """L2 norm of the error-feedback residuals (None without a sparsifier). Synchronises."""
         return self.memory.residual_norm() if self.memory is not None else None
-
-    def finish(self):
-        mx.nd.waitall()

@@ -16,7 +16,6 @@ ahead; their accumulators wait in `pending` until they can be applied in order.
 import numpy as np
 
 from ssdsgd.compression.codec import SparseGrad
-from ssdsgd.schedule import LRSchedule
 
 class RoundError(RuntimeError):
     pass
@@ -183,7 +182,3 @@ def read_ring(array, slots, cap):
         out[rnd] = (slot[RING_HEADER:RING_HEADER + n].astype(np.int64),
                     slot[RING_HEADER + cap:RING_HEADER + cap + n].astype(np.float32))
     return out
-
-
-def schedule_from_dict(d):
-    return LRSchedule(**d)

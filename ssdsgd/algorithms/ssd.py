@@ -42,9 +42,11 @@ from ssdsgd.compression.codec import MAX_ROUND_FP16
 from ssdsgd.compression.encoders import flatten, make_stages, time_encoding
 from ssdsgd.compression.fusion import KeyAllocator
 from ssdsgd.compression.registry import is_sparsifier
+from ssdsgd.env import BIGARRAY_BOUND_ENV
 from ssdsgd.faults import cost_scale
 from ssdsgd.glu import GLU, GlobalMomentum, LocalSGD
-from ssdsgd.rounds import BufferState, read_ring, ring_length, ring_slot_length, schedule_from_dict
+from ssdsgd.rounds import BufferState, read_ring, ring_length, ring_slot_length
+from ssdsgd.schedule import LRSchedule
 
 class PullWatch:
     """Tells, without blocking the training loop, whether pulled arrays have landed.
@@ -198,7 +200,7 @@ class RoundClient(Client):
     @classmethod
     def kvstore_environment(cls):
         # Large buffers must reach one server whole (their keys were placed there on purpose).
-        return {"MXNET_KVSTORE_BIGARRAY_BOUND": str(1 << 30)}
+        return {BIGARRAY_BOUND_ENV: str(1 << 30)}
 
     def _plan(self, saved_cost=None):
         """Buffers and encoders. A resumed run plans from the costs its checkpoint recorded, so it gets
@@ -260,7 +262,7 @@ class RoundClient(Client):
                                  "slots": slots, "cap": cap}
             self.replicas[bi] = BufferState(
                 b.size, kv.num_workers, train.batch_size, self.server_momentum, train.wd,
-                schedule_from_dict(self.schedule.to_dict()), [], self.server_delay_momentum, self.warmup)
+                LRSchedule.from_dict(self.schedule.to_dict()), [], self.server_delay_momentum, self.warmup)
             self.ring_bufs[bi] = mx.nd.zeros(ring_length(slots, cap))
         self.stats["downlink"] = decisions
         self.stats["downlink_resyncs"] = 0
@@ -303,12 +305,12 @@ class RoundClient(Client):
                   + (f", from costs {self.stats['cost_model']}" if "cost_model" in self.stats else ""), flush=True)
         per_buffer = list(zip(*[bufs for bufs, _ in self.stages]))     # buffer -> itself per stage
         if kv.rank == 0:
-            commands.send(kv, {
-                "op": "round_plan", "num_workers": kv.num_workers, "batch_size": train.batch_size,
-                "momentum": self.server_momentum, "delay_momentum": self.server_delay_momentum,
-                "warmup": self.warmup, "wd": train.wd, "schedule": self.schedule.to_dict(),
-                "buffers": [dict(b.to_dict(list(stages)), downlink=down)
-                            for b, stages, down in zip(self.buffers, per_buffer, self.downlink)]})
+            commands.send(
+                kv, commands.ROUND_PLAN, num_workers=kv.num_workers, batch_size=train.batch_size,
+                momentum=self.server_momentum, delay_momentum=self.server_delay_momentum,
+                warmup=self.warmup, wd=train.wd, schedule=self.schedule.to_dict(),
+                buffers=[dict(b.to_dict(list(stages)), downlink=down)
+                         for b, stages, down in zip(self.buffers, per_buffer, self.downlink)])
         keys, vals = [], []
         for b, stages in zip(self.buffers, per_buffer):
             flat = flatten([self.params[i].data() for i in b.params])
@@ -332,7 +334,7 @@ class RoundClient(Client):
                     kv.push(down["mom_key"], mx.nd.zeros(b.size + 1))
             mx.nd.waitall()
             if resume_dir:
-                commands.send(kv, {"op": "load", "dir": resume_dir})
+                commands.send(kv, commands.LOAD, dir=resume_dir)
         kv._barrier()
         if not resume_dir:
             for bi in range(len(self.buffers)):

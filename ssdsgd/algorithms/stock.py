@@ -39,16 +39,16 @@ class StockClient(Client):
         if self.two_bit:
             kv.set_gradient_compression({"type": NATIVE_2BIT, "threshold": cfg.compression.threshold})
         if kv.rank == 0:
-            commands.send(kv, {
-                "op": "stock_optimizer", "lr": cfg.train.lr, "momentum": cfg.train.momentum,
-                "wd": cfg.train.wd, "rescale_grad": 1.0 / (kv.num_workers * cfg.train.batch_size),
-                "schedule": self.schedule.to_dict()})
+            commands.send(
+                kv, commands.STOCK_OPTIMIZER, lr=cfg.train.lr, momentum=cfg.train.momentum,
+                wd=cfg.train.wd, rescale_grad=1.0 / (kv.num_workers * cfg.train.batch_size),
+                schedule=self.schedule.to_dict())
         # Only rank 0's values count; kv.init ends with a barrier, so the optimizer is in place
         # before any worker pushes. Copies, not the parameter arrays: arrays an inference-mode forward
         # left in oneDNN layouts cannot be read by kv.init (see build_net in worker.py).
         kv.init(self.keys, [p.data().copy() for p in self.params])
         if resume_dir and kv.rank == 0:
-            commands.send(kv, {"op": "load", "dir": resume_dir})
+            commands.send(kv, commands.LOAD, dir=resume_dir)
         kv._barrier()
         kv.pull(self.keys, out=[p.data() for p in self.params])
         mx.nd.waitall()

@@ -1,10 +1,10 @@
 """Helpers for tests that run real multi-process jobs (scheduler + servers + workers) on loopback."""
 import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 
+from results_io import job_command          # scripts/, on the path through pytest.ini
 from ssdsgd.metrics import metrics_file, read_metrics, read_summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,11 +26,7 @@ class Job:
 
 def _command(tmp_path, config, sets, name, args):
     log_dir = os.path.join(str(tmp_path), "runs")
-    cmd = [sys.executable, "-m", "ssdsgd.run", "--config", os.path.join(ROOT, config),
-           "--set", f"log.dir={log_dir}", "--set", f"name={name}"]
-    for s in sets:
-        cmd += ["--set", s]
-    return cmd + list(args), log_dir
+    return job_command(os.path.join(ROOT, config), name, log_dir, sets) + list(args), log_dir
 
 
 def _env(env):

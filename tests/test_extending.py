@@ -1,6 +1,10 @@
-"""The README's "Extending" examples, run: a compressor added by one registration, and an
-algorithm variant added by one registration, each used through the factory the worker uses."""
+"""The README's "Extending" examples, run as they stand there: a compressor added by one
+registration, and an algorithm variant added by one CLIENTS line, each used through the factory the
+worker uses."""
 import os
+import re
+import sys
+import types
 
 import mxnet as mx
 import numpy as np
@@ -11,23 +15,25 @@ from ssdsgd import algorithms
 from ssdsgd.algorithms.base import Client, StepRecord
 from ssdsgd.compression.codec import MailboxFormat
 from ssdsgd.compression.encoders import make_encoders
-from ssdsgd.compression.registry import SPARSIFIERS, is_sparsifier, make_compressor, register
+from ssdsgd.compression.registry import SPARSIFIERS, is_sparsifier, make_compressor
 from ssdsgd.config import load_config
+
+
+def readme_example(first_line):
+    """The README's python block that starts with `first_line`, as a module."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    (code,) = [b for b in blocks if b.startswith(first_line)]
+    module = types.ModuleType("readme_" + first_line.split("/")[-1].split(".")[0])
+    exec(compile(code, f"README.md ({first_line})", "exec"), module.__dict__)
+    return module
 
 
 @pytest.fixture
 def maxk():
     """The README's example compressor, registered for one test and removed again."""
-    @register("maxk")
-    class MaxK:
-        """The k largest values (signed, not magnitudes): a toy."""
-
-        def __init__(self, seed=0):
-            self.seed = seed
-
-        def select(self, x, k, key, step):
-            return mx.nd.topk(x, k=k, ret_typ="indices", is_ascend=False)
-    yield MaxK
+    module = readme_example("# ssdsgd/compression/maxk.py")
+    yield module.MaxK
     del SPARSIFIERS["maxk"]
 
 
@@ -59,29 +65,14 @@ def test_unknown_compressor_is_refused():
 
 # ------------------------------------------------------------------------- an algorithm variant
 
-class ToyClient(Client):
-    """The README's example variant: pushes nothing, pulls nothing (the weights stay local)."""
-    kind = "toy"
-
-    @classmethod
-    def kvstore_type(cls, cfg):
-        return "local"
-
-    def setup(self, resume_dir=None, saved_meta=None, saved_plan=None):
-        self.steps = 0
-
-    def after_backward(self, step):
-        self.steps += 1
-        return StepRecord(push_bytes=0, pull_bytes=0)
-
-    def global_weights(self, steps_done):
-        return None, 0
-
-
 @pytest.fixture
 def toy(monkeypatch):
-    monkeypatch.setitem(algorithms.CLIENTS, "toy", f"{__name__}:ToyClient")
+    """The README's example variant, importable as the module CLIENTS names, and chosen for every config."""
+    module = readme_example("# ssdsgd/algorithms/toy.py")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(algorithms.CLIENTS, "toy", f"{module.__name__}:ToyClient")
     monkeypatch.setattr(algorithms, "client_kind", lambda cfg: "toy")
+    return module.ToyClient
 
 
 def test_a_registered_client_is_built_through_make_client(toy):
@@ -89,7 +80,7 @@ def test_a_registered_client_is_built_through_make_client(toy):
     kv = algorithms.create_kvstore(cfg)
     assert kv.type == "local"
     client = algorithms.make_client(cfg, kv, [], None, None, total_steps=10, steps_per_epoch=5)
-    assert isinstance(client, ToyClient) and client.stats == {}
+    assert isinstance(client, toy) and isinstance(client, Client) and client.stats == {}
     client.setup()
     assert client.after_backward(0) == StepRecord(0, 0, None, None)
     assert client.plan_record() == {"kind": "toy"} and client.state() == ({}, {})

@@ -360,7 +360,7 @@ class RoundClient(Client):
                 "replica_versions": [None if r is None or r.weights is None else r.version for r in self.replicas],
                 "ring_landings": self.ring_landings,
                 "cost_model": self.stats.get("cost_model"),
-                "tensor_counts": [[getattr(e, "counts", None) for e in encs] for _, encs in self.stages],
+                "tensor_counts": [[e.counts for e in encs] for _, encs in self.stages],
                 "local_counts": {str(k): c for k, c in self.local_opt._index_update_count.items()},
                 "local_num_update": self.local_opt.num_update}
         return arrays, meta

@@ -34,6 +34,7 @@ class DenseEncoder:
     codec = "dense"
     fp16 = False
     memory = None                # no error feedback: everything is sent
+    counts = None                # no per-tensor quotas
 
     def encode(self, grads, step):
         return flatten(grads)

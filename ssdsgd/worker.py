@@ -1,8 +1,9 @@
 """Worker role: data, model, the training loop, evaluation on rank 0, metrics and the summary.
 
-The communication of each algorithm lives in a client (ssdsgd/algorithms): StockClient for the
-stock-KVStore baselines, RoundClient for SSD-SGD and compressed SSGD. The loop is the same for all:
-forward/backward, then `client.after_backward(step)` pushes, pulls and updates the local weights.
+The communication of each algorithm lives in a client (ssdsgd/algorithms, contract in base.py, chosen
+by make_client): StockClient for the stock-KVStore baselines, RoundClient for SSD-SGD and compressed
+SSGD. The loop is the same for all: forward/backward, then `client.after_backward(step)` pushes, pulls
+and updates the local weights and returns a StepRecord, which Counters sums.
 """
 import itertools
 import json

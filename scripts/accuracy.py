@@ -10,14 +10,11 @@ variant) and prints the table. `--set data.validation=0.1` tunes on a validation
 the training set (the table then says so); without it the runs report the test set.
 """
 import argparse
-import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 
-from results_io import write_csv, write_text
+from results_io import job_command, job_name, job_summary, run_captured, write_csv, write_text
 from ssdsgd.metrics import ACC_TAG, final_acc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,18 +96,11 @@ SUITES = {"digits": VARIANTS, "fmnist": FMNIST}
 
 
 def run(label, config, sets, seed, out):
-    name = re.sub(r"[^A-Za-z0-9]+", "_", f"{label} s{seed}").strip("_")
-    cmd = [sys.executable, "-m", "ssdsgd.run", "--config", config, "--set", f"seed={seed}",
-           "--set", f"log.dir={out}/runs", "--set", f"name={name}"]
-    for s in sets:
-        cmd += ["--set", s]
-    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    if proc.returncode != 0:
-        print(proc.stdout[-3000:], file=sys.stderr)
+    name = job_name(label, seed)
+    proc = run_captured(job_command(config, name, f"{out}/runs", [f"seed={seed}", *sets]))
+    s = job_summary(proc, os.path.join(out, "runs", name))
+    if s is None:
         return {"variant": label, "seed": seed, "rc": proc.returncode}
-    with open(os.path.join(out, "runs", name, "summary.json")) as f:
-        s = json.load(f)
     acc, eval_set = final_acc(s)
     tag = ACC_TAG[eval_set]
     return {"variant": label, "seed": seed, "rc": 0, "eval_set": eval_set, "final_acc": acc,

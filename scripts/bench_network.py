@@ -59,6 +59,7 @@ import netns
 import vcluster
 import yaml
 from results_io import COMPUTE_BOUND, rate_name, read_jsonl, stop_on_sigterm
+from ssdsgd.metrics import SUMMARY_FILE, metrics_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -519,7 +520,7 @@ def run_one(job, args):
         if role in ROLES:
             row[f"peak_rss_{role}_mb"] = round(mb, 1)
 
-    summary_path = os.path.join(run_dir, "summary.json")
+    summary_path = os.path.join(run_dir, SUMMARY_FILE)
     if timed_out or returncode == 124:
         row["status"] = "timeout"
     elif returncode != 0 or not os.path.exists(summary_path):
@@ -528,7 +529,7 @@ def run_one(job, args):
         row["status"] = "ok"
     if row["status"] != "ok":
         row["error"] = _last_error(log_path)
-    records = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))   # rank 0's
+    records = read_jsonl(os.path.join(run_dir, metrics_file()))   # rank 0's
     losses = [r["loss"] for r in records if "loss" in r]
     if losses:
         row["final_loss"] = round(losses[-1], 5)

@@ -3,13 +3,13 @@ import json
 import os
 import sys
 
-from ssdsgd.metrics import comparison_table
+from ssdsgd.metrics import SUMMARY_FILE, comparison_table
 
 
 def main(run_dirs):
     summaries = []
     for d in run_dirs:
-        path = os.path.join(d, "summary.json")
+        path = os.path.join(d, SUMMARY_FILE)
         if not os.path.exists(path):
             print(f"error: {path} does not exist (the run did not finish)", file=sys.stderr)
             return 1

@@ -2,12 +2,11 @@
 
 Each job runs 1 scheduler + 1 server + 2 workers on loopback; the table compares their summary.json.
 """
-import json
 import os
 import subprocess
 import sys
 
-from ssdsgd.metrics import comparison_table
+from ssdsgd.metrics import comparison_table, read_summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,8 +22,7 @@ def main():
             print(f"demo: {config} failed with exit code {rc}", file=sys.stderr)
             return rc
         name = os.path.splitext(os.path.basename(config))[0]
-        with open(os.path.join(ROOT, "runs", name, "summary.json")) as f:
-            summaries.append(json.load(f))
+        summaries.append(read_summary(os.path.join(ROOT, "runs", name)))
     print()
     print(comparison_table(summaries))
     return 0

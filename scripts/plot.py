@@ -22,6 +22,7 @@ import sys
 import matplotlib
 
 from results_io import COMPUTE_BOUND, rate_name, read_jsonl
+from ssdsgd.metrics import CONFIG_FILE, SUMMARY_FILE, metrics_file
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -143,9 +144,9 @@ def _save(fig, out_dir, name):
 
 def load_run(run_dir):
     """(label, test points [(seconds, epochs, acc)], loss points [(seconds, loss)]) of a run folder."""
-    records = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    records = read_jsonl(os.path.join(run_dir, metrics_file()))
     label = os.path.basename(os.path.normpath(run_dir))
-    summary_path = os.path.join(run_dir, "summary.json")
+    summary_path = os.path.join(run_dir, SUMMARY_FILE)
     if os.path.exists(summary_path):
         with open(summary_path) as f:
             s = json.load(f)
@@ -166,7 +167,7 @@ def _start_time(run_dir, records):
         return first
     r = steps[0]
     batch = None
-    cfg = os.path.join(run_dir, "config.yaml")
+    cfg = os.path.join(run_dir, CONFIG_FILE)
     if os.path.exists(cfg):
         try:
             import yaml
@@ -221,7 +222,7 @@ def main(argv=None):
             ap.error(f"--csv: {args.csv} not found")
         written += plot_csv(args.csv, args.out)
     if args.runs:
-        missing = [d for d in args.runs if not os.path.exists(os.path.join(d, "metrics.jsonl"))]
+        missing = [d for d in args.runs if not os.path.exists(os.path.join(d, metrics_file()))]
         if missing:
             ap.error(f"--runs: no metrics.jsonl in {', '.join(missing)}")
         written += plot_runs(args.runs, args.out)

@@ -1,9 +1,16 @@
-"""Small helpers the experiment scripts share: their input and output files, names used in their
-tables, and their SIGTERM handling."""
+"""Small helpers the experiment scripts share: running one job and reading its summary, their input
+and output files, names used in their tables, and their SIGTERM handling."""
 import csv
 import json
 import os
+import re
 import signal
+import subprocess
+import sys
+
+from ssdsgd.metrics import read_summary
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 COMPUTE_BOUND = "compute_bound"          # bench_network's algorithm key for the 1-worker, no-comm. run
 
@@ -11,6 +18,34 @@ COMPUTE_BOUND = "compute_bound"          # bench_network's algorithm key for the
 def rate_name(rate):
     """A link rate in Mbit/s as the tables and plots print it (0 or None: no limit)."""
     return "unlimited" if not rate else f"{rate:g} Mbit/s"
+
+
+def job_name(label, seed):
+    """A run folder name for one seed of a table's variant."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", f"{label} s{seed}").strip("_")
+
+
+def job_command(config, name, log_dir, sets=()):
+    """`python -m ssdsgd.run` of one job called `name`, its run folder under log_dir (log_dir/name)."""
+    cmd = [sys.executable, "-m", "ssdsgd.run", "--config", config, "--set", f"log.dir={log_dir}",
+           "--set", f"name={name}"]
+    for text in sets:
+        cmd += ["--set", text]
+    return cmd
+
+
+def run_captured(cmd, **kwargs):
+    """Run a job command from the repository root with OMP_NUM_THREADS=1, its output captured."""
+    return subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"), **kwargs)
+
+
+def job_summary(proc, run_dir):
+    """The summary of a finished job, or None (and the end of its output on stderr) if it failed."""
+    if proc.returncode != 0:
+        print(proc.stdout[-3000:], file=sys.stderr)
+        return None
+    return read_summary(run_dir)
 
 
 def read_jsonl(path):

@@ -14,16 +14,15 @@ is not run), and the table names DIR: those figures come from another run of the
 """
 import argparse
 import csv
-import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 import time
 
 from netns import Namespace, NetnsError, check_tools
-from results_io import stop_on_sigterm, write_csv
+from results_io import job_command, job_name, job_summary, run_captured, stop_on_sigterm, write_csv
+from ssdsgd.metrics import read_metrics
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -41,33 +40,27 @@ SUITES = {
 
 
 def run(label, config, seed, rate, out, timeout, overrides=()):
-    name = re.sub(r"[^A-Za-z0-9]+", "_", f"{label} s{seed}").strip("_")
-    cmd = [sys.executable, "-m", "ssdsgd.run", "--config", os.path.join(ROOT, config), "--set", f"seed={seed}",
-           "--set", f"log.dir={out}/runs", "--set", f"name={name}", "--set", f"cluster.timeout={timeout}"]
-    for text in overrides:
-        cmd += ["--set", text]
+    name = job_name(label, seed)
+    cmd = job_command(os.path.join(ROOT, config), name, f"{out}/runs",
+                      [f"seed={seed}", f"cluster.timeout={timeout}", *overrides])
     with Namespace(rate_mbit=rate) as ns:
         before = ns.counters()["tx_bytes"]
         t0 = time.time()
-        proc = subprocess.run(ns.argv(cmd), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        proc = run_captured(ns.argv(cmd))
         seconds = time.time() - t0
         kernel_bytes = ns.counters()["tx_bytes"] - before
     run_dir = os.path.join(out, "runs", name)
     job = {"variant": label, "seed": seed, "rate_mbit": rate, "rc": proc.returncode, "seconds": seconds,
            "kernel_bytes": kernel_bytes, "run_dir": run_dir}
     evals = []
-    if proc.returncode != 0:
-        print(proc.stdout[-3000:], file=sys.stderr)
+    summary = job_summary(proc, run_dir)
+    if summary is None:
         return job, evals
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        job["final_test_acc"] = json.load(f)["final_test_acc"]
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        for line in f:
-            m = json.loads(line)
-            if "test_acc" in m:
-                evals.append({"variant": label, "seed": seed, "epoch": m["epoch"] + 1,
-                              "seconds": m["time"] - t0, "test_acc": m["test_acc"]})
+    job["final_test_acc"] = summary["final_test_acc"]
+    for m in read_metrics(run_dir):
+        if "test_acc" in m:
+            evals.append({"variant": label, "seed": seed, "epoch": m["epoch"] + 1,
+                          "seconds": m["time"] - t0, "test_acc": m["test_acc"]})
     return job, evals
 
 

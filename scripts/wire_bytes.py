@@ -9,14 +9,11 @@ warm-up should cost its extra values; a mismatch between the kernel's difference
 figures would mean the wire is not what the plan says. Writes jobs.csv and table.md.
 """
 import argparse
-import json
 import os
-import re
-import subprocess
 import sys
 
 from netns import Namespace, NetnsError, check_tools
-from results_io import stop_on_sigterm, write_csv, write_text
+from results_io import job_command, job_name, job_summary, run_captured, stop_on_sigterm, write_csv, write_text
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -31,23 +28,18 @@ VARIANTS = {
 
 
 def run(label, sets, seed, out, timeout):
-    name = re.sub(r"[^A-Za-z0-9]+", "_", f"{label} s{seed}").strip("_")
-    cmd = [sys.executable, "-m", "ssdsgd.run", "--config", os.path.join(ROOT, CONFIG), "--set", f"seed={seed}",
-           "--set", f"log.dir={out}/runs", "--set", f"name={name}", "--set", f"cluster.timeout={timeout}",
-           "--set", "compression.buffers=one"]        # the same single buffer in every variant
-    for s in sets:
-        cmd += ["--set", s]
+    name = job_name(label, seed)
+    cmd = job_command(os.path.join(ROOT, CONFIG), name, f"{out}/runs",
+                      [f"seed={seed}", f"cluster.timeout={timeout}",
+                       "compression.buffers=one", *sets])        # the same single buffer in every variant
     with Namespace(rate_mbit=0) as ns:
         before = ns.counters()["tx_bytes"]
-        proc = subprocess.run(ns.argv(cmd), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        proc = run_captured(ns.argv(cmd))
         kernel = ns.counters()["tx_bytes"] - before
     row = {"variant": label, "seed": seed, "rc": proc.returncode, "kernel_bytes": kernel}
-    if proc.returncode != 0:
-        print(proc.stdout[-3000:], file=sys.stderr)
+    s = job_summary(proc, os.path.join(out, "runs", name))
+    if s is None:
         return row
-    with open(os.path.join(out, "runs", name, "summary.json")) as f:
-        s = json.load(f)
     row.update(final_test_acc=s["final_test_acc"], steps=s["steps"],
                push_bytes_all_workers=sum(w["push_bytes"] for w in s["workers"]),
                pull_bytes_all_workers=sum(w["pull_bytes"] for w in s["workers"]))

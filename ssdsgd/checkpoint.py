@@ -35,12 +35,26 @@ import zipfile
 
 import numpy as np
 
+from ssdsgd.algorithms import ROUNDS, STOCK, client_kind
 from ssdsgd.metrics import write_json_atomic
 
 MANIFEST = "manifest.json"
 FORMAT = 2
 READABLE_FORMATS = (1, 2)
-FILE_NAME = re.compile(r"(worker|server-buffer|server-stock)(\d+)\.npz")
+WORKER, SERVER_BUFFER, SERVER_STOCK = "worker", "server-buffer", "server-stock"   # <name><n>.npz
+FILE_NAME = re.compile(rf"({WORKER}|{SERVER_BUFFER}|{SERVER_STOCK})(\d+)\.npz")
+
+
+def worker_file(rank):
+    return f"{WORKER}{rank}.npz"
+
+
+def server_buffer_file(b):
+    return f"{SERVER_BUFFER}{b}.npz"
+
+
+def server_stock_file(rank):
+    return f"{SERVER_STOCK}{rank}.npz"
 SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -50,7 +64,7 @@ class CheckpointError(RuntimeError):
 
 def round_based(cfg):
     """Runs through our round server (SSD-SGD, compressed SSGD) rather than the stock KVStore."""
-    return cfg.algorithm.type == "ssd" or cfg.compression.type not in ("none", "2bit")
+    return client_kind(cfg) == ROUNDS
 
 
 def fingerprint_parts(cfg):
@@ -193,23 +207,23 @@ def manifest_problem(m, cfg, folder_epoch=None):
                     f"server-stock<r>.npz)")
         if not isinstance(digest, str) or not SHA256.fullmatch(digest):
             return f"files: {name}: not a sha256 hex digest: {digest!r}"
-    needed = {f"worker{r}.npz" for r in range(workers)}
+    needed = {worker_file(r) for r in range(workers)}
     if fmt >= 2:
         problem = _plan_problem(m["plan"], cfg)
         if problem:
             return f"plan: {problem}"
         plan = m["plan"]
-        if plan["kind"] == "rounds":
-            needed |= {f"server-buffer{b}.npz" for b in range(len(plan["buffer_sizes"]))}
+        if plan["kind"] == ROUNDS:
+            needed |= {server_buffer_file(b) for b in range(len(plan["buffer_sizes"]))}
         else:
-            needed |= {f"server-stock{r}.npz" for r in range(plan["servers"])}
+            needed |= {server_stock_file(r) for r in range(plan["servers"])}
         extra = sorted(set(m["files"]) - needed)
         if extra:
             return f"files: lists {', '.join(extra)}, which this plan does not have"
     elif round_based(cfg):
-        needed.add("server-buffer0.npz")
+        needed.add(server_buffer_file(0))
     else:
-        needed |= {f"server-stock{r}.npz" for r in range(cfg.cluster.servers)}
+        needed |= {server_stock_file(r) for r in range(cfg.cluster.servers)}
     missing = sorted(needed - set(m["files"]), key=lambda n: (len(n), n))
     if missing:
         return f"files: {', '.join(missing)} missing (the plan needs them)"
@@ -217,14 +231,14 @@ def manifest_problem(m, cfg, folder_epoch=None):
 
 
 def _plan_problem(plan, cfg):
-    kind = "rounds" if round_based(cfg) else "stock"
+    kind = client_kind(cfg)
     if plan.get("kind") != kind:
         return f"kind {plan.get('kind')!r}, but this config runs {kind!r}"
     servers = plan.get("servers")
     if not _is_int(servers) or servers != cfg.cluster.servers:
         return (f"written for {servers!r} servers, but cluster.servers is {cfg.cluster.servers}: a checkpoint "
                 f"resumes only on the server layout it was taken with")
-    if kind == "stock":
+    if kind == STOCK:
         return None
     sizes = plan.get("buffer_sizes")
     if not isinstance(sizes, list) or not sizes or not all(_is_int(n) and n > 0 for n in sizes):
@@ -322,13 +336,13 @@ def served_plan_problem(cfg, directory, manifest):
         return (f"the manifest's buffer plan ({len(saved)} buffers of {_short(saved)} elements) is not the plan "
                 f"this config makes from the checkpoint's shapes and costs ({len(sizes)} buffers of "
                 f"{_short(sizes)}); its server files cannot be served")
-    listed = sorted(f for f in manifest["files"] if f.startswith("server-buffer"))
-    want = [f"server-buffer{b}.npz" for b in range(len(sizes))]
+    listed = sorted(f for f in manifest["files"] if f.startswith(SERVER_BUFFER))
+    want = [server_buffer_file(b) for b in range(len(sizes))]
     if sorted(want) != listed:
         return (f"the plan has {len(sizes)} buffers, but the checkpoint has server files "
                 f"{', '.join(listed) or 'none'}")
     for b, n in enumerate(sizes):
-        path = os.path.join(directory, f"server-buffer{b}.npz")
+        path = os.path.join(directory, server_buffer_file(b))
         got = _npz_shapes(path).get("weights")
         if got != (n,):
             return f"{path} holds weights of shape {got}, but buffer {b} of the plan has {n} elements"

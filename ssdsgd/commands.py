@@ -10,7 +10,14 @@ import hmac
 import json
 import os
 
+from ssdsgd.env import NUM_SERVER_ENV, SECRET_ENV
+
 PREFIX = "SSDSGD1:"
+# The commands (the "op" of a message) and their fields; ssdsgd.server handles each.
+STOCK_OPTIMIZER = "stock_optimizer"    # lr, momentum, wd, rescale_grad, schedule: MXNet's SGD for the stock path
+ROUND_PLAN = "round_plan"              # the buffers and global hyper-parameters of the round service
+SAVE = "save"                          # dir: write the servers' state into this checkpoint folder
+LOAD = "load"                          # dir: read it back
 
 
 class CommandError(ValueError):
@@ -24,7 +31,7 @@ def _secret_bytes(secret):
 
 
 def sign(msg, secret=None):
-    secret = os.environ.get("SSDSGD_JOB_SECRET", "") if secret is None else secret
+    secret = os.environ.get(SECRET_ENV, "") if secret is None else secret
     body = json.dumps(msg, separators=(",", ":"), sort_keys=True)
     mac = hmac.new(_secret_bytes(secret), body.encode(), hashlib.sha256).hexdigest()
     return f"{PREFIX}{mac}:{body}"
@@ -47,11 +54,11 @@ def verify(raw, secret):
     return msg
 
 
-def send(kv, msg):
-    """Run `msg` on every server; returns once all of them have handled it."""
-    kv._send_command_to_servers(0, sign(msg))
+def send(kv, op, **fields):
+    """Run command `op` with `fields` on every server; returns once all of them have handled it."""
+    kv._send_command_to_servers(0, sign(dict(fields, op=op)))
 
 
 def num_servers(kv):
     """MXNet's Python KVStore has no num_servers; ps-lite takes it from the environment."""
-    return int(os.environ.get("DMLC_NUM_SERVER", "1"))
+    return int(os.environ.get(NUM_SERVER_ENV, "1"))

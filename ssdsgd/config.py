@@ -10,6 +10,7 @@ import re
 
 import yaml
 
+from ssdsgd.compression.registry import NATIVE_2BIT, SPARSIFIERS, compression_types, is_sparsifier
 from ssdsgd.schedule import KINDS as SCHEDULE_KINDS
 
 
@@ -55,8 +56,9 @@ class Field:
             raise ConfigError(f"{path}: expected {self._type_names()}, got {value!r}")
         if not isinstance(value, self.types):
             raise ConfigError(f"{path}: expected {self._type_names()}, got {value!r}")
-        if self.choices is not None and value not in self.choices:
-            raise ConfigError(f"{path}: must be one of {', '.join(map(str, self.choices))}; got {value!r}")
+        choices = self.choices() if callable(self.choices) else self.choices     # callable: read when checked
+        if choices is not None and value not in choices:
+            raise ConfigError(f"{path}: must be one of {', '.join(map(str, choices))}; got {value!r}")
         if self.min is not None and value < self.min:
             raise ConfigError(f"{path}: must be >= {self.min}; got {value!r}")
         if self.max is not None and value > self.max:
@@ -117,7 +119,6 @@ ALGORITHMS = ("ssgd", "asgd", "ssd")
 DATASETS = ("digits", "cifar10", "mnist", "fashion_mnist", "imagenet", "synthetic")
 IN_MEMORY_DATASETS = ("digits", "cifar10", "mnist", "fashion_mnist")   # can be cut down and split
 ROOTED_DATASETS = ("cifar10", "mnist", "fashion_mnist", "imagenet")   # read from data.root
-COMPRESSORS = ("none", "topk", "randomk", "dgc", "2bit")
 
 SCHEMA = {
     "name": Field(str, None, nullable=True, doc="run name; default: the config file name"),
@@ -197,7 +198,7 @@ SCHEMA = {
         },
     },
     "compression": {
-        "type": Field(str, "none", choices=COMPRESSORS),
+        "type": Field(str, "none", choices=compression_types),
         "density": Field(float, 0.01, gt=0, max=1),
         "error_feedback": Field(bool, True),
         "momentum_correction": Field(bool, False),
@@ -270,32 +271,37 @@ def _validate(schema, user, path=""):
     return out
 
 
+def _sparsifier_names():
+    names = list(SPARSIFIERS)
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
+
+
 def _check_consistency(c):
     alg, comp = c["algorithm"], c["compression"]
     if alg["max_staleness"] is not None and alg["max_staleness"] < alg["delay"]:
         raise ConfigError(
             f"algorithm.max_staleness: must be >= algorithm.delay ({alg['delay']}), since the local "
             f"weights are refreshed only every delay steps; got {alg['max_staleness']}")
-    if comp["type"] == "2bit" and alg["type"] == "ssd":
+    sparsifier = is_sparsifier(comp["type"])
+    if comp["type"] == NATIVE_2BIT and alg["type"] == "ssd":
         raise ConfigError("compression.type: 2bit is MXNet's native compression and only works on the "
-                          "stock KVStore path (algorithm.type ssgd or asgd); use topk/randomk/dgc with ssd")
-    if comp["type"] not in ("none", "2bit") and alg["type"] == "asgd":
+                          f"stock KVStore path (algorithm.type ssgd or asgd); use {'/'.join(SPARSIFIERS)} with ssd")
+    if sparsifier and alg["type"] == "asgd":
         raise ConfigError(f"compression.type: {comp['type']} needs the round-based server "
                           "(algorithm.type ssd or ssgd); asgd supports none or 2bit")
-    sparsifier = comp["type"] not in ("none", "2bit")
     if comp["fp16_values"] and not sparsifier:
         raise ConfigError("compression.fp16_values: only sparse pushes have an fp16 wire format; "
-                          f"set compression.type to topk, randomk or dgc (got {comp['type']})")
+                          f"set compression.type to {_sparsifier_names()} (got {comp['type']})")
     if comp["allocation"] == "gradient" and (not sparsifier or comp["fusion"] != "ahead"):
         raise ConfigError("compression.allocation: gradient re-allocates the per-tensor quotas of "
                           "sparsification ahead of fusion; it needs compression.fusion: ahead and a "
                           f"sparsifier (got fusion {comp['fusion']}, type {comp['type']})")
     if comp["warmup"] and not sparsifier:
         raise ConfigError("compression.warmup: a density warm-up needs a sparsifier; "
-                          f"set compression.type to topk, randomk or dgc (got {comp['type']})")
+                          f"set compression.type to {_sparsifier_names()} (got {comp['type']})")
     if comp["downlink"] == "sparse" and not sparsifier:
         raise ConfigError("compression.downlink: sparse rebuilds the global weights from the rounds' sparse "
-                          "updates, so it needs a sparsifier; set compression.type to topk, randomk or dgc "
+                          f"updates, so it needs a sparsifier; set compression.type to {_sparsifier_names()} "
                           f"(got {comp['type']})")
     if any(d < comp["density"] for d in comp["warmup"]):
         raise ConfigError(f"compression.warmup: a warm-up density below compression.density "

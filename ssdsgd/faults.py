@@ -14,16 +14,18 @@ for compression.buffers: cost_model (a link that looks different from the one a 
 import os
 import time
 
+from ssdsgd.env import COST_SCALE_ENV, FAULT_ENV, PICKLE_MARKER_ENV
+
 
 def cost_scale(spec=None):
     """{cost name: factor} from SSDSGD_TEST_COST_SCALE; empty in normal runs."""
-    spec = os.environ.get("SSDSGD_TEST_COST_SCALE", "") if spec is None else spec
+    spec = os.environ.get(COST_SCALE_ENV, "") if spec is None else spec
     return {name: float(factor) for name, factor in (item.split("=") for item in spec.split(",") if item)}
 
 
 class FaultPlan:
     def __init__(self, rank, spec=None):
-        spec = os.environ.get("SSDSGD_TEST_FAULT", "") if spec is None else spec
+        spec = os.environ.get(FAULT_ENV, "") if spec is None else spec
         self.kind = None
         if spec:
             kind, who, value = spec.split(":")
@@ -36,7 +38,7 @@ class FaultPlan:
         if self.kind == "slow":
             time.sleep(self.value)
         if self.kind == "pickle" and step == int(self.value):
-            kv._send_command_to_servers(0, malicious_pickle(os.environ["SSDSGD_TEST_PICKLE_MARKER"]))
+            kv._send_command_to_servers(0, malicious_pickle(os.environ[PICKLE_MARKER_ENV]))
 
     def batch(self, step, data):
         if self.kind == "nan" and step == int(self.value):

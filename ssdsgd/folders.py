@@ -19,7 +19,6 @@ import socket
 import time
 
 LOCK_FILE = ".ssdsgd.lock"
-LOCKED_ENV = "SSDSGD_FOLDERS_LOCKED"
 PRIVATE_UMASK = 0o077          # run and checkpoint folders: 0700 folders, 0600 files
 
 

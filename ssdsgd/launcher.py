@@ -32,9 +32,8 @@ import time
 from typing import NamedTuple, Optional
 
 from ssdsgd import remote
+from ssdsgd.env import HEARTBEAT_ENV, HOST_INTERFACE_ENV, ROLE_ENV, ROLE_NAME_ENV, SECRET_ENV, TASK_ID_ENV
 
-SECRET_ENV = 'SSDSGD_JOB_SECRET'
-HEARTBEAT_ENV = 'SSDSGD_HEARTBEAT_FILE'
 POLL_SECONDS = 0.1
 SHUTDOWN_GRACE = 10.0  # ps-lite servers/scheduler exit by themselves shortly after the workers
 TERM_GRACE = 3.0       # between SIGTERM and SIGKILL during cleanup
@@ -145,7 +144,7 @@ def _roles(num_workers, num_servers):
 
 def _role_env(job_env, role, task_id, name, job_dir=None, role_env=None):
     env = {**job_env, **(role_env or {}).get(role, {}),
-           'DMLC_ROLE': role, 'DMLC_TASK_ID': str(task_id), 'SSDSGD_ROLE_NAME': name}
+           ROLE_ENV: role, TASK_ID_ENV: str(task_id), ROLE_NAME_ENV: name}
     if role == 'worker' and job_dir:
         env[HEARTBEAT_ENV] = os.path.join(job_dir, f'worker{task_id}.hb')  # the launcher watches its mtime
     return env
@@ -180,7 +179,7 @@ def _ssh_specs(command, hosts, num_workers, num_servers, env, cwd, ssh_options=(
     for (role, task_id, name), host in zip(roles, _placement(hosts, len(roles))):
         this_env = _role_env(env, role, task_id, name, job_dir, role_env)
         if host.interface:
-            this_env['SSDSGD_HOST_INTERFACE'] = host.interface
+            this_env[HOST_INTERFACE_ENV] = host.interface
         python = host.python or sys.executable
         # The environment (with the secret) goes on stdin: argv is visible to every user via ps.
         # PATH starts with the interpreter's folder, so a bare `python` in the command (or in a shell
@@ -295,7 +294,7 @@ class _Child:
         self.name = spec.name
         self.host = spec.host
         self.ssh = spec.ssh
-        self.is_worker = spec.env['DMLC_ROLE'] == 'worker'
+        self.is_worker = spec.env[ROLE_ENV] == 'worker'
         self.heartbeat = spec.env.get(HEARTBEAT_ENV)
         self.tail = collections.deque(maxlen=TAIL_LINES)
         self.started = time.monotonic()

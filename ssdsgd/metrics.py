@@ -4,8 +4,34 @@ import os
 import time
 
 
+CONFIG_FILE = "config.yaml"            # the validated config of the run
+SUMMARY_FILE = "summary.json"          # written last, by rank 0: the run finished
+FINAL_PARAMS_FILE = "final.params"     # the global weights at the end
+
+
+def metrics_file(rank=0):
+    return "metrics.jsonl" if rank == 0 else f"metrics.rank{rank}.jsonl"
+
+
+def worker_part_file(rank):
+    """A worker's figures for the summary."""
+    return f"worker{rank}.json"
+
+
 def run_dir(cfg):
     return os.path.join(cfg.log.dir, cfg.name)
+
+
+def read_summary(directory):
+    """The summary.json of a run folder, as a dict."""
+    with open(os.path.join(directory, SUMMARY_FILE)) as f:
+        return json.load(f)
+
+
+def read_metrics(directory, rank=0):
+    """The metrics records of a run folder, one dict per line."""
+    with open(os.path.join(directory, metrics_file(rank))) as f:
+        return [json.loads(line) for line in f]
 
 
 class MetricsLog:
@@ -13,8 +39,7 @@ class MetricsLog:
 
     def __init__(self, directory, rank):
         self.rank = rank
-        name = "metrics.jsonl" if rank == 0 else f"metrics.rank{rank}.jsonl"
-        self.path = os.path.join(directory, name)
+        self.path = os.path.join(directory, metrics_file(rank))
         self.file = open(self.path, "w")
 
     def write(self, **record):

@@ -68,7 +68,7 @@ def _end_group(pgid):
 
 def main(command):
     env = dict(os.environ)
-    iface = env.pop('SSDSGD_HOST_INTERFACE', '')
+    iface = env.pop('SSDSGD_HOST_INTERFACE', '')   # ssdsgd.env.HOST_INTERFACE_ENV (no imports here)
     if iface:
         address = interface_ip(iface)
         if address is None:

@@ -19,7 +19,6 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from ssdsgd.compression.codec import SparseGrad
-from ssdsgd.schedule import LRSchedule
 
 class RoundError(RuntimeError):
     pass
@@ -220,7 +219,3 @@ def read_ring(array, slots, cap):
         out[rnd] = RingRound(slot[RING_HEADER:RING_HEADER + n].astype(np.int64),
                              slot[RING_HEADER + cap:RING_HEADER + cap + n].astype(np.float32), checksum)
     return out
-
-
-def schedule_from_dict(d):
-    return LRSchedule(**d)

@@ -111,7 +111,7 @@ def _run_with_restarts(cfg, args):
 
 
 def _launch(cfg, args, resume):
-    from ssdsgd.folders import LOCKED_ENV
+    from ssdsgd.env import LOCKED_ENV
     from ssdsgd.launcher import run_job, ssh_options
     cl = cfg.cluster
     command = [sys.executable, "-m", "ssdsgd.train", "--config", os.path.abspath(args.config)]

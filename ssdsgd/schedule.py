@@ -25,6 +25,7 @@ class LRSchedule:
         self.final_lr = float(final_lr)
 
     def to_dict(self):
+        """Plain data (JSON): how a schedule travels to the servers; from_dict reads it back."""
         return dict(kind=self.kind, base_lr=self.base_lr, total_updates=self.total_updates,
                     warmup_updates=self.warmup_updates, milestones=list(self.milestones),
                     factor=self.factor, power=self.power, final_lr=self.final_lr)
@@ -34,7 +35,11 @@ class LRSchedule:
         d = self.to_dict()
         d["base_lr"] *= scale
         d["final_lr"] *= scale
-        return LRSchedule(**d)
+        return LRSchedule.from_dict(d)
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(**d)
 
     def __call__(self, num_update):
         t = num_update

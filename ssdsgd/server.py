@@ -16,9 +16,12 @@ import traceback
 import numpy as np
 
 from ssdsgd import commands
-from ssdsgd.checkpoint import CheckpointError, load_npz, save_npz
+from ssdsgd.checkpoint import (SERVER_STOCK, CheckpointError, load_npz, save_npz, server_buffer_file,
+                               server_stock_file)
 from ssdsgd.compression.codec import MailboxFormat
-from ssdsgd.rounds import BufferState, DownlinkRing, schedule_from_dict
+from ssdsgd.env import ROLE_ENV, SECRET_ENV
+from ssdsgd.rounds import BufferState, DownlinkRing
+from ssdsgd.schedule import LRSchedule
 
 
 def _die(what):
@@ -36,7 +39,7 @@ class RoundService:
         self.roles = {}        # key -> (buffer id, 'weight' | 'mailbox' | 'clock' | 'ring' | 'mom', stage)
         self.states = {}       # buffer id -> BufferState
         self.stored = {}       # buffer id -> {'weight': NDArray, 'clock': NDArray}
-        schedule = schedule_from_dict(plan["schedule"])
+        schedule = LRSchedule.from_dict(plan["schedule"])
         for buf in plan["buffers"]:
             b = buf["id"]
             self.roles[buf["weight_key"]] = (b, "weight", None)
@@ -72,13 +75,13 @@ class RoundService:
                       "pending_sums": np.stack([d["pending"][r][0] for r in rounds])
                       if rounds else np.zeros((0, st.size), np.float32)}
             meta = {"version": d["version"], "pending": {str(r): d["pending"][r][1] for r in rounds}}
-            save_npz(os.path.join(directory, f"server-buffer{b}.npz"), arrays, meta)
+            save_npz(os.path.join(directory, server_buffer_file(b)), arrays, meta)
 
     def load(self, directory):
         for b, st in self.states.items():
             if st.weights is None:
                 continue
-            path = os.path.join(directory, f"server-buffer{b}.npz")
+            path = os.path.join(directory, server_buffer_file(b))
             arrays, meta = load_npz(path)
             for name, shape in (("weights", (st.size,)), ("mom", (st.size,))):
                 got = arrays[name].shape if name in arrays else None
@@ -125,17 +128,46 @@ class RoundService:
             self._publish(b)
 
 
+def _save_stock(stock, rank, directory):
+    """The stock path's optimizer state (an mx.optimizer updater) into this server's file."""
+    opt = stock.optimizer
+    arrays = {f"state{k}": v.asnumpy() for k, v in stock.states.items() if v is not None}
+    meta = {"counts": {str(k): c for k, c in opt._index_update_count.items()},
+            "num_update": opt.num_update}
+    save_npz(os.path.join(directory, server_stock_file(rank)), arrays, meta)
+
+
+def _load_stock(stock, directory, nd):
+    # Which server holds which key follows from the key alone, but server ranks may be
+    # assigned differently in the new job: read every server's file and keep all keys.
+    opt, seen = stock.optimizer, {}
+    for name in sorted(os.listdir(directory)):
+        if not name.startswith(SERVER_STOCK):
+            continue
+        arrays, meta = load_npz(os.path.join(directory, name))
+        for k, c in meta["counts"].items():
+            if int(k) in seen:
+                raise CheckpointError(f"key {k} is in {seen[int(k)]} and {name}: keys split across "
+                                      "servers cannot be resumed on the stock KVStore path")
+            seen[int(k)] = name
+            opt._index_update_count[int(k)] = c
+            if f"state{k}" in arrays:
+                stock.states[int(k)] = nd.array(arrays[f"state{k}"])
+                stock.states_synced[int(k)] = True
+        opt.num_update = max(opt.num_update, meta["num_update"])
+
+
 def run_server():
-    role = os.environ["DMLC_ROLE"]
+    role = os.environ[ROLE_ENV]
     # `import mxnet` with DMLC_ROLE=server|scheduler would enter the stock server loop inside the
     # import; pretend to be a worker until mxnet is fully imported, then restore the real role
     # (ps-lite reads it again at kv.create).
-    os.environ["DMLC_ROLE"] = "worker"
+    os.environ[ROLE_ENV] = "worker"
     import mxnet as mx
     from mxnet.kvstore.kvstore_server import KVStoreServer
-    os.environ["DMLC_ROLE"] = role
+    os.environ[ROLE_ENV] = role
 
-    secret = os.environ.get("SSDSGD_JOB_SECRET", "")
+    secret = os.environ.get(SECRET_ENV, "")
 
     class SSDServer(KVStoreServer):
         def __init__(self, kvstore):
@@ -177,50 +209,24 @@ def run_server():
                 self.kvstore._set_updater(self._update)
                 self.updater_installed = True
             op = msg["op"]
-            if op == "stock_optimizer":
-                sched = schedule_from_dict(msg["schedule"])
+            if op == commands.STOCK_OPTIMIZER:
+                sched = LRSchedule.from_dict(msg["schedule"])
                 opt = mx.optimizer.SGD(learning_rate=msg["lr"], momentum=msg["momentum"], wd=msg["wd"],
                                        rescale_grad=msg["rescale_grad"], lr_scheduler=sched)
                 self.stock = mx.optimizer.get_updater(opt)
-            elif op == "round_plan":
+            elif op == commands.ROUND_PLAN:
                 self.rounds = RoundService(msg, mx.nd)
-            elif op == "save":
+            elif op == commands.SAVE:
                 if self.rounds is not None:
                     self.rounds.save(msg["dir"])
                 if self.stock is not None:
-                    self._save_stock(msg["dir"])
-            elif op == "load":
+                    _save_stock(self.stock, self.kvstore.rank, msg["dir"])
+            elif op == commands.LOAD:
                 if self.rounds is not None:
                     self.rounds.load(msg["dir"])
                 if self.stock is not None:
-                    self._load_stock(msg["dir"])
+                    _load_stock(self.stock, msg["dir"], mx.nd)
             else:
                 raise ValueError(f"unknown command op {op!r}")
-
-        def _save_stock(self, directory):
-            opt = self.stock.optimizer
-            arrays = {f"state{k}": v.asnumpy() for k, v in self.stock.states.items() if v is not None}
-            meta = {"counts": {str(k): c for k, c in opt._index_update_count.items()},
-                    "num_update": opt.num_update}
-            save_npz(os.path.join(directory, f"server-stock{self.kvstore.rank}.npz"), arrays, meta)
-
-        def _load_stock(self, directory):
-            # Which server holds which key follows from the key alone, but server ranks may be
-            # assigned differently in the new job: read every server's file and keep all keys.
-            opt, seen = self.stock.optimizer, {}
-            for name in sorted(os.listdir(directory)):
-                if not name.startswith("server-stock"):
-                    continue
-                arrays, meta = load_npz(os.path.join(directory, name))
-                for k, c in meta["counts"].items():
-                    if int(k) in seen:
-                        raise CheckpointError(f"key {k} is in {seen[int(k)]} and {name}: keys split across "
-                                              "servers cannot be resumed on the stock KVStore path")
-                    seen[int(k)] = name
-                    opt._index_update_count[int(k)] = c
-                    if f"state{k}" in arrays:
-                        self.stock.states[int(k)] = mx.nd.array(arrays[f"state{k}"])
-                        self.stock.states_synced[int(k)] = True
-                opt.num_update = max(opt.num_update, meta["num_update"])
 
     SSDServer(mx.kv.create("dist")).run()

@@ -10,6 +10,7 @@ import sys
 import traceback
 
 from ssdsgd.config import ConfigError, load_config
+from ssdsgd.env import ROLE_ENV, ROLE_NAME_ENV, SECRET_ENV
 
 
 def parse_args(argv=None):
@@ -40,8 +41,8 @@ def main(argv=None):
         return 2
     from ssdsgd.folders import make_private
     make_private()              # run folder, checkpoints, metrics: 0700 folders, 0600 files
-    role = os.environ.get("DMLC_ROLE")
-    if role and not os.environ.get("SSDSGD_JOB_SECRET"):
+    role = os.environ.get(ROLE_ENV)
+    if role and not os.environ.get(SECRET_ENV):
         # Every role stops here, so a foreign launcher's job ends instead of hanging in ps-lite.
         print(f"ssdsgd.train ({role}): SSDSGD_JOB_SECRET is not set. Our launcher sets it; under another\n"
               "launcher export the same random value to every process, e.g.\n"
@@ -62,7 +63,7 @@ def main(argv=None):
         from ssdsgd.worker import run_worker
         run_worker(cfg, resume=args.resume, overwrite=args.overwrite)
     except BaseException:
-        name = os.environ.get("SSDSGD_ROLE_NAME", "worker")
+        name = os.environ.get(ROLE_NAME_ENV, "worker")
         print(f"{name} failed:", file=sys.stderr)
         traceback.print_exc()
         sys.stdout.flush()

@@ -1,8 +1,9 @@
 """Worker role: data, model, the training loop, evaluation on rank 0, metrics and the summary.
 
-The communication of each algorithm lives in a client (ssdsgd/algorithms): StockClient for the
-stock-KVStore baselines, RoundClient for SSD-SGD and compressed SSGD. The loop is the same for all:
-forward/backward, then `client.after_backward(step)` pushes, pulls and updates the local weights.
+The communication of each algorithm lives in a client (ssdsgd/algorithms, contract in base.py, chosen
+by make_client): StockClient for the stock-KVStore baselines, RoundClient for SSD-SGD and compressed
+SSGD. The loop is the same for all: forward/backward, then `client.after_backward(step)` pushes, pulls
+and updates the local weights and returns a StepRecord, which Counters sums.
 """
 import itertools
 import json
@@ -12,6 +13,11 @@ import socket
 import time
 
 import numpy as np
+
+from ssdsgd.env import HEARTBEAT_ENV, LOCKED_ENV
+from ssdsgd.launcher import RANK_MARK
+from ssdsgd.metrics import ACC_TAG
+from ssdsgd.remote import MARK as REMOTE_MARK
 
 
 def _touch(path):
@@ -53,48 +59,147 @@ def evaluate(net, test_set, batch_size):
     return correct / max(1, total)
 
 
+class Counters:
+    """What the training loop counts: this worker's totals, the steps after SSD-SGD's warm-up
+    (synchronous; traffic after it is what the delay stage costs), the evaluations (rank 0), and
+    the window of steps since the last log line."""
+
+    def __init__(self, warmup_steps, eval_tag, t):
+        self.warmup_steps = warmup_steps
+        self.tag = eval_tag                  # test, or val when a validation split is evaluated
+        self.push_bytes = self.pull_bytes = self.eval_pull_bytes = 0
+        self.skipped_steps = 0
+        self.wait_seconds = self.train_seconds = 0.0
+        self.after_warmup = {"steps": 0, "push_bytes": 0, "pull_bytes": 0}
+        self.staleness = []
+        self.best_acc, self.final_acc, self.history = 0.0, 0.0, []
+        self.new_window(t)
+
+    def new_window(self, t):
+        """Start the counts of the steps up to the next log line, at time t."""
+        self.window = {"t": t, "images": 0, "push": 0, "pull": 0, "n": 0}
+
+    def add_step(self, step, rec, images):
+        """Count step `step`, whose StepRecord is rec."""
+        self.push_bytes += rec.push_bytes
+        self.pull_bytes += rec.pull_bytes
+        if step >= self.warmup_steps:
+            self.after_warmup["steps"] += 1
+            self.after_warmup["push_bytes"] += rec.push_bytes
+            self.after_warmup["pull_bytes"] += rec.pull_bytes
+        if rec.wait_seconds is not None:
+            self.wait_seconds += rec.wait_seconds
+        if rec.staleness is not None:
+            self.staleness.append(rec.staleness)
+        w = self.window
+        w["images"] += images
+        w["push"] += rec.push_bytes
+        w["pull"] += rec.pull_bytes
+        w["n"] += 1
+
+    def add_eval(self, epoch, acc, pulled):
+        self.eval_pull_bytes += pulled
+        self.best_acc, self.final_acc = max(self.best_acc, acc), acc
+        self.history.append({"epoch": epoch, f"{self.tag}_acc": acc})
+
+    def part(self, rank, steps, images):
+        """This worker's figures for the summary (its worker<rank>.json)."""
+        stal = self.staleness
+        return {"rank": rank, "host": socket.gethostname(), "steps": steps, "images": images,
+                "train_seconds": self.train_seconds, "push_bytes": self.push_bytes,
+                "pull_bytes": self.pull_bytes, "wait_seconds": self.wait_seconds,
+                "skipped_steps": self.skipped_steps, "max_staleness": max(stal) if stal else None,
+                "mean_staleness": float(np.mean(stal)) if stal else None}
+
+
+def summarize(cfg, run, counters, parts, steps, epochs, wall_seconds, checkpoint):
+    """The run summary (summary.json) from rank 0's counters and every worker's part."""
+    from ssdsgd.commands import num_servers
+    tag = counters.tag
+    stal = [p["max_staleness"] for p in parts if p["max_staleness"] is not None]
+    return {
+        "name": cfg.name, "algorithm": cfg.algorithm.type, "compression": cfg.compression.type,
+        "num_workers": run.kv.num_workers, "num_servers": num_servers(run.kv), "epochs": epochs, "steps": steps,
+        "eval_set": run.data.eval_set, "final_test_acc": None, "best_test_acc": None,
+        f"final_{tag}_acc": counters.final_acc, f"best_{tag}_acc": counters.best_acc,
+        f"{tag}_acc_history": counters.history,
+        "images_per_sec": sum(p["images"] / max(1e-9, p["train_seconds"]) for p in parts),
+        "wall_seconds": wall_seconds,
+        "push_bytes": counters.push_bytes, "pull_bytes": counters.pull_bytes,
+        "bytes_per_step": {"push": counters.push_bytes / max(1, steps),
+                           "pull": counters.pull_bytes / max(1, steps)},
+        "after_warmup": counters.after_warmup,
+        "eval_pull_bytes": counters.eval_pull_bytes,
+        "wait_seconds": counters.wait_seconds,
+        "skipped_steps": sum(p["skipped_steps"] for p in parts),
+        "max_staleness": max(stal) if stal else None,
+        "mean_staleness": float(np.mean([p["mean_staleness"] for p in parts
+                                         if p["mean_staleness"] is not None])) if stal else None,
+        "workers": parts, "checkpoint": checkpoint, "client": run.client.stats,
+        "note": "push_bytes/pull_bytes are rank 0's own traffic; per-worker figures under 'workers'",
+    }
+
+
+class _Run:
+    """What one worker's job is made of (built by _start_run), passed to the loop's helpers."""
+
+    def __init__(self, **parts):
+        self.__dict__.update(parts)
+
+
 def run_worker(cfg, resume=False, overwrite=False):
     import mxnet as mx
-    from mxnet import autograd, gluon
+
+    from ssdsgd import folders
+    run, held = _start_run(cfg, resume, overwrite)
+    bsz, total_steps, step = cfg.train.batch_size, run.total_steps, run.step
+    heartbeat = os.environ.get(HEARTBEAT_ENV)
+    # SSD-SGD's warm-up is synchronous; traffic after it is what the delay stage costs.
+    warmup_steps = cfg.algorithm.warmup_iters if cfg.algorithm.type == "ssd" else 0
+    t_start = time.perf_counter()
+    counters = Counters(warmup_steps, ACC_TAG[run.data.eval_set], time.perf_counter())
+    epochs_run = 0
+    for epoch in range(run.start_epoch, cfg.train.epochs):
+        if step >= total_steps:
+            break
+        t_epoch = time.perf_counter()
+        for data_batch, label in run.data.train.epoch(epoch):
+            if step >= total_steps:
+                break
+            loss, rec = _train_step(run, counters, step, data_batch, label)
+            counters.add_step(step, rec, bsz)
+            step += 1
+            _touch(heartbeat)
+            if step % cfg.log.every_steps == 0 or step == total_steps:
+                _log_steps(run, counters, epoch, step, loss, rec)
+        mx.nd.waitall()
+        epoch_seconds = time.perf_counter() - t_epoch
+        counters.train_seconds += epoch_seconds
+        epochs_run = epoch + 1
+        _end_epoch(run, counters, epoch, step, epoch_seconds)
+    run.client.finish()
+    _finish_run(run, counters, step, epochs_run, t_start)
+    folders.release(held)
+
+
+def _start_run(cfg, resume, overwrite):
+    """The KVStore, the run folder, the data, the model and the client, set up (and resumed)."""
+    from mxnet import gluon
 
     from ssdsgd import checkpoint as ckpt
+    from ssdsgd.algorithms import create_kvstore, make_client
     from ssdsgd.data import build_data
     from ssdsgd.faults import FaultPlan
-    from ssdsgd.metrics import ACC_TAG, MetricsLog, human_bytes, run_dir, summary_table, write_json_atomic
+    from ssdsgd.metrics import MetricsLog
     from ssdsgd.schedule import schedule_from_config
-    from ssdsgd import folders
-    from ssdsgd.folders import LOCKED_ENV
-    from ssdsgd.commands import num_servers
-    from ssdsgd.config import dump_config
-    from ssdsgd.launcher import RANK_MARK
-    from ssdsgd.remote import MARK as REMOTE_MARK
-
     # The kvstore must exist before we know our rank; its type depends only on the config.
-    from ssdsgd.algorithms.ssd import RoundClient
-    from ssdsgd.algorithms.stock import StockClient
-    round_based = ckpt.round_based(cfg)
-    kv = mx.kv.create((RoundClient if round_based else StockClient).kvstore_type(cfg))
+    kv = create_kvstore(cfg)
     rank, nworkers = kv.rank, kv.num_workers
     print(f"{REMOTE_MARK}{RANK_MARK} {rank}", flush=True)   # the launcher labels our output with the rank
     if nworkers != cfg.cluster.workers:
         raise RuntimeError(f"cluster.workers is {cfg.cluster.workers} but the job has {nworkers} workers")
-
-    held = []
-    if not os.environ.get(LOCKED_ENV):
-        # Started by another launcher than ssdsgd.run: rank 0 takes the folder locks (held until this
-        # process ends); nobody opens a file in the run folder before it has them.
-        if rank == 0:
-            held = folders.prepare(cfg, resume, overwrite, "rank 0 of a job started without ssdsgd.run")
-        kv._barrier()
-    out_dir = run_dir(cfg)
-    os.makedirs(out_dir, exist_ok=True)
-    if rank == 0:
-        stale = os.path.join(out_dir, "summary.json")
-        if os.path.exists(stale):
-            os.remove(stale)                 # a failed rerun must not look finished
-        dump_config(cfg, os.path.join(out_dir, "config.yaml"))
+    held, out_dir = _prepare_run_folder(cfg, kv, resume, overwrite)
     log = MetricsLog(out_dir, rank)
-
     d = cfg.data
     data = build_data(d.dataset, batch_size=cfg.train.batch_size, rank=rank, num_workers=nworkers,
                       seed=cfg.seed, root=d.root, shape=tuple(d.shape) if d.shape else None,
@@ -112,7 +217,7 @@ def run_worker(cfg, resume=False, overwrite=False):
     resume_dir, start_epoch, step, saved, manifest = None, 0, 0, None, None
     if resume:
         resume_dir, manifest = ckpt.resume_point(cfg)
-        arrays, meta = ckpt.load_npz(os.path.join(resume_dir, f"worker{rank}.npz"))
+        arrays, meta = ckpt.load_npz(os.path.join(resume_dir, ckpt.worker_file(rank)))
         _load_net_state(net, params, arrays)
         saved = (arrays, meta)
         ckpt.check_against_run(manifest, resume_dir, steps_per_epoch, meta)
@@ -120,147 +225,121 @@ def run_worker(cfg, resume=False, overwrite=False):
         if rank == 0:
             print(f"resuming from {resume_dir}: {start_epoch} epochs, {step} steps done", flush=True)
     schedule = schedule_from_config(cfg.train, steps_per_epoch)
-    if round_based:
-        def measure_backward():
-            return _time_backward(net, loss_fn, data.train, params)
-        client = RoundClient(kv, params, cfg, schedule, log, total_steps, measure_backward,
-                             steps_per_epoch=steps_per_epoch)
-    else:
-        client = StockClient(kv, params, cfg, schedule, log)
+    client = make_client(cfg, kv, params, schedule, log, total_steps=total_steps, steps_per_epoch=steps_per_epoch,
+                         measure_backward=lambda: _time_backward(net, loss_fn, data.train, params))
     client.setup(resume_dir, saved[1] if saved else None, manifest.get("plan") if resume else None)
     if saved is not None:
         client.load_state(*saved)
+    run = _Run(cfg=cfg, kv=kv, out_dir=out_dir, log=log, data=data, net=net, params=params, loss_fn=loss_fn,
+               schedule=schedule, client=client, total_steps=total_steps, start_epoch=start_epoch, step=step,
+               faults=FaultPlan(rank))
     if rank == 0:
-        print(f"{cfg.name}: {cfg.algorithm.type} + compression {cfg.compression.type}, {nworkers} workers, "
-              f"{num_servers(kv)} servers, {steps_per_epoch} steps/epoch, {total_steps} steps, "
-              f"{sum(p.data().size for p in params)} parameters", flush=True)
+        _print_start(run, steps_per_epoch)
+    return run, held
 
-    heartbeat = os.environ.get("SSDSGD_HEARTBEAT_FILE")
-    faults = FaultPlan(rank)
-    bsz = cfg.train.batch_size
-    # SSD-SGD's warm-up is synchronous; traffic after it is what the delay stage costs.
-    warmup_steps = cfg.algorithm.warmup_iters if cfg.algorithm.type == "ssd" else 0
-    after_warmup = {"steps": 0, "push_bytes": 0, "pull_bytes": 0}
-    totals = {"skipped_steps": 0, "push_bytes": 0, "pull_bytes": 0, "wait_seconds": 0.0, "images": 0,
-              "train_seconds": 0.0, "eval_pull_bytes": 0}
-    staleness = []
-    best_acc, final_acc, history = 0.0, 0.0, []
-    tag = ACC_TAG[data.eval_set]          # test_acc, or val_acc when a validation split is evaluated
-    t_start = time.perf_counter()
-    window = _log_window(time.perf_counter())
-    epochs_run = 0
-    for epoch in range(start_epoch, cfg.train.epochs):
-        if step >= total_steps:
-            break
-        t_epoch = time.perf_counter()
-        for data_batch, label in data.train.epoch(epoch):
-            if step >= total_steps:
-                break
-            faults.at_step(step, kv)
-            data_batch = faults.batch(step, data_batch)
-            with autograd.record():
-                loss = loss_fn(net(data_batch), label)
-            loss.backward()
-            if not _finite(loss, params):
-                _handle_nonfinite(cfg.train.nonfinite, loss, params, step, rank, log)
-                totals["skipped_steps"] += 1
-            rec = client.after_backward(step)
-            totals["push_bytes"] += rec["push_bytes"]
-            totals["pull_bytes"] += rec["pull_bytes"]
-            if step >= warmup_steps:
-                after_warmup["steps"] += 1
-                after_warmup["push_bytes"] += rec["push_bytes"]
-                after_warmup["pull_bytes"] += rec["pull_bytes"]
-            if rec["wait_seconds"] is not None:
-                totals["wait_seconds"] += rec["wait_seconds"]
-            if rec["staleness"] is not None:
-                staleness.append(rec["staleness"])
-            step += 1
-            window["images"] += bsz
-            window["push"] += rec["push_bytes"]
-            window["pull"] += rec["pull_bytes"]
-            window["n"] += 1
-            _touch(heartbeat)
-            if step % cfg.log.every_steps == 0 or step == total_steps:
-                window["loss"] = float(loss.mean().asscalar())        # syncs the step
-                now = time.perf_counter()
-                ips = window["images"] / max(1e-9, now - window["t"])
-                log.write(epoch=epoch, step=step, loss=window["loss"], images_per_sec=ips,
-                          push_bytes=window["push"] / window["n"], pull_bytes=window["pull"] / window["n"],
-                          staleness=rec["staleness"], wait_seconds=rec["wait_seconds"],
-                          lr=schedule(step), residual_norm=client.residual_norm())
-                if rank == 0:
-                    print(f"epoch {epoch} step {step}/{total_steps} loss {window['loss']:.4f} "
-                          f"{ips:.1f} img/s push {human_bytes(window['push'] / window['n'])}/step "
-                          f"pull {human_bytes(window['pull'] / window['n'])}/step "
-                          f"staleness {rec['staleness']}", flush=True)
-                window = _log_window(now)
-        mx.nd.waitall()
-        epoch_seconds = time.perf_counter() - t_epoch
-        totals["train_seconds"] += epoch_seconds
-        epochs_run = epoch + 1
-        last = step >= total_steps or epoch == cfg.train.epochs - 1
-        every = cfg.checkpoint.every_epochs
-        if cfg.checkpoint.dir and every and (epoch + 1) % every == 0:
-            _save_checkpoint(cfg, kv, rank, net, params, client, epoch + 1, step)
-        if rank == 0 and ((epoch + 1) % cfg.train.eval_every_epochs == 0 or last):
-            bn_batches = None
-            if cfg.train.eval_bn_batches:
-                bn_batches = itertools.islice(data.train.epoch(epoch), cfg.train.eval_bn_batches)
-            acc, pulled = _evaluate_global(net, params, client, data.test, bsz, step, bn_batches)
-            totals["eval_pull_bytes"] += pulled
-            best_acc, final_acc = max(best_acc, acc), acc
-            history.append({"epoch": epoch, f"{tag}_acc": acc})
-            log.write(epoch=epoch, step=step, epoch_seconds=epoch_seconds, **{f"{tag}_acc": acc})
-            print(f"epoch {epoch} {data.eval_set} accuracy {acc:.4f} ({epoch_seconds:.1f} s)", flush=True)
-    totals["images"] = step * bsz
-    client.finish()
 
+def _prepare_run_folder(cfg, kv, resume, overwrite):
+    """(folder locks, run folder): the locks taken when no ssdsgd.run front end holds them (held
+    until the end); on rank 0 a fresh config.yaml in the folder and no summary of an earlier run."""
+    from ssdsgd import folders
+    from ssdsgd.config import dump_config
+    from ssdsgd.metrics import CONFIG_FILE, SUMMARY_FILE, run_dir
+    held = []
+    if not os.environ.get(LOCKED_ENV):
+        # Started by another launcher than ssdsgd.run: rank 0 takes the folder locks (held until this
+        # process ends); nobody opens a file in the run folder before it has them.
+        if kv.rank == 0:
+            held = folders.prepare(cfg, resume, overwrite, "rank 0 of a job started without ssdsgd.run")
+        kv._barrier()
+    out_dir = run_dir(cfg)
+    os.makedirs(out_dir, exist_ok=True)
+    if kv.rank == 0:
+        stale = os.path.join(out_dir, SUMMARY_FILE)
+        if os.path.exists(stale):
+            os.remove(stale)                 # a failed rerun must not look finished
+        dump_config(cfg, os.path.join(out_dir, CONFIG_FILE))
+    return held, out_dir
+
+
+def _print_start(run, steps_per_epoch):
+    from ssdsgd.commands import num_servers
+    cfg = run.cfg
+    print(f"{cfg.name}: {cfg.algorithm.type} + compression {cfg.compression.type}, {run.kv.num_workers} workers, "
+          f"{num_servers(run.kv)} servers, {steps_per_epoch} steps/epoch, {run.total_steps} steps, "
+          f"{sum(p.data().size for p in run.params)} parameters", flush=True)
+
+
+def _train_step(run, counters, step, data_batch, label):
+    """Forward, backward, the non-finite check, then the client's push and pull: (loss, StepRecord)."""
+    from mxnet import autograd
+    run.faults.at_step(step, run.kv)
+    data_batch = run.faults.batch(step, data_batch)
+    with autograd.record():
+        loss = run.loss_fn(run.net(data_batch), label)
+    loss.backward()
+    if not _finite(loss, run.params):
+        _handle_nonfinite(run.cfg.train.nonfinite, loss, run.params, step, run.kv.rank, run.log)
+        counters.skipped_steps += 1
+    return loss, run.client.after_backward(step)
+
+
+def _log_steps(run, counters, epoch, step, loss, rec):
+    """One metrics line (and on rank 0 one printed line) for the steps since the last one."""
+    from ssdsgd.metrics import human_bytes
+    w = counters.window
+    mean_loss = float(loss.mean().asscalar())        # syncs the step
+    now = time.perf_counter()
+    ips = w["images"] / max(1e-9, now - w["t"])
+    run.log.write(epoch=epoch, step=step, loss=mean_loss, images_per_sec=ips,
+                  push_bytes=w["push"] / w["n"], pull_bytes=w["pull"] / w["n"],
+                  staleness=rec.staleness, wait_seconds=rec.wait_seconds,
+                  lr=run.schedule(step), residual_norm=run.client.residual_norm())
+    if run.kv.rank == 0:
+        print(f"epoch {epoch} step {step}/{run.total_steps} loss {mean_loss:.4f} "
+              f"{ips:.1f} img/s push {human_bytes(w['push'] / w['n'])}/step "
+              f"pull {human_bytes(w['pull'] / w['n'])}/step "
+              f"staleness {rec.staleness}", flush=True)
+    counters.new_window(now)
+
+
+def _end_epoch(run, counters, epoch, step, epoch_seconds):
+    """A checkpoint when one is due, and on rank 0 the evaluation when one is due."""
+    cfg = run.cfg
+    last = step >= run.total_steps or epoch == cfg.train.epochs - 1
+    every = cfg.checkpoint.every_epochs
+    if cfg.checkpoint.dir and every and (epoch + 1) % every == 0:
+        _save_checkpoint(cfg, run.kv, run.kv.rank, run.net, run.params, run.client, epoch + 1, step)
+    if run.kv.rank == 0 and ((epoch + 1) % cfg.train.eval_every_epochs == 0 or last):
+        bn_batches = None
+        if cfg.train.eval_bn_batches:
+            bn_batches = itertools.islice(run.data.train.epoch(epoch), cfg.train.eval_bn_batches)
+        acc, pulled = _evaluate_global(run.net, run.params, run.client, run.data.test, cfg.train.batch_size,
+                                       step, bn_batches)
+        counters.add_eval(epoch, acc, pulled)
+        run.log.write(epoch=epoch, step=step, epoch_seconds=epoch_seconds, **{f"{counters.tag}_acc": acc})
+        print(f"epoch {epoch} {run.data.eval_set} accuracy {acc:.4f} ({epoch_seconds:.1f} s)", flush=True)
+
+
+def _finish_run(run, counters, step, epochs_run, t_start):
+    """The final weights (rank 0), every worker's part file, then rank 0's summary."""
+    from ssdsgd.metrics import FINAL_PARAMS_FILE, SUMMARY_FILE, summary_table, worker_part_file, write_json_atomic
+    rank, out_dir = run.kv.rank, run.out_dir
     checkpoint = None
     if rank == 0:
-        checkpoint = os.path.join(out_dir, "final.params")
-        weights, _ = client.global_weights(step)
-        _with_weights(params, weights, lambda: net.save_parameters(checkpoint))
-    part = {"rank": rank, "host": socket.gethostname(), "steps": step, "images": totals["images"],
-            "train_seconds": totals["train_seconds"], "push_bytes": totals["push_bytes"],
-            "pull_bytes": totals["pull_bytes"], "wait_seconds": totals["wait_seconds"],
-            "skipped_steps": totals["skipped_steps"], "max_staleness": max(staleness) if staleness else None,
-            "mean_staleness": float(np.mean(staleness)) if staleness else None}
-    write_json_atomic(os.path.join(out_dir, f"worker{rank}.json"), part)
-    log.close()
-    kv._barrier()                      # every worker's part file is written
+        checkpoint = os.path.join(out_dir, FINAL_PARAMS_FILE)
+        weights, _ = run.client.global_weights(step)
+        _with_weights(run.params, weights, lambda: run.net.save_parameters(checkpoint))
+    part = counters.part(rank, step, step * run.cfg.train.batch_size)
+    write_json_atomic(os.path.join(out_dir, worker_part_file(rank)), part)
+    run.log.close()
+    run.kv._barrier()                      # every worker's part file is written
     if rank == 0:
-        parts = [json.load(open(os.path.join(out_dir, f"worker{r}.json"))) for r in range(nworkers)]
-        stal = [p["max_staleness"] for p in parts if p["max_staleness"] is not None]
-        summary = {
-            "name": cfg.name, "algorithm": cfg.algorithm.type, "compression": cfg.compression.type,
-            "num_workers": nworkers, "num_servers": num_servers(kv), "epochs": epochs_run, "steps": step,
-            "eval_set": data.eval_set, "final_test_acc": None, "best_test_acc": None,
-            f"final_{tag}_acc": final_acc, f"best_{tag}_acc": best_acc, f"{tag}_acc_history": history,
-            "images_per_sec": sum(p["images"] / max(1e-9, p["train_seconds"]) for p in parts),
-            "wall_seconds": time.perf_counter() - t_start,
-            "push_bytes": totals["push_bytes"], "pull_bytes": totals["pull_bytes"],
-            "bytes_per_step": {"push": totals["push_bytes"] / max(1, step),
-                               "pull": totals["pull_bytes"] / max(1, step)},
-            "after_warmup": after_warmup,
-            "eval_pull_bytes": totals["eval_pull_bytes"],
-            "wait_seconds": totals["wait_seconds"],
-            "skipped_steps": sum(p["skipped_steps"] for p in parts),
-            "max_staleness": max(stal) if stal else None,
-            "mean_staleness": float(np.mean([p["mean_staleness"] for p in parts
-                                             if p["mean_staleness"] is not None])) if stal else None,
-            "workers": parts, "checkpoint": checkpoint, "client": getattr(client, "stats", {}),
-            "note": "push_bytes/pull_bytes are rank 0's own traffic; per-worker figures under 'workers'",
-        }
-        write_json_atomic(os.path.join(out_dir, "summary.json"), summary)
+        parts = [json.load(open(os.path.join(out_dir, worker_part_file(r)))) for r in range(run.kv.num_workers)]
+        summary = summarize(run.cfg, run, counters, parts, step, epochs_run, time.perf_counter() - t_start,
+                            checkpoint)
+        write_json_atomic(os.path.join(out_dir, SUMMARY_FILE), summary)
         print(summary_table(summary), flush=True)
         print(f"run folder: {out_dir}", flush=True)
-    folders.release(held)
-
-
-def _log_window(t):
-    """Counters of the steps since the last log line, which started at time t."""
-    return {"t": t, "images": 0, "push": 0, "pull": 0, "loss": 0.0, "n": 0}
 
 
 def _aux_params(net):
@@ -292,11 +371,11 @@ def _save_checkpoint(cfg, kv, rank, net, params, client, epochs_done, step):
     kv._barrier()
     os.makedirs(directory, exist_ok=True)
     if rank == 0:
-        commands.send(kv, {"op": "save", "dir": os.path.abspath(directory)})
+        commands.send(kv, commands.SAVE, dir=os.path.abspath(directory))
     arrays, meta = client.state()
     arrays.update({f"param{i}": p.data().asnumpy() for i, p in enumerate(params)})
     arrays.update({f"aux{i}": p.data().asnumpy() for i, p in enumerate(_aux_params(net))})
-    ckpt.save_npz(os.path.join(directory, f"worker{rank}.npz"), arrays, dict(meta, step=step))
+    ckpt.save_npz(os.path.join(directory, ckpt.worker_file(rank)), arrays, dict(meta, step=step))
     kv._barrier()
     if rank == 0:
         ckpt.write_manifest(directory, cfg, epochs_done, step, client.plan_record())

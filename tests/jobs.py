@@ -1,10 +1,11 @@
 """Helpers for tests that run real multi-process jobs (scheduler + servers + workers) on loopback."""
-import json
 import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
+
+from results_io import job_command          # scripts/, on the path through pytest.ini
+from ssdsgd.metrics import metrics_file, read_metrics, read_summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -17,22 +18,15 @@ class Job:
     marker: str
 
     def summary(self):
-        with open(os.path.join(self.run_dir, "summary.json")) as f:
-            return json.load(f)
+        return read_summary(self.run_dir)
 
     def metrics(self, rank=0):
-        name = "metrics.jsonl" if rank == 0 else f"metrics.rank{rank}.jsonl"
-        with open(os.path.join(self.run_dir, name)) as f:
-            return [json.loads(line) for line in f]
+        return read_metrics(self.run_dir, rank)
 
 
 def _command(tmp_path, config, sets, name, args):
     log_dir = os.path.join(str(tmp_path), "runs")
-    cmd = [sys.executable, "-m", "ssdsgd.run", "--config", os.path.join(ROOT, config),
-           "--set", f"log.dir={log_dir}", "--set", f"name={name}"]
-    for s in sets:
-        cmd += ["--set", s]
-    return cmd + list(args), log_dir
+    return job_command(os.path.join(ROOT, config), name, log_dir, sets) + list(args), log_dir
 
 
 def _env(env):
@@ -90,7 +84,7 @@ def processes_with(marker):
 def wait_for_progress(job, proc, timeout=60):
     """Until rank 0 has logged a step (the job is past start-up), or fail the test."""
     import pytest
-    path = os.path.join(job.run_dir, "metrics.jsonl")
+    path = os.path.join(job.run_dir, metrics_file(0))
     t0 = time.time()
     while time.time() - t0 < timeout:
         if proc.poll() is not None:

@@ -237,6 +237,24 @@ def test_without_error_feedback_each_step_sends_its_own_topk():
     assert memory.residual_norm() == 0.0
 
 
+def test_memory_state_dict_round_trip_keeps_checkpoint_names():
+    """Memory.state_dict names its arrays residual<key>/velocity<key> (what worker checkpoints
+    hold); load_state_dict of a whole checkpoint's arrays restores exactly that state."""
+    rng = np.random.default_rng(3)
+    memory = Memory(error_feedback=True, momentum=0.9)
+    for key in (0, 2, -1):                                  # -1: a behind-fusion key
+        acc = memory.accumulate(key, mx.nd.array(rng.standard_normal(6)))
+        memory.update(key, acc, mx.nd.array([1.0, 4.0]))
+    state = memory.state_dict()
+    assert sorted(state) == ["residual-1", "residual0", "residual2", "velocity-1", "velocity0", "velocity2"]
+    other = Memory(error_feedback=True, momentum=0.9)
+    other.load_state_dict(dict(state, state0=np.zeros(3), pullbuf0=np.zeros(2)))
+    assert sorted(other.residual) == sorted(other.velocity) == [-1, 0, 2]
+    for key in (0, 2, -1):
+        np.testing.assert_array_equal(other.residual[key].asnumpy(), memory.residual[key].asnumpy())
+        np.testing.assert_array_equal(other.velocity[key].asnumpy(), memory.velocity[key].asnumpy())
+
+
 # ------------------------------------------------------------------ 5. every tensor sends (ahead)
 
 BIG_SMALL = [(1000, 100), (3,), (1,)]

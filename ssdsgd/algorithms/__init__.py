@@ -1,0 +1,40 @@
+"""Clients: how a worker moves gradients and weights to and from the servers (base.py: the contract).
+
+Which client runs a config is decided in one place, client_kind; CLIENTS maps each kind to its class,
+imported only when a worker builds it (this package is read by the front end and by checkpoint.py,
+which must not import mxnet). A new variant is one module with a base.Client subclass plus its line
+in CLIENTS, and the configs it runs routed to it in client_kind (see the README, "Extending").
+"""
+import importlib
+import os
+
+from ssdsgd.compression.registry import is_sparsifier
+
+STOCK, ROUNDS = "stock", "rounds"
+CLIENTS = {
+    STOCK: "ssdsgd.algorithms.stock:StockClient",       # SSGD / ASGD on MXNet's stock KVStore
+    ROUNDS: "ssdsgd.algorithms.ssd:RoundClient",        # SSD-SGD and compressed SSGD on the round server
+}
+
+
+def client_kind(cfg):
+    """Our round server (SSD-SGD, compressed SSGD) or MXNet's stock KVStore (the baselines)."""
+    return ROUNDS if cfg.algorithm.type == "ssd" or is_sparsifier(cfg.compression.type) else STOCK
+
+
+def client_class(cfg):
+    module, _, name = CLIENTS[client_kind(cfg)].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def create_kvstore(cfg):
+    """The KVStore the config's client runs on (the rank is known only once it exists)."""
+    import mxnet as mx
+    cls = client_class(cfg)
+    os.environ.update(cls.kvstore_environment())
+    return mx.kv.create(cls.kvstore_type(cfg))
+
+
+def make_client(cfg, kv, params, schedule, log, *, total_steps, steps_per_epoch, measure_backward=None):
+    return client_class(cfg)(kv, params, cfg, schedule, log, total_steps=total_steps,
+                             measure_backward=measure_backward, steps_per_epoch=steps_per_epoch)

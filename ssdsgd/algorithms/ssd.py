@@ -27,7 +27,6 @@ makes runs reproducible step by step. With S > k the pull goes out at once, may 
 round, and may land up to S - k steps later: on a slow link the transfer then hides behind several
 steps of compute instead of one.
 """
-import os
 import threading
 import time
 
@@ -35,15 +34,19 @@ import mxnet as mx
 import numpy as np
 
 from ssdsgd import commands
+from ssdsgd.algorithms import ROUNDS
+from ssdsgd.algorithms.base import Client, StepRecord
 from ssdsgd.checkpoint import CheckpointError
 from ssdsgd.commands import num_servers
 from ssdsgd.compression.codec import MAX_ROUND_FP16
 from ssdsgd.compression.encoders import flatten, make_stages, time_encoding
 from ssdsgd.compression.fusion import KeyAllocator
+from ssdsgd.compression.registry import is_sparsifier
+from ssdsgd.env import BIGARRAY_BOUND_ENV
 from ssdsgd.faults import cost_scale
 from ssdsgd.glu import GLU, GlobalMomentum, LocalSGD
-from ssdsgd.rounds import (BufferState, ReplicaMismatch, read_ring, ring_length, ring_slot_length,
-                           schedule_from_dict)
+from ssdsgd.rounds import BufferState, ReplicaMismatch, read_ring, ring_length, ring_slot_length
+from ssdsgd.schedule import LRSchedule
 
 class PullWatch:
     """Tells, without blocking the training loop, whether pulled arrays have landed.
@@ -133,16 +136,12 @@ def _describe_plan(sizes):
     return f"{len(sizes)} buffers of {', '.join(map(str, sizes[:12]))}{'...' if len(sizes) > 12 else ''} elements"
 
 
-class RoundClient:
-    name = "rounds"
+class RoundClient(Client):
+    kind = ROUNDS
 
     def __init__(self, kv, params, cfg, schedule, log, total_steps, measure_backward=None,
                  steps_per_epoch=None):
-        self.kv = kv
-        self.params = params
-        self.cfg = cfg
-        self.schedule = schedule
-        self.log = log
+        super().__init__(kv, params, cfg, schedule, log)
         alg = cfg.algorithm
         self.synchronous = alg.type == "ssgd"
         self.warmup = total_steps if self.synchronous else alg.warmup_iters
@@ -164,13 +163,13 @@ class RoundClient:
         self.server_momentum = 0.0 if mc else cfg.train.momentum
         self.server_delay_momentum = 0.0 if mc else self.delay_momentum
         self.buffers = self.encoders = None         # planned in setup() (may need a link probe)
+        self.memory = None                          # the encoders' error-feedback memory, if any
         self.stages = None                          # (buffers, encoders) per density stage
         self.versions = []                          # version of the global weights under w_loc
         self.pending_pull = None                    # step at which the in-flight pull was issued
         self.watch = None                           # tells when that pull has landed
         self.local_opt, self.local_states = self._make_local_optimizer(total_steps)
         self.pull_bytes = 0
-        self.stats = {}
         self.downlink = []                          # per buffer: sparse downlink settings, or None
         self.replicas = []                          # per buffer: BufferState mirroring the server's
         self.pulled = []                            # per buffer: 'ring' or 'dense', the last pull issued
@@ -193,11 +192,14 @@ class RoundClient:
         states = [opt.create_state(i, p.data()) for i, p in enumerate(self.params)]
         return opt, states
 
-    @staticmethod
-    def kvstore_type(cfg):
-        # Large buffers must reach one server whole (their keys were placed there on purpose).
-        os.environ["MXNET_KVSTORE_BIGARRAY_BOUND"] = str(1 << 30)
+    @classmethod
+    def kvstore_type(cls, cfg):
         return "dist_async"
+
+    @classmethod
+    def kvstore_environment(cls):
+        # Large buffers must reach one server whole (their keys were placed there on purpose).
+        return {BIGARRAY_BOUND_ENV: str(1 << 30)}
 
     def _plan(self, saved_cost=None):
         """Buffers and encoders. A resumed run plans from the costs its checkpoint recorded, so it gets
@@ -211,7 +213,8 @@ class RoundClient:
         self.stages = make_stages(shapes, num_servers(kv), comp, kv.rank, momentum=self.cfg.train.momentum,
                                   cost=cost, seed=self.cfg.seed)
         self.buffers, self.encoders = self.stages[-1]          # the steady state
-        if comp.fusion == "behind" and comp.type != "none" and all(len(b.params) == 1 for b in self.buffers):
+        self.memory = self.encoders[0].memory                   # error feedback, shared by every encoder
+        if comp.fusion == "behind" and is_sparsifier(comp.type) and all(len(b.params) == 1 for b in self.buffers):
             raise ValueError(f"compression.fusion: behind over {len(self.buffers)} buffers of one tensor each "
                              f"is sparsification ahead of fusion under another name; use compression.buffers: "
                              f"one or fixed (a global top-k per buffer), or fusion: ahead")
@@ -220,7 +223,7 @@ class RoundClient:
                           density_sent=sum(b.k for b in self.buffers) / total)
         if len(self.stages) > 1:
             self.stats["warmup_density_sent"] = [sum(b.k for b in bufs) / total for bufs, _ in self.stages[:-1]]
-        if comp.type != "none":
+        if is_sparsifier(comp.type):
             self.stats["compress_seconds_per_step"] = time_encoding(self.buffers, self.encoders, shapes)
         self.pull_bufs = [mx.nd.zeros(b.size + 1) for b in self.buffers]
         self.clock_bufs = [mx.nd.zeros(1) for b in self.buffers]
@@ -259,7 +262,7 @@ class RoundClient:
                                  "check_every": self.cfg.compression.downlink_check_every}
             self.replicas[bi] = BufferState(
                 b.size, kv.num_workers, train.batch_size, self.server_momentum, train.wd,
-                schedule_from_dict(self.schedule.to_dict()), [], self.server_delay_momentum, self.warmup)
+                LRSchedule.from_dict(self.schedule.to_dict()), [], self.server_delay_momentum, self.warmup)
             self.ring_bufs[bi] = mx.nd.zeros(ring_length(slots, cap))
         self.stats["downlink"] = decisions
         self.stats["downlink_resyncs"] = 0
@@ -272,7 +275,7 @@ class RoundClient:
 
     def plan_record(self):
         """What the checkpoint manifest records of the servers' layout (ssdsgd/checkpoint.py)."""
-        return {"kind": "rounds", "buffer_sizes": [b.size for b in self.buffers],
+        return {"kind": self.kind, "buffer_sizes": [b.size for b in self.buffers],
                 "cost_model": self.stats.get("cost_model")}
 
     def setup(self, resume_dir=None, saved_meta=None, saved_plan=None):
@@ -302,12 +305,12 @@ class RoundClient:
                   + (f", from costs {self.stats['cost_model']}" if "cost_model" in self.stats else ""), flush=True)
         per_buffer = list(zip(*[bufs for bufs, _ in self.stages]))     # buffer -> itself per stage
         if kv.rank == 0:
-            commands.send(kv, {
-                "op": "round_plan", "num_workers": kv.num_workers, "batch_size": train.batch_size,
-                "momentum": self.server_momentum, "delay_momentum": self.server_delay_momentum,
-                "warmup": self.warmup, "wd": train.wd, "schedule": self.schedule.to_dict(),
-                "buffers": [dict(b.to_dict(list(stages)), downlink=down)
-                            for b, stages, down in zip(self.buffers, per_buffer, self.downlink)]})
+            commands.send(
+                kv, commands.ROUND_PLAN, num_workers=kv.num_workers, batch_size=train.batch_size,
+                momentum=self.server_momentum, delay_momentum=self.server_delay_momentum,
+                warmup=self.warmup, wd=train.wd, schedule=self.schedule.to_dict(),
+                buffers=[dict(b.to_dict(list(stages)), downlink=down)
+                         for b, stages, down in zip(self.buffers, per_buffer, self.downlink)])
         keys, vals = [], []
         for b, stages in zip(self.buffers, per_buffer):
             flat = flatten([self.params[i].data() for i in b.params])
@@ -331,7 +334,7 @@ class RoundClient:
                     kv.push(down["mom_key"], mx.nd.zeros(b.size + 1))
             mx.nd.waitall()
             if resume_dir:
-                commands.send(kv, {"op": "load", "dir": resume_dir})
+                commands.send(kv, commands.LOAD, dir=resume_dir)
         kv._barrier()
         if not resume_dir:
             for bi in range(len(self.buffers)):
@@ -351,14 +354,12 @@ class RoundClient:
             if rep is not None and rep.weights is not None:
                 arrays.update({f"ringbuf{bi}": self.ring_bufs[bi].asnumpy(), f"replica_w{bi}": rep.weights,
                                f"replica_mom{bi}": rep.mom})
-        memory = getattr(self.encoders[0], "memory", None)
-        if memory is not None:
-            arrays.update({f"residual{k}": v.asnumpy() for k, v in memory.residual.items()})
-            arrays.update({f"velocity{k}": v.asnumpy() for k, v in memory.velocity.items()})
+        if self.memory is not None:
+            arrays.update(self.memory.state_dict())
         meta = {"versions": self.versions, "pending_pull": self.pending_pull, "pulled": self.pulled,
                 "replica_versions": [None if r is None or r.weights is None else r.version for r in self.replicas],
                 "cost_model": self.stats.get("cost_model"),
-                "tensor_counts": [[getattr(e, "counts", None) for e in encs] for _, encs in self.stages],
+                "tensor_counts": [[e.counts for e in encs] for _, encs in self.stages],
                 "local_counts": {str(k): c for k, c in self.local_opt._index_update_count.items()},
                 "local_num_update": self.local_opt.num_update}
         return arrays, meta
@@ -369,13 +370,8 @@ class RoundClient:
                 s[:] = arrays[f"state{i}"]
         for bi, buf in enumerate(self.pull_bufs):
             buf[:] = arrays[f"pullbuf{bi}"]
-        memory = getattr(self.encoders[0], "memory", None)
-        if memory is not None:
-            for name, arr in arrays.items():
-                if name.startswith("residual"):
-                    memory.residual[int(name[len("residual"):])] = mx.nd.array(arr)
-                elif name.startswith("velocity"):
-                    memory.velocity[int(name[len("velocity"):])] = mx.nd.array(arr)
+        if self.memory is not None:
+            self.memory.load_state_dict(arrays)
         for (_, encs), counts in zip(self.stages, meta.get("tensor_counts", [])):
             for e, c in zip(encs, counts):
                 if c is not None:          # compression.allocation: gradient re-allocates them
@@ -548,9 +544,8 @@ class RoundClient:
             self.log.write(event="staleness_wait", step=step, need_version=need, seconds=round(waited, 6))
         for i, p in enumerate(self.params):
             self.local_opt.update(i, p.data(), p.grad(), self.local_states[i])
-        memory = getattr(self.encoders[0], "memory", None)
-        if memory is not None and memory.momentum:
-            memory.momentum = self.delay_momentum       # momentum correction: the stage's momentum
+        if self.memory is not None and self.memory.momentum:
+            self.memory.momentum = self.delay_momentum      # momentum correction: the stage's momentum
         pushed = self._push(step)
         if (step - self.warmup + 1) % self.k == 0:
             if self.strict or self.S <= self.k:
@@ -577,8 +572,7 @@ class RoundClient:
                 raise RuntimeError(f"strict mode: pull issued for version {issued + 1} got {got}")
 
     def _record(self, pushed, staleness, wait):
-        return {"push_bytes": pushed, "pull_bytes": self.pull_bytes, "staleness": staleness,
-                "wait_seconds": wait}
+        return StepRecord(pushed, self.pull_bytes, staleness, wait)
 
     def global_weights(self, steps_done):
         """Global weights after all workers' first `steps_done` rounds, per parameter (for eval).
@@ -597,8 +591,4 @@ class RoundClient:
 
     def residual_norm(self):
         """L2 norm of the error-feedback residuals (None without a sparsifier). Synchronises."""
-        memory = getattr(self.encoders[0], "memory", None)
-        return memory.residual_norm() if memory is not None else None
-
-    def finish(self):
-        mx.nd.waitall()
+        return self.memory.residual_norm() if self.memory is not None else None

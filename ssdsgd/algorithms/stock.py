@@ -9,51 +9,46 @@ its own, so N pushes of g/(N*B) make one synchronous step's worth of progress.
 import mxnet as mx
 
 from ssdsgd import commands
+from ssdsgd.algorithms import STOCK
+from ssdsgd.algorithms.base import Client, StepRecord
+from ssdsgd.compression.registry import NATIVE_2BIT
 
 
-class StockClient:
-    name = "stock"
+class StockClient(Client):
+    kind = STOCK
 
-    def __init__(self, kv, params, cfg, schedule, log):
-        self.kv = kv
-        self.params = params
-        self.cfg = cfg
-        self.schedule = schedule
-        self.log = log
+    def __init__(self, kv, params, cfg, schedule, log, total_steps=None, measure_backward=None,
+                 steps_per_epoch=None):
+        super().__init__(kv, params, cfg, schedule, log)
         self.keys = list(range(len(params)))
-        comp = cfg.compression
-        self.two_bit = comp.type == "2bit"
+        self.two_bit = cfg.compression.type == NATIVE_2BIT
         n = sum(p.data().size for p in params)
         # 2-bit packs 16 gradient values into one float32 on the wire (MXNet's GradientCompression).
         self.push_bytes_per_step = sum(-(-p.data().size // 16) * 4 for p in params) if self.two_bit else 4 * n
         self.pull_bytes_per_step = 4 * n
         self.staleness = 0 if cfg.algorithm.type == "ssgd" else None     # dist_async: not tracked
 
-    @staticmethod
-    def kvstore_type(cfg):
+    @classmethod
+    def kvstore_type(cls, cfg):
         return "dist_sync" if cfg.algorithm.type == "ssgd" else "dist_async"
-
-    def plan_record(self):
-        """What the checkpoint manifest records of the servers' layout (ssdsgd/checkpoint.py)."""
-        return {"kind": "stock"}
 
     def setup(self, resume_dir=None, saved_meta=None, saved_plan=None):     # saved_*: unused here
         """On resume the parameters hold the checkpoint's weights (rank 0's become the servers'),
         and the servers reload their optimizer state."""
         kv, cfg = self.kv, self.cfg
         if self.two_bit:
-            kv.set_gradient_compression({"type": "2bit", "threshold": cfg.compression.threshold})
+            kv.set_gradient_compression({"type": NATIVE_2BIT, "threshold": cfg.compression.threshold})
         if kv.rank == 0:
-            commands.send(kv, {
-                "op": "stock_optimizer", "lr": cfg.train.lr, "momentum": cfg.train.momentum,
-                "wd": cfg.train.wd, "rescale_grad": 1.0 / (kv.num_workers * cfg.train.batch_size),
-                "schedule": self.schedule.to_dict()})
+            commands.send(
+                kv, commands.STOCK_OPTIMIZER, lr=cfg.train.lr, momentum=cfg.train.momentum,
+                wd=cfg.train.wd, rescale_grad=1.0 / (kv.num_workers * cfg.train.batch_size),
+                schedule=self.schedule.to_dict())
         # Only rank 0's values count; kv.init ends with a barrier, so the optimizer is in place
         # before any worker pushes. Copies, not the parameter arrays: arrays an inference-mode forward
         # left in oneDNN layouts cannot be read by kv.init (see build_net in worker.py).
         kv.init(self.keys, [p.data().copy() for p in self.params])
         if resume_dir and kv.rank == 0:
-            commands.send(kv, {"op": "load", "dir": resume_dir})
+            commands.send(kv, commands.LOAD, dir=resume_dir)
         kv._barrier()
         kv.pull(self.keys, out=[p.data() for p in self.params])
         mx.nd.waitall()
@@ -62,22 +57,12 @@ class StockClient:
         for i, p in zip(self.keys, self.params):
             self.kv.push(i, p.grad(), priority=-i)
             self.kv.pull(i, out=p.data(), priority=-i)
-        return {"push_bytes": self.push_bytes_per_step, "pull_bytes": self.pull_bytes_per_step,
-                "staleness": self.staleness, "wait_seconds": None}
+        return StepRecord(self.push_bytes_per_step, self.pull_bytes_per_step, self.staleness)
 
     def global_weights(self, steps_done):
         """The weights to evaluate: after the step's pulls, the parameters are the global ones."""
         mx.nd.waitall()
         return None, 0
 
-    def state(self):
-        return {}, {}
-
-    def load_state(self, arrays, meta):
-        pass
-
-    def residual_norm(self):
-        return None          # MXNet keeps the 2-bit residual inside the C++ KVStore
-
-    def finish(self):
-        mx.nd.waitall()
+    # state/load_state: nothing beyond the parameters (the servers save the optimizer state);
+    # residual_norm: None, MXNet keeps the 2-bit residual inside the C++ KVStore.

@@ -1,4 +1,5 @@
-"""Wire format of one mailbox message, [header, payload], and its decoding on the server (numpy).
+"""Wire format of one mailbox message, [header, payload]: its encoding on the worker (mx.nd, see
+encode_message) and its decoding on the server (numpy, see MailboxFormat). Nothing else knows it.
 
 Every message is a single NDArray, built on the worker by asynchronous mx.nd ops and pushed to a
 mailbox key whose size is fixed at kv.init:
@@ -20,6 +21,9 @@ fp16 wire (compression.fp16_values), float16 message, sparse only:
 On the server a dense payload decodes to the float32 array itself and a sparse payload to a
 `SparseGrad` (the distinct indices and their float32 sums), which `SparseGrad.add_to` scatter-adds
 into the round's accumulator: decoding and adding one message cost O(k), not O(buffer size).
+
+mxnet is imported inside the encoding functions only: the server imports this module before it may
+import mxnet (see ssdsgd.server.run_server).
 """
 import threading
 
@@ -36,14 +40,24 @@ def max_buffer_elements(fp16=False):
     return MAX_BUFFER_ELEMENTS_FP16 if fp16 else MAX_BUFFER_ELEMENTS
 
 
+def wire_dtype(fp16=False):
+    """The dtype of a message on the wire (and of its mailbox key)."""
+    return "float16" if fp16 else "float32"
+
+
 def header_length(fp16=False):
+    return 3 if fp16 else 2
+
+
+def _sparse_parts(fp16):
+    """Numbers on the wire per sent value: index (two digits on the fp16 wire) and value."""
     return 3 if fp16 else 2
 
 
 def payload_length(codec, size, k=None, fp16=False):
     if codec == "dense":
         return size
-    return (3 if fp16 else 2) * k
+    return _sparse_parts(fp16) * k
 
 
 def message_length(codec, size, k=None, fp16=False):
@@ -51,7 +65,33 @@ def message_length(codec, size, k=None, fp16=False):
 
 
 def message_bytes(codec, size, k=None, fp16=False):
-    return (2 if fp16 else 4) * message_length(codec, size, k, fp16)
+    return np.dtype(wire_dtype(fp16)).itemsize * message_length(codec, size, k, fp16)
+
+
+def encode_header(step, rank, fp16=False):
+    """[round, rank], or for the fp16 wire [round // 2048, round % 2048, rank]."""
+    import mxnet as mx
+    if fp16:
+        if not 0 <= step <= MAX_ROUND_FP16:
+            raise ValueError(f"round {step} does not fit the fp16 wire header (at most {MAX_ROUND_FP16})")
+        return mx.nd.array([step // DIGIT, step % DIGIT, rank])
+    return mx.nd.array([step, rank])
+
+
+def encode_sparse(idx, val, fp16=False):
+    """A sparse payload as float32 NDArray: [idx, val], or for the fp16 wire [idx high, idx low, val]."""
+    import mxnet as mx
+    if fp16:
+        high = mx.nd.floor(idx / DIGIT)          # exact: idx < 2**22, DIGIT a power of two
+        return mx.nd.concat(high, idx - high * DIGIT, val, dim=0)
+    return mx.nd.concat(idx, val, dim=0)
+
+
+def encode_message(step, rank, payload, fp16=False):
+    """The message a worker pushes: header and payload, float16 on the fp16 wire."""
+    import mxnet as mx
+    msg = mx.nd.concat(encode_header(step, rank, fp16), payload, dim=0)
+    return msg.astype(wire_dtype(fp16)) if fp16 else msg
 
 
 class _RepeatFinder:
@@ -114,7 +154,7 @@ def make_decoder(codec, size, k=None, fp16=False):
             return payload
         return decode
     if codec == "sparse":
-        parts = 3 if fp16 else 2
+        parts = _sparse_parts(fp16)
 
         def decode(payload):
             if payload.shape != (parts * k,):
@@ -144,7 +184,7 @@ class MailboxFormat:
 
     def __init__(self, codec, size, k=None, fp16=False):
         self.fp16 = fp16
-        self.dtype = np.float16 if fp16 else np.float32
+        self.dtype = np.dtype(wire_dtype(fp16)).type
         self.header = header_length(fp16)
         self.length = message_length(codec, size, k, fp16)
         self.decode = make_decoder(codec, size, k, fp16)

@@ -3,32 +3,42 @@
 Exactly k, always: every worker then pushes the same number of values per tensor, so mailbox
 sizes are fixed and equal across workers (SAFusion's inter-worker alignment). Indices come back as
 float32 NDArrays (exact below 2**24, see codec.py).
+
+Each class registers its compression.type name (registry.py). mxnet is imported inside select(),
+not here, so that the registry's names can be read without importing mxnet.
 """
-import mxnet as mx
 import numpy as np
 
+from ssdsgd.compression.registry import register
 
+
+@register("topk")
 class TopK:
     """The k largest magnitudes."""
-    name = "topk"
+
+    def __init__(self, seed=0):          # no randomness; the seed is taken for a uniform constructor
+        self.seed = seed
 
     def select(self, x, k, key, step):
+        import mxnet as mx
         return mx.nd.topk(mx.nd.abs(x), k=k, ret_typ="indices", is_ascend=False)
 
 
+@register("randomk")
 class RandomK:
     """k uniformly random positions, the same on every worker (seeded by tensor key and step)."""
-    name = "randomk"
 
     def __init__(self, seed=0):
         self.seed = seed
 
     def select(self, x, k, key, step):
+        import mxnet as mx
         rng = _rng(self.seed, key, step)
         idx = rng.choice(x.shape[0], size=k, replace=False)
         return mx.nd.array(idx, dtype="float32")
 
 
+@register("dgc")
 class SampledThreshold:
     """DGC's selection: estimate the top-k threshold from a random sample of magnitudes and take
     the entries above it. The push size must be exactly k (inter-worker alignment), so the
@@ -36,7 +46,6 @@ class SampledThreshold:
     On this CPU build that costs a full top-k anyway and selects the top-k set whenever the
     estimate is not too high; it is kept for comparison with the DGC literature. What changes
     training in DGC is its momentum correction (compression.momentum_correction, memory.py)."""
-    name = "dgc"
 
     def __init__(self, sample_fraction=0.01, min_sample=256, seed=0):
         self.sample_fraction = sample_fraction
@@ -44,6 +53,7 @@ class SampledThreshold:
         self.seed = seed
 
     def select(self, x, k, key, step):
+        import mxnet as mx
         n = x.shape[0]
         if k >= n:
             return mx.nd.arange(n, dtype="float32")
@@ -63,12 +73,3 @@ def _rng(seed, key, step):
     # the startup timing run).
     return np.random.default_rng([seed % 2**32, key % 2**32, step % 2**32])
 
-
-def make_compressor(kind, seed=0):
-    if kind == "topk":
-        return TopK()
-    if kind == "randomk":
-        return RandomK(seed)
-    if kind == "dgc":
-        return SampledThreshold(seed=seed)
-    raise ValueError(f"compression.type {kind!r} is not a sparsifier")

@@ -7,7 +7,8 @@ SparseEncoder, fusion 'ahead' (SAFusion): every tensor is sparsified on its own 
 SparseEncoder, fusion 'behind' (OMGS / SyncEA baseline): the buffer is fused first and one top-k
   with the same total k runs over it, so large tensors can take every slot (min_dense_bytes does
   not apply: there are no tensors any more, only the fused buffer).
-With compression.fp16_values the message is float16 (codec.py); the values are clipped to the fp16
+The wire format itself (header, index digits, dtype) is codec.py's.
+With compression.fp16_values the message is float16; the values are clipped to the fp16
 range and rounded before error feedback, so the residual keeps what the wire format dropped.
 With a compression.warmup, make_stages builds one set of encoders per density stage; they share
 the error-feedback memory, so switching stage loses nothing.
@@ -18,19 +19,10 @@ import time
 import mxnet as mx
 import numpy as np
 
-from ssdsgd.compression.codec import DIGIT, FP16_MAX, MAX_ROUND_FP16
-from ssdsgd.compression.compressor import make_compressor
+from ssdsgd.compression.codec import FP16_MAX, encode_message, encode_sparse
 from ssdsgd.compression.fusion import plan_for_config, tensor_counts, warmup_stages
 from ssdsgd.compression.memory import Memory
-
-
-def message_header(step, rank, fp16=False):
-    """[round, rank], or for the fp16 wire [round // 2048, round % 2048, rank] (see codec.py)."""
-    if fp16:
-        if not 0 <= step <= MAX_ROUND_FP16:
-            raise ValueError(f"round {step} does not fit the fp16 wire header (at most {MAX_ROUND_FP16})")
-        return mx.nd.array([step // DIGIT, step % DIGIT, rank])
-    return mx.nd.array([step, rank])
+from ssdsgd.compression.registry import is_sparsifier, make_compressor
 
 
 def flatten(arrays):
@@ -41,12 +33,14 @@ def flatten(arrays):
 class DenseEncoder:
     codec = "dense"
     fp16 = False
+    memory = None                # no error feedback: everything is sent
+    counts = None                # no per-tensor quotas
 
     def encode(self, grads, step):
         return flatten(grads)
 
     def message(self, grads, step, rank):
-        return mx.nd.concat(message_header(step, rank), self.encode(grads, step), dim=0)
+        return encode_message(step, rank, self.encode(grads, step))
 
 
 class SparseEncoder:
@@ -66,7 +60,7 @@ class SparseEncoder:
         self.allocate_every = allocate_every    # compression.allocation: gradient (0: by size, fixed)
 
     def encode(self, grads, step):
-        """The payload as float32: [idx, val], or for the fp16 wire [idx high, idx low, val]."""
+        """The payload, as float32 (codec.encode_sparse)."""
         b = self.buffer
         if self.behind:
             idx, val = self._sparsify(flatten(grads), b.k, key=-1 - b.id, step=step)
@@ -82,14 +76,10 @@ class SparseEncoder:
                 val_parts.append(v)
             idx = mx.nd.concat(*idx_parts, dim=0) if len(idx_parts) > 1 else idx_parts[0]
             val = mx.nd.concat(*val_parts, dim=0) if len(val_parts) > 1 else val_parts[0]
-        if self.fp16:
-            high = mx.nd.floor(idx / DIGIT)          # exact: idx < 2**22, DIGIT a power of two
-            return mx.nd.concat(high, idx - high * DIGIT, val, dim=0)
-        return mx.nd.concat(idx, val, dim=0)
+        return encode_sparse(idx, val, self.fp16)
 
     def message(self, grads, step, rank):
-        msg = mx.nd.concat(message_header(step, rank, self.fp16), self.encode(grads, step), dim=0)
-        return msg.astype("float16") if self.fp16 else msg
+        return encode_message(step, rank, self.encode(grads, step), self.fp16)
 
     def _sparsify(self, x, k, key, step, fixed_idx=None):
         """Accumulate, select (or, for a tensor sent whole, take every index), send, remember the rest."""
@@ -150,8 +140,7 @@ def make_encoders(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, s
     """
     buffers = plan_for_config(shapes, num_servers, comp, cost)
     whole = tensor_counts(shapes, comp)[2]
-    sparse = comp.type not in ("none", "2bit")
-    if not sparse:
+    if not is_sparsifier(comp.type):
         return buffers, [DenseEncoder() for _ in buffers]
     memory = Memory(comp.error_feedback, momentum if comp.momentum_correction else 0.0)
     compressor = make_compressor(comp.type, seed)
@@ -184,16 +173,15 @@ def make_stages(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, see
 def time_encoding(buffers, encoders, shapes, repeats=3):
     """Median seconds to encode one step's gradients (random data, throwaway memory state)."""
     grads = [mx.nd.random.normal(shape=s) for s in shapes]
+    memories = list({id(e.memory): e.memory for e in encoders if e.memory is not None}.values())
     times = []
     for r in range(repeats):
-        saved = [(e.memory.residual.copy(), e.memory.velocity.copy()) if hasattr(e, "memory") else None
-                 for e in encoders]
+        saved = [m.state_dict() for m in memories]
         t0 = time.perf_counter()
         outs = [e.encode([grads[i] for i in b.params], -1 - r) for b, e in zip(buffers, encoders)]
         mx.nd.waitall()
         times.append(time.perf_counter() - t0)
         del outs
-        for e, s in zip(encoders, saved):
-            if s is not None:
-                e.memory.residual, e.memory.velocity = s
+        for m, s in zip(memories, saved):
+            m.load_state_dict(s)
     return float(np.median(times))

@@ -12,7 +12,8 @@ clock keys are chosen to land on the same server.
 """
 from dataclasses import dataclass, replace
 
-from ssdsgd.compression.codec import max_buffer_elements, message_bytes, message_length
+from ssdsgd.compression.codec import max_buffer_elements, message_bytes, message_length, wire_dtype
+from ssdsgd.compression.registry import is_sparsifier
 
 KEY_HASH = 9973  # ps-lite key placement in MXNet's KVStoreDist
 
@@ -49,7 +50,7 @@ class Buffer:
 
     @property
     def mailbox_dtype(self):
-        return "float16" if self.fp16 else "float32"
+        return wire_dtype(self.fp16)
 
     def mailbox(self):
         return {"key": self.mailbox_key, "codec": self.codec, "k": self.k, "fp16": self.fp16}
@@ -232,7 +233,7 @@ def plan_for_config(shapes, num_servers, comp, cost=None):
     cost: {'alpha', 'beta', 'backward'} measured at job start (needed for buffers: cost_model).
     No mxnet here: the front end re-makes a checkpoint's plan with it before a resume starts."""
     sizes, counts, _ = tensor_counts(shapes, comp)
-    sparse = comp.type not in ("none", "2bit")
+    sparse = is_sparsifier(comp.type)
     if not sparse:
         counts = sizes
     codec = "sparse" if sparse else "dense"

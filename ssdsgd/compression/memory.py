@@ -48,6 +48,23 @@ class Memory:
         if self.momentum and not whole:
             self.velocity[key] = self.velocity[key] * keep
 
+    def state_dict(self):
+        """The per-tensor state as numpy arrays named residual<key> and velocity<key> (the names the
+        worker checkpoints have always used). Synchronises."""
+        arrays = {f"residual{k}": v.asnumpy() for k, v in self.residual.items()}
+        arrays.update({f"velocity{k}": v.asnumpy() for k, v in self.velocity.items()})
+        return arrays
+
+    def load_state_dict(self, arrays):
+        """Replace the state with the residual<key>/velocity<key> entries of `arrays` (other names
+        are ignored, so a whole checkpoint file can be passed)."""
+        state = {"residual": {}, "velocity": {}}
+        for name, arr in arrays.items():
+            for kind, found in state.items():
+                if name.startswith(kind) and name[len(kind):].lstrip("-").isdigit():
+                    found[int(name[len(kind):])] = mx.nd.array(arr)
+        self.residual, self.velocity = state["residual"], state["velocity"]
+
     def residual_norm(self):
         if not self.residual:
             return 0.0

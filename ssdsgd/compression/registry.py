@@ -1,0 +1,41 @@
+"""The compression types a config can name, and the one registry of sparsifiers.
+
+compression.type is "none" (dense pushes), "2bit" (MXNet's native compression, stock KVStore path
+only) or the name of a registered sparsifier. A sparsifier is a class with
+`select(x, k, key, step)` -> k float32 indices of the flat NDArray x (see compressor.py), built as
+`cls(seed=seed)`, registered with `@register("name")` in its module; that module is imported by
+ssdsgd/compression/__init__.py (one line), so the name is known wherever this package is.
+
+No mxnet here, and none at import time in the sparsifiers' modules: ssdsgd.config reads the names
+before any role has imported mxnet (see ssdsgd/__init__.py).
+"""
+DENSE = "none"
+NATIVE_2BIT = "2bit"
+
+SPARSIFIERS = {}          # name -> class, in registration order
+
+
+def register(name):
+    """Class decorator: make the sparsifier available as compression.type `name`."""
+    def add(cls):
+        if name in SPARSIFIERS or name in (DENSE, NATIVE_2BIT):
+            raise ValueError(f"compression type {name!r} is already taken")
+        SPARSIFIERS[name] = cls
+        return cls
+    return add
+
+
+def is_sparsifier(kind):
+    """Does compression.type `kind` push sparse (index, value) messages through the round server?"""
+    return kind in SPARSIFIERS
+
+
+def compression_types():
+    """Every value compression.type may take."""
+    return (DENSE, *SPARSIFIERS, NATIVE_2BIT)
+
+
+def make_compressor(kind, seed=0):
+    if not is_sparsifier(kind):
+        raise ValueError(f"compression.type {kind!r} is not a sparsifier")
+    return SPARSIFIERS[kind](seed=seed)

@@ -1,0 +1,22 @@
+"""Names of the environment variables the processes of a job pass to each other (one home each).
+
+Set by the launcher (ssdsgd/launcher.py) for every role, unless said otherwise. No imports: read by
+the front end, the launcher, and every role before mxnet is imported. (Two files spell names
+from here themselves, since they may import nothing of ssdsgd: remote.py, shipped as source to ssh
+hosts, and pyhooks/sitecustomize.py, run in processes that never import ssdsgd; a test checks them.)
+"""
+# ours
+SECRET_ENV = "SSDSGD_JOB_SECRET"             # the per-job key that signs worker -> server commands
+HEARTBEAT_ENV = "SSDSGD_HEARTBEAT_FILE"      # a worker touches this file every step
+ROLE_NAME_ENV = "SSDSGD_ROLE_NAME"           # 'worker 1', 'server 0', ... for messages
+HOST_INTERFACE_ENV = "SSDSGD_HOST_INTERFACE"  # ssh launcher: the host file's interface= (ssdsgd.remote)
+LOCKED_ENV = "SSDSGD_FOLDERS_LOCKED"         # set by ssdsgd.run: the front end holds the folder locks
+# tests only (ssdsgd/faults.py)
+FAULT_ENV = "SSDSGD_TEST_FAULT"
+COST_SCALE_ENV = "SSDSGD_TEST_COST_SCALE"
+PICKLE_MARKER_ENV = "SSDSGD_TEST_PICKLE_MARKER"
+# ps-lite's (DMLC_*) and MXNet's, as far as we read or set them ourselves
+ROLE_ENV = "DMLC_ROLE"
+TASK_ID_ENV = "DMLC_TASK_ID"
+NUM_SERVER_ENV = "DMLC_NUM_SERVER"
+BIGARRAY_BOUND_ENV = "MXNET_KVSTORE_BIGARRAY_BOUND"

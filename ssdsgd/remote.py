@@ -54,6 +54,8 @@ def _end_group(pgid):
     for sig, wait in ((signal.SIGTERM, TERM_GRACE), (signal.SIGKILL, 0)):
         try:
             os.killpg(pgid, sig)
+            if sig == signal.SIGTERM:
+                os.killpg(pgid, signal.SIGCONT)   # a stopped process gets the SIGTERM now, not at SIGKILL
         except ProcessLookupError:
             return
         deadline = wait
@@ -68,6 +70,7 @@ def _end_group(pgid):
 
 def main(command):
     env = dict(os.environ)
+    env.pop('SSDSGD_REMOTE_WRAPPER', None)   # the role itself keeps its liveness file (pyhooks/sitecustomize.py)
     iface = env.pop('SSDSGD_HOST_INTERFACE', '')
     if iface:
         address = interface_ip(iface)

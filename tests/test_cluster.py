@@ -147,7 +147,8 @@ def test_ssh_launcher_environment_on_hosts(vc, tmp_path):
 
 @pytest.mark.timeout(150)
 def test_ssdsgd_run_on_four_hosts(vc, tmp_path):
-    argv, run_dir = _run_cmd(vc, tmp_path, "train.epochs=1", "log.every_steps=5", "cluster.stall_timeout=60")
+    argv, run_dir = _run_cmd(vc, tmp_path, "train.epochs=1", "log.every_steps=5", "cluster.stall_timeout=60",
+                             "cluster.server_timeout=30")
     rc, out = _finish(*_start(argv, tmp_path), timeout=120)
     assert rc == 0, out
     summary = json.load(open(os.path.join(run_dir, "summary.json")))

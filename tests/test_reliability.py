@@ -47,7 +47,7 @@ def test_sigkill_of_any_role_ends_the_job(tmp_path, role, task):
 @pytest.mark.timeout(180)
 def test_hung_worker_is_detected_by_the_stall_timeout(tmp_path):
     t0 = time.time()
-    job = run_job(tmp_path, SSGD, "train.epochs=50", "cluster.stall_timeout=5", name="hung",
+    job = run_job(tmp_path, SSGD, "train.epochs=50", "cluster.stall_timeout=5", "cluster.server_timeout=0", name="hung",
                   env={"SSDSGD_TEST_FAULT": "slow:1:3600"})
     assert job.rc != 0
     assert "made no progress" in job.output

@@ -161,9 +161,16 @@ def _role_env(job_env, role, task_id, name, job_dir=None, role_env=None):
     return env
 
 
-def ssh_base(host, ssh_options=()):
-    """ssh argv up to the host. User options come first: ssh keeps the first value it sees."""
+def ssh_base(host, ssh_options=(), server_timeout=None):
+    """ssh argv up to the host. User options come first: ssh keeps the first value it sees.
+
+    With a server timeout, ssh itself checks that the host answers (ServerAliveInterval, 3 misses): an
+    unreachable host ends our ssh client with exit 255 within the server timeout, and the launcher names
+    the role and the host as lost, whatever the role was doing (a role's liveness file can keep being
+    touched on a shared file system the host still reaches)."""
     argv = ['ssh', *ssh_options, '-o', 'StrictHostKeyChecking=no', '-o', 'BatchMode=yes']
+    if server_timeout is not None:
+        argv += ['-o', f'ServerAliveInterval={max(1, int(server_timeout / 4))}', '-o', 'ServerAliveCountMax=3']
     if host.port is not None:
         argv += ['-p', str(host.port)]
     return argv + [host.name]
@@ -183,7 +190,8 @@ def _placement(hosts, count):
     return [cycle[i % len(cycle)] for i in range(count)]
 
 
-def _ssh_specs(command, hosts, num_workers, num_servers, env, cwd, ssh_options=(), job_dir=None, role_env=None):
+def _ssh_specs(command, hosts, num_workers, num_servers, env, cwd, ssh_options=(), job_dir=None, role_env=None,
+               server_timeout=None):
     specs = []
     roles = _roles(num_workers, num_servers)[1:]
     # Servers and workers share one placement, so servers do not pile up with worker 0.
@@ -191,6 +199,8 @@ def _ssh_specs(command, hosts, num_workers, num_servers, env, cwd, ssh_options=(
         this_env = _role_env(env, role, task_id, name, job_dir, role_env)
         if host.interface:
             this_env['SSDSGD_HOST_INTERFACE'] = host.interface
+        if job_dir:
+            this_env[remote.JOB_DIR_ENV] = job_dir   # remote.py ends the role once the launcher removed it
         python = host.python or sys.executable
         # The environment (with the secret) goes on stdin: argv is visible to every user via ps.
         # PATH starts with the interpreter's folder, so a bare `python` in the command (or in a shell
@@ -202,7 +212,7 @@ def _ssh_specs(command, hosts, num_workers, num_servers, env, cwd, ssh_options=(
                   + f'export {WRAPPER_ENV}=1\n'
                   + f'exec {shlex.quote(python)} -c {shlex.quote(_remote_source())} '
                   + f'{shlex.join(_with_interpreter(command, python))}\n')
-        base = ssh_base(host, ssh_options)
+        base = ssh_base(host, ssh_options, server_timeout)
         specs.append(_Spec(name, host.name, base + ['bash -s'], this_env, script, base))
     return specs
 
@@ -286,7 +296,7 @@ def _plan(command, num_workers, num_servers, launcher, hostfile, env, port, inte
     scheduler = _Spec('scheduler', 'localhost', _with_interpreter(command, sys.executable),
                       _role_env(local_env, 'scheduler', 0, 'scheduler', job_dir, role_env), None, None)
     return [scheduler] + _ssh_specs(command, hosts, num_workers, num_servers, job_env, os.getcwd(),
-                                    ssh_options, job_dir, role_env), secret
+                                    ssh_options, job_dir, role_env, server_timeout), secret
 
 
 def _print_plan(specs, secret):
@@ -376,7 +386,9 @@ class _Child:
     def describe_exit(self):
         code = self.exit_code()
         if self.ssh and self.remote_code is None:
-            return f'lost: ssh to {self.host} exited with code {code} before the role reported its end'
+            why = (f': the connection to {self.host} was lost or refused (an unreachable host ends ssh within the '
+                   f'server timeout)' if code == 255 else '')
+            return f'lost: ssh to {self.host} exited with code {code} before the role reported its end{why}'
         where = f' on {self.host}' if self.ssh else ''
         return _describe_exit(code) + where
 

@@ -118,6 +118,7 @@ DATASETS = ("digits", "cifar10", "mnist", "fashion_mnist", "imagenet", "syntheti
 IN_MEMORY_DATASETS = ("digits", "cifar10", "mnist", "fashion_mnist")   # can be cut down and split
 ROOTED_DATASETS = ("cifar10", "mnist", "fashion_mnist", "imagenet")   # read from data.root
 COMPRESSORS = ("none", "topk", "randomk", "dgc", "2bit")
+MIN_SERVER_TIMEOUT = 3.0   # seconds: three missed touches of a liveness file (pyhooks/sitecustomize.py)
 
 SCHEMA = {
     "name": Field(str, None, nullable=True, doc="run name; default: the config file name"),
@@ -309,6 +310,10 @@ def _check_consistency(c):
     cl = c["cluster"]
     if cl["launcher"] == "ssh" and not cl["hostfile"]:
         raise ConfigError("cluster.hostfile: required when cluster.launcher is ssh")
+    if cl["server_timeout"] and cl["server_timeout"] < MIN_SERVER_TIMEOUT:
+        raise ConfigError(f"cluster.server_timeout: at least {MIN_SERVER_TIMEOUT:g} s (the liveness file is touched "
+                          f"every second; a shorter timeout fails live jobs); 0 or null turns it off; got "
+                          f"{cl['server_timeout']:g}")
     if cl["server_timeout"] and cl["stall_timeout"] and cl["server_timeout"] >= cl["stall_timeout"]:
         raise ConfigError(f"cluster.server_timeout: must be shorter than cluster.stall_timeout, so a stopped or "
                           f"unreachable server is named before a worker is blamed for the stall it causes; got "

@@ -43,6 +43,7 @@ SECRET_ENV = 'SSDSGD_JOB_SECRET'
 HEARTBEAT_ENV = 'SSDSGD_HEARTBEAT_FILE'   # a worker touches it every step (progress)
 LIVENESS_ENV = 'SSDSGD_LIVENESS_FILE'     # pyhooks/sitecustomize.py touches it every second in servers/scheduler
 WRAPPER_ENV = 'SSDSGD_REMOTE_WRAPPER'     # set for remote.py only, so the wrapper does not touch the role's file
+LIVENESS_INTERVAL = 1.0                   # seconds; pyhooks/sitecustomize.py's LIVENESS_INTERVAL
 POLL_SECONDS = 0.1
 SHUTDOWN_GRACE = 10.0  # ps-lite servers/scheduler exit by themselves shortly after the workers
 TERM_GRACE = 3.0       # between SIGTERM and SIGKILL during cleanup
@@ -241,6 +242,9 @@ def _plan(command, num_workers, num_servers, launcher, hostfile, env, port, inte
                          ('--server-timeout', server_timeout)):
         if value is not None and value <= 0:
             raise UsageError(f'{label} must be > 0')
+    if server_timeout is not None and server_timeout < 3 * LIVENESS_INTERVAL:
+        raise UsageError(f'--server-timeout must be at least {3 * LIVENESS_INTERVAL:g} s (a liveness file is touched '
+                         f'every {LIVENESS_INTERVAL:g} s)')
     if server_timeout is not None and stall_timeout is not None and server_timeout >= stall_timeout:
         raise UsageError(f'--server-timeout ({server_timeout:g} s) must be shorter than --stall-timeout '
                          f'({stall_timeout:g} s): a stopped server stalls every worker')

@@ -18,6 +18,8 @@ import numpy as np
 from ssdsgd import commands
 from ssdsgd.checkpoint import CheckpointError, load_npz, save_npz
 from ssdsgd.compression.codec import MailboxFormat
+from ssdsgd.launcher import RANK_MARK
+from ssdsgd.remote import MARK
 from ssdsgd.rounds import BufferState, DownlinkRing, schedule_from_dict
 
 
@@ -175,6 +177,9 @@ def run_server():
                 # command on; commands always precede the first push.
                 self.kvstore._set_updater(self._update)
                 self.updater_installed = True
+                # Our server rank (ps-lite knows it only once the loop runs): the launcher labels our
+                # output and messages with it, the rank the workers' key placement and messages use.
+                print(f"{MARK}{RANK_MARK} {self.kvstore.rank}", flush=True)
             op = msg["op"]
             if op == "stock_optimizer":
                 sched = schedule_from_dict(msg["schedule"])

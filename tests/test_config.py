@@ -460,6 +460,9 @@ def test_cluster_server_timeout_is_shorter_than_the_stall_timeout():
     for text, want in (("null", None), ("0", 0.0), ("5", 5.0)):
         assert load_config(SSGD, [f"cluster.server_timeout={text}"]).cluster.server_timeout == want
     assert config_error(SSGD, ["cluster.server_timeout=-1"]).startswith("cluster.server_timeout")
+    assert config_error(SSGD, ["cluster.server_timeout=1"]) == (
+        "cluster.server_timeout: at least 3 s (the liveness file is touched every second; a shorter timeout fails "
+        "live jobs); 0 or null turns it off; got 1")
     err = config_error(SSGD, ["cluster.stall_timeout=30"])          # below the default server timeout
     assert err == ("cluster.server_timeout: must be shorter than cluster.stall_timeout, so a stopped or "
                    "unreachable server is named before a worker is blamed for the stall it causes; got "

@@ -221,13 +221,13 @@ def test_stopped_server_or_scheduler_is_named(toy_dir, capsys, victim, name):
     Cleanup must end the stopped process too (SIGTERM is held until SIGCONT; SIGKILL is not)."""
     start = time.monotonic()
     assert run_job(TOY_CMD, 2, 1, env={'TOY_DIR': toy_dir, 'TOY_MODE': 'stop-' + victim},
-                   server_timeout=2, stall_timeout=30) == 1
+                   server_timeout=3, stall_timeout=30) == 1
     elapsed = time.monotonic() - start
     err = capsys.readouterr().err
-    assert f'launch: {name} on localhost gave no sign of life for 2 s (server timeout): its process is ' \
+    assert f'launch: {name} on localhost gave no sign of life for 3 s (server timeout): its process is ' \
            'stopped (SIGSTOP or SIGTSTP)' in err, err
     assert 'made no progress' not in err
-    assert elapsed < 12    # 2 s + start-up + at most 3 s of SIGTERM grace
+    assert elapsed < 13    # 3 s + start-up + at most 3 s of SIGTERM grace
     _assert_all_gone(toy_dir, ['scheduler0', 'server0', 'worker0', 'worker1', 'grandchild'])
 
 
@@ -235,6 +235,8 @@ def test_server_timeout_must_be_shorter_than_the_stall_timeout(capsys):
     assert run_job(TOY_CMD, 1, 1, server_timeout=30, stall_timeout=30) == 2
     assert '--server-timeout (30 s) must be shorter than --stall-timeout (30 s)' in capsys.readouterr().err
     assert run_job(TOY_CMD, 1, 1, server_timeout=0) == 2
+    assert run_job(TOY_CMD, 1, 1, server_timeout=2) == 2
+    assert '--server-timeout must be at least 3 s' in capsys.readouterr().err
 
 
 @pytest.mark.timeout(30)

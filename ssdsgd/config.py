@@ -119,6 +119,7 @@ ALGORITHMS = ("ssgd", "asgd", "ssd")
 DATASETS = ("digits", "cifar10", "mnist", "fashion_mnist", "imagenet", "synthetic")
 IN_MEMORY_DATASETS = ("digits", "cifar10", "mnist", "fashion_mnist")   # can be cut down and split
 ROOTED_DATASETS = ("cifar10", "mnist", "fashion_mnist", "imagenet")   # read from data.root
+MIN_SERVER_TIMEOUT = 3.0   # seconds: three missed touches of a liveness file (pyhooks/sitecustomize.py)
 
 SCHEMA = {
     "name": Field(str, None, nullable=True, doc="run name; default: the config file name"),
@@ -132,6 +133,9 @@ SCHEMA = {
         "timeout": Field(float, 3600.0, gt=0, doc="global job timeout, seconds"),
         "stall_timeout": Field(float, 300.0, nullable=True, min=0,
                                doc="a worker silent this long fails the job; null or 0: never"),
+        "server_timeout": Field(float, 60.0, nullable=True, min=0,
+                                doc="a server or the scheduler without a sign of life this long (stopped, hung, "
+                                    "host unreachable) fails the job; null or 0: never"),
         "ssh_user": Field(str, None, nullable=True, doc="ssh launcher: login user (ssh -l)"),
         "ssh_identity": Field(str, None, nullable=True, doc="ssh launcher: private key file (ssh -i)"),
         "ssh_config": Field(str, None, nullable=True, doc="ssh launcher: ssh configuration file (ssh -F)"),
@@ -312,6 +316,14 @@ def _check_consistency(c):
     cl = c["cluster"]
     if cl["launcher"] == "ssh" and not cl["hostfile"]:
         raise ConfigError("cluster.hostfile: required when cluster.launcher is ssh")
+    if cl["server_timeout"] and cl["server_timeout"] < MIN_SERVER_TIMEOUT:
+        raise ConfigError(f"cluster.server_timeout: at least {MIN_SERVER_TIMEOUT:g} s (the liveness file is touched "
+                          f"every second; a shorter timeout fails live jobs); 0 or null turns it off; got "
+                          f"{cl['server_timeout']:g}")
+    if cl["server_timeout"] and cl["stall_timeout"] and cl["server_timeout"] >= cl["stall_timeout"]:
+        raise ConfigError(f"cluster.server_timeout: must be shorter than cluster.stall_timeout, so a stopped or "
+                          f"unreachable server is named before a worker is blamed for the stall it causes; got "
+                          f"server_timeout {cl['server_timeout']:g} s, stall_timeout {cl['stall_timeout']:g} s")
     d = c["data"]
     for key in ("train_per_class", "validation"):
         if d[key] and d["dataset"] not in IN_MEMORY_DATASETS:

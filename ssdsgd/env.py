@@ -8,6 +8,9 @@ hosts, and pyhooks/sitecustomize.py, run in processes that never import ssdsgd; 
 # ours
 SECRET_ENV = "SSDSGD_JOB_SECRET"             # the per-job key that signs worker -> server commands
 HEARTBEAT_ENV = "SSDSGD_HEARTBEAT_FILE"      # a worker touches this file every step
+LIVENESS_ENV = "SSDSGD_LIVENESS_FILE"        # servers/scheduler: pyhooks/sitecustomize.py touches it every second
+WRAPPER_ENV = "SSDSGD_REMOTE_WRAPPER"        # set for remote.py only, so the wrapper does not touch the role's file
+JOB_DIR_ENV = "SSDSGD_JOB_DIR"               # ssh roles: remote.py ends the role once this folder is gone
 ROLE_NAME_ENV = "SSDSGD_ROLE_NAME"           # 'worker 1', 'server 0', ... for messages
 HOST_INTERFACE_ENV = "SSDSGD_HOST_INTERFACE"  # ssh launcher: the host file's interface= (ssdsgd.remote)
 LOCKED_ENV = "SSDSGD_FOLDERS_LOCKED"         # set by ssdsgd.run: the front end holds the folder locks

@@ -4,6 +4,12 @@ Like MXNet's tools/launch.py (dmlc tracker), every role runs the SAME command; t
 branches on DMLC_ROLE. Unlike the dmlc tracker, any crashed, killed or stalled process stops
 the whole job with a non-zero exit code, and no process is left behind.
 
+Two kinds of heartbeat, both files in the job folder whose mtime the supervisor reads: a worker touches
+its own every step (progress; --stall-timeout), and the Python process of every server and of the
+scheduler touches its own every second from a thread that pyhooks/sitecustomize.py starts (liveness;
+--server-timeout). A stopped (SIGSTOP), hung or cut-off server never exits, so without the second one
+it would only show up as a stalled worker; with it, the server is named, with its host.
+
 Exit codes: 0 success, 1 a process failed or stalled (or a remote process could not be confirmed
 gone), 2 bad usage, 124 timeout, 128+signum when the launcher got SIGINT/SIGTERM.
 
@@ -32,7 +38,10 @@ import time
 from typing import NamedTuple, Optional
 
 from ssdsgd import remote
-from ssdsgd.env import HEARTBEAT_ENV, HOST_INTERFACE_ENV, ROLE_ENV, ROLE_NAME_ENV, SECRET_ENV, TASK_ID_ENV
+from ssdsgd.env import (HEARTBEAT_ENV, HOST_INTERFACE_ENV, JOB_DIR_ENV, LIVENESS_ENV, ROLE_ENV, ROLE_NAME_ENV,
+                        SECRET_ENV, TASK_ID_ENV, WRAPPER_ENV)
+
+LIVENESS_INTERVAL = 1.0  # seconds; pyhooks/sitecustomize.py's LIVENESS_INTERVAL (a test keeps them equal)
 
 POLL_SECONDS = 0.1
 SHUTDOWN_GRACE = 10.0  # ps-lite servers/scheduler exit by themselves shortly after the workers
@@ -147,12 +156,21 @@ def _role_env(job_env, role, task_id, name, job_dir=None, role_env=None):
            ROLE_ENV: role, TASK_ID_ENV: str(task_id), ROLE_NAME_ENV: name}
     if role == 'worker' and job_dir:
         env[HEARTBEAT_ENV] = os.path.join(job_dir, f'worker{task_id}.hb')  # the launcher watches its mtime
+    elif job_dir:
+        env[LIVENESS_ENV] = os.path.join(job_dir, f'{role}{task_id}.alive')
     return env
 
 
-def ssh_base(host, ssh_options=()):
-    """ssh argv up to the host. User options come first: ssh keeps the first value it sees."""
+def ssh_base(host, ssh_options=(), server_timeout=None):
+    """ssh argv up to the host. User options come first: ssh keeps the first value it sees.
+
+    With a server timeout, ssh itself checks that the host answers (ServerAliveInterval, 3 misses): an
+    unreachable host ends our ssh client with exit 255 within the server timeout, and the launcher names
+    the role and the host as lost, whatever the role was doing (a role's liveness file can keep being
+    touched on a shared file system the host still reaches)."""
     argv = ['ssh', *ssh_options, '-o', 'StrictHostKeyChecking=no', '-o', 'BatchMode=yes']
+    if server_timeout is not None:
+        argv += ['-o', f'ServerAliveInterval={max(1, int(server_timeout / 4))}', '-o', 'ServerAliveCountMax=3']
     if host.port is not None:
         argv += ['-p', str(host.port)]
     return argv + [host.name]
@@ -172,7 +190,8 @@ def _placement(hosts, count):
     return [cycle[i % len(cycle)] for i in range(count)]
 
 
-def _ssh_specs(command, hosts, num_workers, num_servers, env, cwd, ssh_options=(), job_dir=None, role_env=None):
+def _ssh_specs(command, hosts, num_workers, num_servers, env, cwd, ssh_options=(), job_dir=None, role_env=None,
+               server_timeout=None):
     specs = []
     roles = _roles(num_workers, num_servers)[1:]
     # Servers and workers share one placement, so servers do not pile up with worker 0.
@@ -180,6 +199,8 @@ def _ssh_specs(command, hosts, num_workers, num_servers, env, cwd, ssh_options=(
         this_env = _role_env(env, role, task_id, name, job_dir, role_env)
         if host.interface:
             this_env[HOST_INTERFACE_ENV] = host.interface
+        if job_dir:
+            this_env[JOB_DIR_ENV] = job_dir   # remote.py ends the role once the launcher removed it
         python = host.python or sys.executable
         # The environment (with the secret) goes on stdin: argv is visible to every user via ps.
         # PATH starts with the interpreter's folder, so a bare `python` in the command (or in a shell
@@ -188,9 +209,10 @@ def _ssh_specs(command, hosts, num_workers, num_servers, env, cwd, ssh_options=(
                   + ''.join(f'export {k}={shlex.quote(v)}\n' for k, v in this_env.items())
                   + f'export PATH={shlex.quote(os.path.dirname(python))}:"$PATH"\n'
                   + f'cd {shlex.quote(cwd)}\n'
+                  + f'export {WRAPPER_ENV}=1\n'
                   + f'exec {shlex.quote(python)} -c {shlex.quote(_remote_source())} '
                   + f'{shlex.join(_with_interpreter(command, python))}\n')
-        base = ssh_base(host, ssh_options)
+        base = ssh_base(host, ssh_options, server_timeout)
         specs.append(_Spec(name, host.name, base + ['bash -s'], this_env, script, base))
     return specs
 
@@ -207,7 +229,7 @@ def build_ssh_commands(command, hosts, num_workers, num_servers, env, cwd, ssh_o
 
 
 def _plan(command, num_workers, num_servers, launcher, hostfile, env, port, interface,
-          timeout, stall_timeout, job_dir, ssh_options=(), role_env=None):
+          timeout, stall_timeout, job_dir, ssh_options=(), role_env=None, server_timeout=None):
     """Validate the job and return (specs in start order, secret). role_env: {role: {K: V}}."""
     if not command:
         raise UsageError('no command given')
@@ -215,9 +237,16 @@ def _plan(command, num_workers, num_servers, launcher, hostfile, env, port, inte
         raise UsageError(f'need at least 1 worker and 1 server (got -n {num_workers} -s {num_servers})')
     if port is not None and not 1 <= port <= 65535:
         raise UsageError(f'port {port} is out of range')
-    for label, value in (('--timeout', timeout), ('--stall-timeout', stall_timeout)):
+    for label, value in (('--timeout', timeout), ('--stall-timeout', stall_timeout),
+                         ('--server-timeout', server_timeout)):
         if value is not None and value <= 0:
             raise UsageError(f'{label} must be > 0')
+    if server_timeout is not None and server_timeout < 3 * LIVENESS_INTERVAL:
+        raise UsageError(f'--server-timeout must be at least {3 * LIVENESS_INTERVAL:g} s (a liveness file is touched '
+                         f'every {LIVENESS_INTERVAL:g} s)')
+    if server_timeout is not None and stall_timeout is not None and server_timeout >= stall_timeout:
+        raise UsageError(f'--server-timeout ({server_timeout:g} s) must be shorter than --stall-timeout '
+                         f'({stall_timeout:g} s): a stopped server stalls every worker')
     for key in [*env, *(k for r in (role_env or {}).values() for k in r)]:
         if not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', key):
             raise UsageError(f'bad environment variable name {key!r}')
@@ -268,9 +297,9 @@ def _plan(command, num_workers, num_servers, launcher, hostfile, env, port, inte
         return specs, secret
     # ssh: the scheduler runs here, on the interface the remote hosts connect to.
     scheduler = _Spec('scheduler', 'localhost', _with_interpreter(command, sys.executable),
-                      _role_env(local_env, 'scheduler', 0, 'scheduler', None, role_env), None, None)
+                      _role_env(local_env, 'scheduler', 0, 'scheduler', job_dir, role_env), None, None)
     return [scheduler] + _ssh_specs(command, hosts, num_workers, num_servers, job_env, os.getcwd(),
-                                    ssh_options, job_dir, role_env), secret
+                                    ssh_options, job_dir, role_env, server_timeout), secret
 
 
 def _print_plan(specs, secret):
@@ -296,6 +325,7 @@ class _Child:
         self.ssh = spec.ssh
         self.is_worker = spec.env[ROLE_ENV] == 'worker'
         self.heartbeat = spec.env.get(HEARTBEAT_ENV)
+        self.liveness = spec.env.get(LIVENESS_ENV)
         self.tail = collections.deque(maxlen=TAIL_LINES)
         self.started = time.monotonic()
         self.rank = None
@@ -359,16 +389,31 @@ class _Child:
     def describe_exit(self):
         code = self.exit_code()
         if self.ssh and self.remote_code is None:
-            return f'lost: ssh to {self.host} exited with code {code} before the role reported its end'
+            why = (f': the connection to {self.host} was lost or refused (an unreachable host ends ssh within the '
+                   f'server timeout)' if code == 255 else '')
+            return f'lost: ssh to {self.host} exited with code {code} before the role reported its end{why}'
         where = f' on {self.host}' if self.ssh else ''
         return _describe_exit(code) + where
 
-    def idle_seconds(self):
-        """Seconds since the worker last touched its heartbeat file (since its start if it never did)."""
+    def idle_seconds(self, path=None):
+        """Seconds since the worker last touched its heartbeat file (since its start if it never did);
+        with `path`, since that file (the liveness file of a server or the scheduler) was touched."""
         try:
-            return time.time() - os.stat(self.heartbeat).st_mtime
+            return time.time() - os.stat(path or self.heartbeat).st_mtime
         except FileNotFoundError:
             return time.monotonic() - self.started
+
+    def silence(self, seconds):
+        """What to say about a server or the scheduler that gave no sign of life for `seconds`."""
+        if self.ssh:
+            why = (f'its process is stopped or hung, {self.host} is unreachable, or it lost the shared '
+                   f'file system (the liveness file is there)')
+        else:
+            states = _group_states(self.popen.pid)
+            why = ('its process is stopped (SIGSTOP or SIGTSTP)' if states & {'T', 't'}
+                   else f'its process is hung (state {"".join(sorted(states)) or "unknown"})')
+        return (f'on {self.host} gave no sign of life for {seconds:.0f} s (server timeout): {why}; the '
+                f'workers cannot go on without it')
 
     def report(self, what):
         if self.popen.returncode is not None:
@@ -377,6 +422,22 @@ class _Child:
         if self.tail:
             lines += [f'launch: last output of {self.label()}:'] + [f'  {line}' for line in self.tail]
         print('\n'.join(lines), file=sys.stderr, flush=True)
+
+
+def _group_states(pgid):
+    """One-letter states (R, S, D, T, Z, ...) of the local processes of a process group, from /proc."""
+    states = set()
+    for pid in os.listdir('/proc'):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f'/proc/{pid}/stat') as f:
+                fields = f.read().rsplit(')', 1)[1].split()   # state, ppid, pgrp, ...
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid):
+            states.add(fields[0])
+    return states
 
 
 def _describe_exit(returncode):
@@ -388,9 +449,10 @@ def _describe_exit(returncode):
         return f'killed by signal {-returncode}'
 
 
-def _supervise(children, timeout, stall_timeout, received):
+def _supervise(children, timeout, stall_timeout, received, server_timeout=None):
     """Watch the children until the job is decided; return the exit code. Cleanup is the caller's."""
     workers = [c for c in children if c.is_worker]
+    watched = [c for c in children if c.liveness] if server_timeout is not None else []
     start = time.monotonic()
     workers_done_at = None
     while True:
@@ -412,6 +474,13 @@ def _supervise(children, timeout, stall_timeout, received):
             if timeout is not None and now - start > timeout:
                 print(f'launch: timeout after {timeout:g} s', file=sys.stderr)
                 return 124
+            # Servers and the scheduler first: a stopped server stalls every worker, and it is the
+            # one to name (server_timeout < stall_timeout).
+            for c in watched:
+                silent = c.idle_seconds(c.liveness)
+                if c.popen.returncode is None and silent > server_timeout:
+                    c.report(c.silence(silent))
+                    return 1
             for w in workers:
                 if stall_timeout is not None and w.popen.returncode is None and w.idle_seconds() > stall_timeout:
                     w.report(f'made no progress for {stall_timeout:g} s')
@@ -431,7 +500,7 @@ def _signal_groups(children, signum):
 # what is left after the grace period, exit 0 only when no process of any group is left.
 _REMOTE_KILL = """
 alive() { left=; for g in "$@"; do kill -0 -- -$g 2>/dev/null && left="$left $g"; done; }
-for g in "$@"; do kill -TERM -- -$g 2>/dev/null; done
+for g in "$@"; do kill -TERM -- -$g 2>/dev/null; kill -CONT -- -$g 2>/dev/null; done
 n=0; alive "$@"
 while [ -n "$left" ] && [ $n -lt %d ]; do sleep 0.1; n=$((n+1)); alive $left; done
 for g in $left; do kill -KILL -- -$g 2>/dev/null; done
@@ -458,7 +527,8 @@ def _start_remote_kills(children):
 def _cleanup(children):
     """End every process of the job, here and on every ssh host; False if that cannot be confirmed.
 
-    Local process groups get SIGTERM, SIGKILL after TERM_GRACE. Remote groups are ended the same way
+    Local process groups get SIGTERM (and SIGCONT, so a stopped process receives it at once), SIGKILL
+    after TERM_GRACE. Remote groups are ended the same way
     over one ssh connection per host, in parallel; closing our ssh clients' stdin also tells remote.py
     to end its group, which covers roles that had not reported their group id yet."""
     kills = _start_remote_kills(children)
@@ -469,6 +539,7 @@ def _cleanup(children):
             except OSError:  # ssh already gone
                 pass
     _signal_groups([c for c in children if not c.ssh], signal.SIGTERM)
+    _signal_groups([c for c in children if not c.ssh], signal.SIGCONT)  # a stopped process gets SIGTERM now
     deadline = time.monotonic() + TERM_GRACE
     while any(c.popen.poll() is None for c in children) and time.monotonic() < deadline:
         time.sleep(POLL_SECONDS)
@@ -508,7 +579,7 @@ def _catch_stop_signals(received):
     return restore
 
 
-def _run(specs, timeout, stall_timeout):
+def _run(specs, timeout, stall_timeout, server_timeout=None):
     received = []
     restore_signals = _catch_stop_signals(received)
     children = []
@@ -520,7 +591,7 @@ def _run(specs, timeout, stall_timeout):
             except OSError as e:
                 print(f'launch: cannot start {spec.name}: {e}', file=sys.stderr)
                 return 1
-        code = _supervise(children, timeout, stall_timeout, received)
+        code = _supervise(children, timeout, stall_timeout, received, server_timeout)
         return code
     finally:
         started = time.monotonic()
@@ -535,7 +606,7 @@ def _run(specs, timeout, stall_timeout):
 
 def run_job(command, num_workers, num_servers=None, *, launcher='local', hostfile=None, env=None,
             timeout=None, port=None, interface=None, stall_timeout=None, dry_run=False, ssh_options=(),
-            role_env=None):
+            role_env=None, server_timeout=None):
     """Run `command` as scheduler, servers and workers; return the exit code the CLI exits with.
 
     num_servers defaults to num_workers (as in MXNet's launcher). ssh_options: extra ssh arguments
@@ -559,14 +630,14 @@ def run_job(command, num_workers, num_servers=None, *, launcher='local', hostfil
         try:
             specs, secret = _plan(command, num_workers, num_servers, launcher, hostfile, dict(env or {}),
                                   port, interface, timeout, stall_timeout, job_path, list(ssh_options),
-                                  role_env)
+                                  role_env, server_timeout)
         except UsageError as e:
             print(f'launch: {e}', file=sys.stderr)
             return 2
         if dry_run:
             _print_plan(specs, secret)
             return 0
-        return _run(specs, timeout, stall_timeout)
+        return _run(specs, timeout, stall_timeout, server_timeout)
 
 
 def _env_item(text, *, allow_name):
@@ -605,6 +676,9 @@ def _parser():
                                        'for ssh: the one the hosts reach it on)')
     p.add_argument('--stall-timeout', type=float,
                    help='fail when a worker does not touch its heartbeat file for this many seconds')
+    p.add_argument('--server-timeout', type=float,
+                   help='fail when a server or the scheduler gives no sign of life (a file its Python process '
+                        'touches every second) for this many seconds: stopped, hung or unreachable')
     p.add_argument('--ssh-user', help='ssh: log in as this user (ssh -l)')
     p.add_argument('--ssh-identity', help='ssh: private key file (ssh -i)')
     p.add_argument('--ssh-config', help='ssh: configuration file (ssh -F)')
@@ -647,6 +721,7 @@ def main(argv=None):
                 'worker': dict(args.env_worker)}
     sys.exit(run_job(command, args.num_workers, args.num_servers, launcher=args.launcher,
                      hostfile=args.hostfile, env=env, timeout=args.timeout, port=args.port,
-                     interface=args.interface, stall_timeout=args.stall_timeout, dry_run=args.dry_run,
+                     interface=args.interface, stall_timeout=args.stall_timeout,
+                     server_timeout=args.server_timeout, dry_run=args.dry_run,
                      ssh_options=ssh_options(args.ssh_user, args.ssh_identity, args.ssh_config, args.ssh_option),
                      role_env=role_env))

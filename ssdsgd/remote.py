@@ -8,6 +8,9 @@ reads the lines starting with MARK that it prints. What it does on the host:
   launcher can end the whole group over ssh;
 - ends the group (SIGTERM, then SIGKILL) when its standard input closes, i.e. when the launcher's
   ssh client is gone (a dead launcher leaves nothing behind), or when it gets SIGTERM/SIGHUP/SIGINT;
+- also ends it once the launcher's job folder (SSDSGD_JOB_DIR, on the shared file system) is gone: the
+  launcher removes it after its cleanup, so a role on a host the cleanup could not reach (the network
+  was cut, and the closing ssh connection never arrived) still ends when the job is over;
 - reports how COMMAND ended (exit code, or the signal that killed it) before exiting with it.
 
 Standard library only.
@@ -22,6 +25,8 @@ import sys
 import threading
 
 MARK = '@ssdsgd '        # a line `@ssdsgd <key> <value>...` is for the launcher and is not shown
+JOB_DIR_ENV = 'SSDSGD_JOB_DIR'     # ssdsgd.env.JOB_DIR_ENV
+JOB_DIR_POLL = 1.0       # seconds between checks that the launcher's job folder still exists
 TERM_GRACE = 3.0         # between SIGTERM and SIGKILL
 SIOCGIFADDR = 0x8915     # <linux/sockios.h>
 
@@ -54,6 +59,8 @@ def _end_group(pgid):
     for sig, wait in ((signal.SIGTERM, TERM_GRACE), (signal.SIGKILL, 0)):
         try:
             os.killpg(pgid, sig)
+            if sig == signal.SIGTERM:
+                os.killpg(pgid, signal.SIGCONT)   # a stopped process gets the SIGTERM now, not at SIGKILL
         except ProcessLookupError:
             return
         deadline = wait
@@ -68,7 +75,10 @@ def _end_group(pgid):
 
 def main(command):
     env = dict(os.environ)
-    iface = env.pop('SSDSGD_HOST_INTERFACE', '')   # ssdsgd.env.HOST_INTERFACE_ENV (no imports here)
+    # The names are ssdsgd.env's (no imports here; tests/test_code_shape.py checks them).
+    env.pop('SSDSGD_REMOTE_WRAPPER', None)   # the role itself keeps its liveness file (pyhooks/sitecustomize.py)
+    job_dir = env.pop(JOB_DIR_ENV, '')
+    iface = env.pop('SSDSGD_HOST_INTERFACE', '')
     if iface:
         address = interface_ip(iface)
         if address is None:
@@ -98,6 +108,20 @@ def main(command):
         stop()
 
     threading.Thread(target=watch_stdin, daemon=True).start()
+
+    def watch_job_dir():
+        while True:
+            threading.Event().wait(JOB_DIR_POLL)
+            try:
+                os.stat(job_dir)
+            except FileNotFoundError:
+                break       # removed: the launcher is done with the job
+            except OSError:
+                continue    # a file system hiccup is not the end of the job
+        stop()
+
+    if job_dir:
+        threading.Thread(target=watch_job_dir, daemon=True).start()
     code = child.wait()
     try:
         print(f'{MARK}exit {code}', flush=True)

@@ -122,6 +122,7 @@ def _launch(cfg, args, resume):
     env = {LOCKED_ENV: "1"}     # the roles do not take the folder locks again
     return run_job(command, cl.workers, cl.servers, launcher=cl.launcher, hostfile=cl.hostfile,
                    env=env, timeout=cl.timeout, interface=cl.interface, stall_timeout=cl.stall_timeout or None,
+                   server_timeout=cl.server_timeout or None,
                    port=cl.port, ssh_options=ssh_options(cl.ssh_user, cl.ssh_identity, cl.ssh_config,
                                                          cl.ssh_options))
 

@@ -20,6 +20,8 @@ from ssdsgd.checkpoint import (SERVER_STOCK, CheckpointError, load_npz, save_npz
                                server_stock_file)
 from ssdsgd.compression.codec import MailboxFormat
 from ssdsgd.env import ROLE_ENV, SECRET_ENV
+from ssdsgd.launcher import RANK_MARK
+from ssdsgd.remote import MARK
 from ssdsgd.rounds import BufferState, DownlinkRing
 from ssdsgd.schedule import LRSchedule
 
@@ -208,6 +210,9 @@ def run_server():
                 # command on; commands always precede the first push.
                 self.kvstore._set_updater(self._update)
                 self.updater_installed = True
+                # Our server rank (ps-lite knows it only once the loop runs): the launcher labels our
+                # output and messages with it, the rank the workers' key placement and messages use.
+                print(f"{MARK}{RANK_MARK} {self.kvstore.rank}", flush=True)
             op = msg["op"]
             if op == commands.STOCK_OPTIMIZER:
                 sched = LRSchedule.from_dict(msg["schedule"])

@@ -147,7 +147,8 @@ def test_ssh_launcher_environment_on_hosts(vc, tmp_path):
 
 @pytest.mark.timeout(150)
 def test_ssdsgd_run_on_four_hosts(vc, tmp_path):
-    argv, run_dir = _run_cmd(vc, tmp_path, "train.epochs=1", "log.every_steps=5", "cluster.stall_timeout=60")
+    argv, run_dir = _run_cmd(vc, tmp_path, "train.epochs=1", "log.every_steps=5", "cluster.stall_timeout=60",
+                             "cluster.server_timeout=30")
     rc, out = _finish(*_start(argv, tmp_path), timeout=120)
     assert rc == 0, out
     summary = json.load(open(os.path.join(run_dir, "summary.json")))
@@ -169,9 +170,9 @@ def test_launch_py_ssh_job_on_four_hosts(vc, tmp_path):
     assert json.load(open(log_dir / "direct" / "summary.json"))["steps"] == 22
 
 
-def _fault_during_training(vc, tmp_path, fault):
+def _fault_during_training(vc, tmp_path, fault, *sets):
     """Start a long job, call fault(proc) once it trains; (exit code, output, seconds to exit)."""
-    argv, run_dir = _run_cmd(vc, tmp_path, "train.epochs=300", "log.every_steps=2")
+    argv, run_dir = _run_cmd(vc, tmp_path, "train.epochs=300", "log.every_steps=2", *sets)
     proc, out = _start(argv, tmp_path)
     try:
         _wait_for(lambda: os.path.exists(os.path.join(run_dir, "metrics.jsonl")), 60, "training to start")
@@ -196,6 +197,46 @@ def test_sigkill_of_a_remote_role(vc, tmp_path, victim):
     host = vc.hostnames[HOSTS[victim]]
     assert f"launch: {victim}" in text and f"killed by SIGKILL on {host}" in text, text
     assert "every process on every host has ended" in text
+
+
+@pytest.mark.timeout(120)
+def test_stopped_remote_server_is_named_with_its_host(vc, tmp_path):
+    """SIGSTOP of server 0 on h1: its liveness file (in the shared working directory) goes quiet; the job
+    fails naming the role and the host, and the cleanup ends the stopped process (SIGCONT after SIGTERM)."""
+    def stop(proc):
+        os.kill(_wait_for(lambda: _role_pid(vc, "server 0"), 10, "server 0's process"), signal.SIGSTOP)
+    rc, text, elapsed = _fault_during_training(vc, tmp_path, stop, "cluster.server_timeout=5")
+    print(f"server 0 SIGSTOPped on h1: launcher exit {rc} after {elapsed:.1f} s")
+    assert rc == 1, text
+    # Labelled with its rank if it had reported it (metrics.jsonl, the start signal, comes before the setup).
+    assert re.search(r"^launch: server 0( \(rank 0\))? on h1 gave no sign of life for 5 s \(server timeout\): "
+                     r"its process is stopped or hung, h1 is unreachable", text, re.M), text
+    assert "made no progress" not in text
+    assert elapsed < 5 + STOP_SECONDS
+    assert "every process on every host has ended" in text
+
+
+@pytest.mark.timeout(150)
+def test_unreachable_server_host_is_named(vc, tmp_path):
+    """h1 (server 0) drops off the network mid-run: ssh's own keepalive (from cluster.server_timeout) ends
+    the launcher's ssh client, and the job fails naming the role, the host and the lost connection. The
+    cleanup cannot reach h1 and says so; once h1 is back, the closed connection ends the role there."""
+    ns = vc.namespaces[HOSTS["server 0"]]
+
+    def cut(proc):
+        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "down"], check=True)
+    try:
+        rc, text, elapsed = _fault_during_training(vc, tmp_path, cut, "cluster.server_timeout=8")
+    finally:
+        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=True)
+    print(f"h1 cut off: launcher exit {rc} after {elapsed:.1f} s")
+    assert rc == 1, text
+    assert re.search(r"^launch: server 0( \(rank 0\))? lost: ssh to h1 exited with code 255 before the role "
+                     r"reported its end: the connection to h1 was lost", text, re.M), text
+    assert "made no progress" not in text
+    assert elapsed < 8 + STOP_SECONDS
+    assert re.search(r"cannot confirm that server 0( \(rank 0\))? on h1 ended", text), text
+    _wait_for(lambda: vc.leftovers() == {}, 60, "server 0 on h1 to end once h1 is back")
 
 
 @pytest.mark.timeout(120)

@@ -446,12 +446,31 @@ def test_malformed_and_opless_commands_refused():
 
 
 def test_cluster_stall_timeout_can_be_off_and_ssh_options():
-    for text, want in (("null", None), ("0", 0.0), ("12", 12.0)):
+    for text, want in (("null", None), ("0", 0.0), ("120", 120.0)):
         assert load_config(SSGD, [f"cluster.stall_timeout={text}"]).cluster.stall_timeout == want
     assert config_error(SSGD, ["cluster.stall_timeout=-1"]).startswith("cluster.stall_timeout")
     cfg = load_config(SSGD, ["cluster.ssh_options=[ConnectTimeout=5, Compression=no]", "cluster.ssh_user=me"])
     assert cfg.cluster.ssh_options == ["ConnectTimeout=5", "Compression=no"] and cfg.cluster.ssh_user == "me"
     assert config_error(SSGD, ["cluster.ssh_options=[1]"]).startswith("cluster.ssh_options")
+
+
+def test_cluster_server_timeout_is_shorter_than_the_stall_timeout():
+    cl = load_config(SSGD).cluster
+    assert (cl.server_timeout, cl.stall_timeout) == (60.0, 300.0)
+    for text, want in (("null", None), ("0", 0.0), ("5", 5.0)):
+        assert load_config(SSGD, [f"cluster.server_timeout={text}"]).cluster.server_timeout == want
+    assert config_error(SSGD, ["cluster.server_timeout=-1"]).startswith("cluster.server_timeout")
+    assert config_error(SSGD, ["cluster.server_timeout=1"]) == (
+        "cluster.server_timeout: at least 3 s (the liveness file is touched every second; a shorter timeout fails "
+        "live jobs); 0 or null turns it off; got 1")
+    err = config_error(SSGD, ["cluster.stall_timeout=30"])          # below the default server timeout
+    assert err == ("cluster.server_timeout: must be shorter than cluster.stall_timeout, so a stopped or "
+                   "unreachable server is named before a worker is blamed for the stall it causes; got "
+                   "server_timeout 60 s, stall_timeout 30 s")
+    assert load_config(SSGD, ["cluster.stall_timeout=30", "cluster.server_timeout=10"]).cluster.stall_timeout == 30
+    # Either one off: nothing to compare.
+    assert load_config(SSGD, ["cluster.stall_timeout=30", "cluster.server_timeout=0"]).cluster.server_timeout == 0
+    assert load_config(SSGD, ["cluster.stall_timeout=0", "cluster.server_timeout=600"]).cluster.server_timeout == 600
 
 
 # ---------------------------------------------------------------- data subsets, IDX datasets, allocation

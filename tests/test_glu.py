@@ -382,3 +382,31 @@ def test_round_client_delay_stage_momentum(mc):
     assert (client.server_momentum, client.server_delay_momentum) == ((0.0, 0.0) if mc else (0.9, 0.7))
     default, _, _ = _round_client("global_momentum")
     assert default.delay_momentum == default.local_opt.momentum == cfg.train.momentum
+
+
+class _SlowClockKV(_StubKV):
+    """The clock key reads `version - 1` until `after` seconds have passed, then `version`."""
+
+    def __init__(self, version, after):
+        import time
+        self.version, self.ready_at = version, time.monotonic() + after
+
+    def pull(self, key, out):
+        import time
+        out[:] = self.version if time.monotonic() >= self.ready_at else self.version - 1
+
+
+@pytest.mark.parametrize("server_timeout, notes", [(60, 1), (0, 0)])
+def test_a_long_wait_for_a_round_names_the_buffers_server_once(capsys, server_timeout, notes):
+    from types import SimpleNamespace
+    client, _, _ = _round_client("sgd", f"cluster.server_timeout={server_timeout}")
+    assert client.wait_note == (server_timeout or None)
+    if client.wait_note:
+        client.wait_note = 0.05           # the config's minimum is 3 s; the test stays short
+    client.kv = _SlowClockKV(3, after=0.3)
+    client.buffers, client.clock_bufs = [SimpleNamespace(clock_key=7, server=1)], [mx.nd.zeros(1)]
+    client._poll_clock(0, 3)
+    out = capsys.readouterr().out
+    assert out.count("rank 0: waited 0.05 s for round 2 of buffer 0, held by server rank 1: another worker is "
+                     "behind, or the connection to that server is lost\n") == notes
+    assert out.count("waited") == notes

@@ -33,6 +33,10 @@ os.replace(os.path.join(out, 'tmp.' + me), os.path.join(out, 'pid.' + me))
 print(me + ' started', flush=True)
 
 if role != 'worker':
+    if mode == 'stop-' + me:  # a stopped server or scheduler: alive, but gives no sign of life
+        while len(glob.glob(os.path.join(out, 'pid.*'))) < 1 + n_servers + n_workers:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGSTOP)
     while not all(os.path.exists(os.path.join(out, 'done.%d' % i)) for i in range(n_workers)):
         time.sleep(0.05)
     sys.exit(0)
@@ -152,6 +156,9 @@ def test_success_and_environment(toy_dir, capsys, monkeypatch):
             assert os.path.basename(env['SSDSGD_HEARTBEAT_FILE']) == f'worker{task}.hb'
         else:
             assert 'SSDSGD_HEARTBEAT_FILE' not in env
+        # Servers and the scheduler: the hook took the liveness file out of the environment (their
+        # children do not speak for them), and touches it.
+        assert 'SSDSGD_LIVENESS_FILE' not in env and 'SSDSGD_REMOTE_WRAPPER' not in env
     heartbeat_dir = os.path.dirname(envs['worker0']['SSDSGD_HEARTBEAT_FILE'])
     assert not os.path.exists(heartbeat_dir)
 
@@ -205,6 +212,31 @@ def test_stalled_worker(toy_dir, capsys, mode, min_seconds):
     assert min_seconds <= time.monotonic() - start < 15
     assert re.search(r'launch: worker [01] made no progress for 2 s', capsys.readouterr().err)
     _assert_all_gone(toy_dir, ['scheduler0', 'server0', 'worker0', 'worker1', 'grandchild'])
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize('victim, name', [('server0', 'server 0'), ('scheduler0', 'scheduler')])
+def test_stopped_server_or_scheduler_is_named(toy_dir, capsys, victim, name):
+    """SIGSTOP: the process never exits and the workers would only stall; its liveness file goes quiet.
+    Cleanup must end the stopped process too (SIGTERM is held until SIGCONT; SIGKILL is not)."""
+    start = time.monotonic()
+    assert run_job(TOY_CMD, 2, 1, env={'TOY_DIR': toy_dir, 'TOY_MODE': 'stop-' + victim},
+                   server_timeout=3, stall_timeout=30) == 1
+    elapsed = time.monotonic() - start
+    err = capsys.readouterr().err
+    assert f'launch: {name} on localhost gave no sign of life for 3 s (server timeout): its process is ' \
+           'stopped (SIGSTOP or SIGTSTP)' in err, err
+    assert 'made no progress' not in err
+    assert elapsed < 13    # 3 s + start-up + at most 3 s of SIGTERM grace
+    _assert_all_gone(toy_dir, ['scheduler0', 'server0', 'worker0', 'worker1', 'grandchild'])
+
+
+def test_server_timeout_must_be_shorter_than_the_stall_timeout(capsys):
+    assert run_job(TOY_CMD, 1, 1, server_timeout=30, stall_timeout=30) == 2
+    assert '--server-timeout (30 s) must be shorter than --stall-timeout (30 s)' in capsys.readouterr().err
+    assert run_job(TOY_CMD, 1, 1, server_timeout=0) == 2
+    assert run_job(TOY_CMD, 1, 1, server_timeout=2) == 2
+    assert '--server-timeout must be at least 3 s' in capsys.readouterr().err
 
 
 @pytest.mark.timeout(30)

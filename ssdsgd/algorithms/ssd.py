@@ -173,6 +173,9 @@ class RoundClient(Client):
         self.downlink = []                          # per buffer: sparse downlink settings, or None
         self.replicas = []                          # per buffer: BufferState mirroring the server's
         self.pulled = []                            # per buffer: 'ring' or 'dense', the last pull issued
+        # A round awaited longer than the server timeout is reported once per wait, naming the server
+        # that holds the buffer; the job goes on (a worker may just be behind; the stall timeout decides).
+        self.wait_note = cfg.cluster.server_timeout or None
 
     # ---- setup -------------------------------------------------------------------------------
     def _make_local_optimizer(self, total_steps):
@@ -482,11 +485,17 @@ class RoundClient(Client):
         """Poll the clock key until the buffer's global version is at least `version`."""
         b, clock = self.buffers[bi], self.clock_bufs[bi]
         delay = 0.0005
+        start, noted = time.monotonic(), False
         while True:
             self.kv.pull(b.clock_key, out=clock)
             self.pull_bytes += 4
             if int(clock.asscalar()) >= version:
                 return
+            if not noted and self.wait_note and time.monotonic() - start > self.wait_note:
+                print(f"rank {self.kv.rank}: waited {self.wait_note:g} s for round {version - 1} of buffer {bi}, "
+                      f"held by server rank {b.server}: another worker is behind, or the connection to that "
+                      f"server is lost", flush=True)
+                noted = True
             time.sleep(delay)
             delay = min(delay * 2, 0.01)
 

@@ -12,9 +12,22 @@ is what makes it run in exactly the job's processes, before any user code and al
 scripts that never import ssdsgd or in `/bin/sh -c` command lines. Installing it into site-packages
 instead would make it run in every process of the interpreter and collide with a sitecustomize already
 there.
+
+Liveness: when the launcher names a file in SSDSGD_LIVENESS_FILE (it does for servers and the scheduler),
+a daemon thread touches it every LIVENESS_INTERVAL seconds for as long as the process runs. The thread
+needs nothing but the interpreter, so it keeps going while the main thread sits in MXNet's server loop
+(ctypes releases the GIL), also for stock scripts whose server loop runs inside `import mxnet`; it stops
+with the process, and also when the process is stopped (SIGSTOP) or its host is cut off, which is what
+the launcher watches for (cluster.server_timeout). The variable is taken out of the environment, so only
+this process, not the processes it starts, speaks for the role. ssdsgd/remote.py, which wraps the role
+on an ssh host, sets SSDSGD_REMOTE_WRAPPER and leaves the file to the role it starts.
 """
 import os
 import sys
+import threading
+import time
+
+LIVENESS_INTERVAL = 1.0
 
 
 def _exit_at_once(kind, value, tb):
@@ -29,6 +42,21 @@ def _exit_at_once(kind, value, tb):
 
 if os.environ.get('DMLC_ROLE'):
     sys.excepthook = _exit_at_once
+
+
+def _keep_alive(path):
+    while True:
+        try:
+            with open(path, 'a'):
+                os.utime(path, None)
+        except OSError:
+            pass            # the launcher's folder is gone: the job is ending
+        time.sleep(LIVENESS_INTERVAL)
+
+
+if os.environ.get('SSDSGD_LIVENESS_FILE') and not os.environ.get('SSDSGD_REMOTE_WRAPPER'):
+    threading.Thread(target=_keep_alive, args=(os.environ.pop('SSDSGD_LIVENESS_FILE'),), daemon=True,
+                     name='ssdsgd-liveness').start()
 
 
 def _chain():

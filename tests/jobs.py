@@ -95,6 +95,25 @@ def wait_for_progress(job, proc, timeout=60):
     pytest.fail("job made no progress")
 
 
+def hit_role(job, proc, role, task, hit, progress_timeout=90, end_timeout=90):
+    """Once the job is past start-up, call hit(pid) on the one process of (role, task), then wait for
+    the job to end. Returns (output, seconds from the hit to the end); the job is killed if it
+    outlives the wait (the caller checks that nothing is left)."""
+    import signal
+    try:
+        wait_for_progress(job, proc, timeout=progress_timeout)
+        victims = [p for p in processes_with(job.marker) if role_of(p) == (role, task)]
+        assert len(victims) == 1, victims
+        hit(victims[0])
+        t0 = time.time()
+        out, _ = proc.communicate(timeout=end_timeout)
+        return out, time.time() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def stopped_resumed_and_uninterrupted(tmp_path, config, *sets, stop_steps):
     """Three jobs with a checkpoint every epoch: A stops after `stop_steps` steps, B resumes A's
     checkpoint to the end, C runs to the end without stopping. Returns (a, b, c), each checked to

@@ -8,11 +8,10 @@ within the server timeout.
 import os
 import re
 import signal
-import time
 
 import pytest
 
-from jobs import processes_with, role_of, start_job, wait_for_progress
+from jobs import hit_role, processes_with, start_job
 
 SSD_TOPK = "configs/demo_digits_ssd_topk.yaml"
 SERVER_TIMEOUT = 5
@@ -23,18 +22,7 @@ SERVER_TIMEOUT = 5
 def test_stopped_server_or_scheduler_fails_the_job_within_the_server_timeout(tmp_path, role, name):
     proc, job = start_job(tmp_path, SSD_TOPK, "train.epochs=500", "log.every_steps=1",
                           f"cluster.server_timeout={SERVER_TIMEOUT}", name="stop")
-    try:
-        wait_for_progress(job, proc, timeout=90)
-        victims = [p for p in processes_with(job.marker) if role_of(p) == (role, 0)]
-        assert len(victims) == 1, victims
-        os.kill(victims[0], signal.SIGSTOP)
-        t0 = time.time()
-        out, _ = proc.communicate(timeout=90)
-        elapsed = time.time() - t0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    out, elapsed = hit_role(job, proc, role, 0, lambda pid: os.kill(pid, signal.SIGSTOP))
     print(f"{name} SIGSTOPped: job ended after {elapsed:.1f} s with exit {proc.returncode}")
     assert proc.returncode == 1, out[-3000:]
     # A server is labelled with its KVStore rank once it has reported it.

@@ -8,7 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from jobs import processes_with, role_of, run_job, start_job, stopped_resumed_and_uninterrupted, wait_for_progress
+from jobs import (hit_role, processes_with, role_of, run_job, start_job, stopped_resumed_and_uninterrupted,
+                  wait_for_progress)
 
 SSGD = "configs/demo_digits_ssgd.yaml"
 SSD_TOPK = "configs/demo_digits_ssd_topk.yaml"
@@ -25,18 +26,8 @@ def load_params(path):
 @pytest.mark.parametrize("role,task", [("worker", 1), ("server", 0), ("scheduler", 0)])
 def test_sigkill_of_any_role_ends_the_job(tmp_path, role, task):
     proc, job = start_job(tmp_path, SSD_TOPK, "train.epochs=500", "log.every_steps=1", name="kill")
-    try:
-        wait_for_progress(job, proc, timeout=60)
-        victims = [p for p in processes_with(job.marker) if role_of(p) == (role, task)]
-        assert len(victims) == 1, victims
-        os.kill(victims[0], signal.SIGKILL)
-        t0 = time.time()
-        out, _ = proc.communicate(timeout=60)
-        elapsed = time.time() - t0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    out, elapsed = hit_role(job, proc, role, task, lambda pid: os.kill(pid, signal.SIGKILL),
+                            progress_timeout=60, end_timeout=60)
     assert proc.returncode != 0
     assert elapsed < 30
     name = "scheduler" if role == "scheduler" else f"{role} {task}"
@@ -262,19 +253,12 @@ def test_garbage_on_a_ps_lite_port_ends_the_job_naming_the_role(tmp_path):
     (The scheduler runs the same van.cc and aborts the same way; its death is named like any role's.)"""
     role, name = "server", "server 0"
     proc, job = start_job(tmp_path, SSD_TOPK, "train.epochs=500", "log.every_steps=1", name="garbage")
-    try:
-        wait_for_progress(job, proc, timeout=90)
-        [victim] = [p for p in processes_with(job.marker) if role_of(p) == (role, 0)]
+    def send_garbage(victim):
         [(addr, port)] = _listening(victim)
         with socket.create_connection((addr, port), timeout=10) as s:
             _send_zmtp_message(s, b"\x07 not a protobuf")      # tag 7: field 0, wire type 7: invalid
-            t0 = time.time()
-            out, _ = proc.communicate(timeout=90)
-        elapsed = time.time() - t0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+
+    out, elapsed = hit_role(job, proc, role, 0, send_garbage)
     print(f"garbage sent to the {name}: job ended after {elapsed:.1f} s")
     assert proc.returncode == 1, out[-3000:]
     assert re.search(rf"^launch: {name}( \(rank 0\))? (killed by SIG\w+|exited with code \d+)", out, re.M), \

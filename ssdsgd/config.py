@@ -158,6 +158,9 @@ SCHEMA = {
         "validation": Field(float, 0.0, min=0,
                             doc="fraction (< 1) or count of training images held out for validation; "
                                 "evaluation then uses them instead of the test set"),
+        "validation_from": Field(str, "subset", choices=("subset", "rest"),
+                                 doc="where data.validation draws from: the kept training images (subset) or "
+                                     "the training images data.train_per_class leaves out (rest)"),
     },
     "model": {
         "name": Field(str, "small_cnn"),
@@ -331,6 +334,9 @@ def _check_consistency(c):
                               f"not on {d['dataset']}")
     if d["validation"] >= 1 and d["validation"] != int(d["validation"]):
         raise ConfigError(f"data.validation: a fraction below 1 or a whole count; got {d['validation']}")
+    if d["validation_from"] == "rest" and not d["train_per_class"]:
+        raise ConfigError("data.validation_from: 'rest' draws the validation images from the training images that "
+                          "data.train_per_class leaves out; set data.train_per_class too")
     if c["data"]["dataset"] in ROOTED_DATASETS and not c["data"]["root"]:
         raise ConfigError(f"data.root: required for dataset {c['data']['dataset']} "
                           "(the local folder holding the dataset files; nothing is downloaded)")

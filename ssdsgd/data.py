@@ -48,28 +48,40 @@ class DataBundle:
 
 
 VALIDATION_SEED = 20240607  # fixed: every run and seed validates on the same images
+VALIDATION_SOURCES = ("subset", "rest")
 
 
-def split_train(x, y, train_per_class=None, validation=0):
+def split_train(x, y, train_per_class=None, validation=0, validation_from="subset"):
     """(train x, train y, validation x or None, validation y or None).
 
     train_per_class: keep the first n images of each class (in file order), e.g. a fixed
-    class-balanced subset. validation: a fraction in (0, 1) or a count of the (kept) training
-    images, drawn with a fixed seed, so the split never depends on the run's seed."""
+    class-balanced subset. validation: a fraction in (0, 1) or a count of images, drawn with a
+    fixed seed, so the split never depends on the run's seed. validation_from "subset" carves them
+    out of the kept training images; "rest" draws them from the training images that
+    train_per_class leaves out, so the training subset (and the schedule) stays exactly that of
+    the test runs, and the held-out set can be far larger than a slice of the subset."""
+    if validation_from not in VALIDATION_SOURCES:
+        raise DataError(f"data.validation_from: one of {', '.join(VALIDATION_SOURCES)}, got {validation_from!r}")
+    if validation_from == "rest" and not train_per_class:
+        raise DataError("data.validation_from: 'rest' draws from the training images that data.train_per_class "
+                        "leaves out; set data.train_per_class too")
+    kept = np.arange(len(y))
     if train_per_class:
-        keep = np.concatenate([np.flatnonzero(y == c)[:train_per_class] for c in np.unique(y)])
-        keep.sort()
-        x, y = x[keep], y[keep]
+        kept = np.sort(np.concatenate([np.flatnonzero(y == c)[:train_per_class] for c in np.unique(y)]))
     if not validation:
-        return x, y, None, None
-    n_val = int(round(validation * len(y))) if validation < 1 else int(validation)
+        return x[kept], y[kept], None, None
+    pool = kept if validation_from == "subset" else np.setdiff1d(np.arange(len(y)), kept)
+    n_val = int(round(validation * len(pool))) if validation < 1 else int(validation)
     if validation >= 1 and validation != n_val:
         raise DataError(f"data.validation: a count must be a whole number, got {validation}")
-    if not 0 < n_val < len(y):
-        raise DataError(f"data.validation: {validation} gives {n_val} of {len(y)} training images; "
+    if validation_from == "subset" and not 0 < n_val < len(pool):
+        raise DataError(f"data.validation: {validation} gives {n_val} of {len(pool)} training images; "
                         f"it must leave at least one on each side")
-    perm = np.random.RandomState(VALIDATION_SEED).permutation(len(y))
-    val, train = np.sort(perm[:n_val]), np.sort(perm[n_val:])
+    if validation_from == "rest" and not 0 < n_val <= len(pool):
+        raise DataError(f"data.validation: {validation} gives {n_val} of the {len(pool)} training images that "
+                        f"data.train_per_class leaves out (data.validation_from: rest); it must be 1 to {len(pool)}")
+    val = np.sort(np.random.RandomState(VALIDATION_SEED).permutation(pool)[:n_val])
+    train = kept if validation_from == "rest" else np.setdiff1d(kept, val)
     return x[train], y[train], x[val], y[val]
 
 
@@ -87,7 +99,8 @@ def _bundle(x_train, y_train, x_test, y_test, shard, split, image_shape, train_t
 
 def build_data(dataset, *, batch_size, rank, num_workers, seed, root=None, shape=None,
                num_classes=None, synthetic_samples=1024, augment=True,
-               preprocess_threads=2, train_per_class=None, validation=0) -> DataBundle:
+               preprocess_threads=2, train_per_class=None, validation=0,
+               validation_from="subset") -> DataBundle:
     """Load `dataset` and return this worker's training shard and the full test set.
 
     `root` is the data folder (cifar10, imagenet, mnist, fashion_mnist), `shape` the (C, H, W)
@@ -96,13 +109,14 @@ def build_data(dataset, *, batch_size, rank, num_workers, seed, root=None, shape
     In-memory datasets (digits, cifar10, mnist, fashion_mnist) can be cut down and split:
     `train_per_class` keeps the first n training images of each class; `validation` (a fraction
     below 1, or a count) then moves a fixed, seed-independent random part of those into a
-    validation set, which replaces the test set as `DataBundle.test` (`eval_set` says which).
+    validation set, which replaces the test set as `DataBundle.test` (`eval_set` says which);
+    `validation_from="rest"` draws it from the images `train_per_class` leaves out instead.
     """
     if not 0 <= rank < num_workers or batch_size < 1:
         raise ValueError(f"need batch_size >= 1 and 0 <= rank < num_workers, got "
                          f"batch_size={batch_size}, rank={rank}, num_workers={num_workers}")
     shard = dict(batch_size=batch_size, rank=rank, num_workers=num_workers, seed=seed)
-    split = dict(train_per_class=train_per_class, validation=validation)
+    split = dict(train_per_class=train_per_class, validation=validation, validation_from=validation_from)
     if dataset not in IN_MEMORY and (train_per_class or validation):
         raise DataError(f"data.train_per_class and data.validation work on the in-memory datasets "
                         f"({', '.join(IN_MEMORY)}), not on {dataset}")

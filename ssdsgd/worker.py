@@ -205,7 +205,8 @@ def _start_run(cfg, resume, overwrite):
                       seed=cfg.seed, root=d.root, shape=tuple(d.shape) if d.shape else None,
                       num_classes=d.num_classes, synthetic_samples=d.synthetic_samples,
                       augment=d.augment, preprocess_threads=d.preprocess_threads,
-                      train_per_class=d.train_per_class, validation=d.validation)
+                      train_per_class=d.train_per_class, validation=d.validation,
+                      validation_from=d.validation_from)
     steps_per_epoch = data.train.steps_per_epoch
     total_steps = cfg.train.epochs * steps_per_epoch
     if cfg.train.max_steps is not None:

@@ -485,6 +485,8 @@ def test_cluster_server_timeout_is_shorter_than_the_stall_timeout():
     ("data.validation=true", "data.validation"),
     ("data.validation=2.5", "data.validation"),      # a count must be whole
     ("data.validation=1.5", "data.validation"),
+    ("data.validation_from=test", "data.validation_from"),
+    ("data.validation_from=rest", "data.validation_from"),     # needs data.train_per_class
 ])
 def test_data_subset_keys_bad_values(override, key):
     assert config_error(SSGD, [override]).startswith(key)
@@ -500,6 +502,9 @@ def test_data_subset_keys_defaults_and_accepted_values():
     assert cfg.data.validation == 200.0 and type(cfg.data.validation) is float   # a count, as float
     assert load_config(SSGD, ["data.validation=1"]).data.validation == 1.0
     assert load_config(SSGD, ["data.validation=0.999"]).data.validation == 0.999
+    assert cfg.data.validation_from == "subset"
+    cfg = load_config(SSGD, ["data.train_per_class=100", "data.validation=5000", "data.validation_from=rest"])
+    assert (cfg.data.validation, cfg.data.validation_from) == (5000.0, "rest")
 
 
 @pytest.mark.parametrize("dataset", ["imagenet", "synthetic"])

@@ -631,6 +631,39 @@ def test_validation_that_leaves_a_side_empty_is_an_error(idx_root, validation, m
     assert message in str(err.value)
 
 
+@pytest.mark.parametrize("validation,n_val", [(0.5, 16), (7, 7), (31, 31)])
+def test_validation_from_rest_draws_from_the_images_the_subset_leaves_out(idx_root, idx_arrays, validation,
+                                                                           n_val):
+    images, labels = idx_arrays["train_images"], idx_arrays["train_labels"]
+    keep = first_per_class(labels, 3)                      # 29 of the 60 training images
+    rest = np.setdiff1d(np.arange(len(labels)), keep)     # the 31 left out; 0.5 * 31 = 15.5 -> 16
+    x, y, vx, vy = data.split_train(images, labels, train_per_class=3, validation=validation,
+                                    validation_from="rest")
+    np.testing.assert_array_equal(x, images[keep])         # the training subset stays whole
+    np.testing.assert_array_equal(y, labels[keep])
+    val_rows = match_rows(vx, images)
+    perm = np.random.RandomState(data.VALIDATION_SEED).permutation(31)
+    np.testing.assert_array_equal(val_rows, np.sort(rest[perm[:n_val]]))
+    np.testing.assert_array_equal(vy, labels[val_rows])
+    # The whole pipeline: same training shard sizes as without validation, the held-out images evaluated.
+    bundle = build_idx("mnist", idx_root, train_per_class=3, validation=validation, validation_from="rest",
+                       batch_size=29)
+    assert bundle.eval_set == "validation"
+    assert (bundle.train.num_samples, bundle.test.num_samples) == (29, n_val)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(train_per_class=3, validation=32), "gives 32 of the 31 training images that data.train_per_class"),
+    (dict(train_per_class=3, validation=0.01), "gives 0 of the 31"),
+    (dict(validation=5), "set data.train_per_class too"),
+    (dict(train_per_class=3, validation=5, validation_from="test"), "one of subset, rest, got 'test'")])
+def test_validation_from_rest_errors(idx_root, kwargs, message):
+    kwargs.setdefault("validation_from", "rest")
+    with pytest.raises(data.DataError, match="data.validation") as err:
+        build_idx("mnist", idx_root, **kwargs)
+    assert message in str(err.value)
+
+
 @pytest.mark.parametrize("key,value", [("train_per_class", 3), ("validation", 0.2)])
 def test_split_only_on_in_memory_datasets(key, value):
     with pytest.raises(data.DataError, match=r"in-memory datasets .*not on synthetic"):

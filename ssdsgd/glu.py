@@ -75,15 +75,18 @@ class GlobalMomentum(mx.optimizer.Optimizer):
 
     def update(self, index, weight, grad, state):
         self._update_count(index)
-        lr = self._get_lr(index)
-        wd = self._get_wd(index)
-        velocity = state[1]
-        velocity[:] = self.momentum * velocity - lr * (grad * self.rescale_grad + wd * weight)
-        weight += velocity
+        # One fused operator per parameter (the servers' own rule): the same arithmetic written as
+        # NDArray expressions took seven times the CPU, on the worker's critical path every step.
+        mx.nd.sgd_mom_update(weight, grad, state[1], out=weight, lr=self._get_lr(index),
+                             wd=self._get_wd(index), momentum=self.momentum, rescale_grad=self.rescale_grad,
+                             clip_gradient=self.clip_gradient if self.clip_gradient else -1.0)
 
     @staticmethod
     def refresh(state, weight, rounds):
         """weight: the global weights just landed, `rounds` rounds newer than the previous refresh's."""
+        prev, velocity = state[0], state[1]          # views into the state array
         if rounds > 0:
-            state[1] = (weight - state[0]) / rounds
-        state[0] = weight
+            mx.nd.elemwise_sub(weight, prev, out=velocity)
+            if rounds != 1:
+                velocity /= rounds
+        weight.copyto(prev)

@@ -109,7 +109,7 @@ def test_dense_codec_is_identity_and_codecs_validate():
 def test_topk_selects_numpy_largest_magnitudes(n, k):
     rng = np.random.default_rng(n * 31 + k)
     x = untied(rng, n)
-    idx = TopK().select(mx.nd.array(x), k, key=0, step=0).asnumpy()
+    idx = TopK().select(x, k, key=0, step=0)
     assert idx.shape == (k,)
     assert np.all(idx == np.round(idx))
     assert set(idx.astype(int).tolist()) == np_topk_set(x, k)
@@ -124,7 +124,7 @@ def test_sampled_threshold_returns_exactly_k_distinct_in_range(n, k):
     sel = SampledThreshold(seed=3)
     for step in range(3):
         x = rng.standard_normal(n).astype(np.float32) * rng.uniform(0.1, 10)
-        idx = sel.select(mx.nd.array(x), k, key=5, step=step).asnumpy()
+        idx = sel.select(x, k, key=5, step=step)
         assert idx.shape == (k,)
         assert np.all(idx == np.round(idx))
         idx = idx.astype(np.int64)
@@ -142,29 +142,28 @@ def test_sampled_threshold_finds_clearly_largest_entries(n, k):
         x = rng.standard_normal(n).astype(np.float32)
         top = rng.choice(n, k, replace=False)
         x[top] = rng.choice([-1.0, 1.0], k) * (100 + rng.random(k))
-        idx = sel.select(mx.nd.array(x), k, key=2, step=step).asnumpy().astype(np.int64)
+        idx = sel.select(x, k, key=2, step=step).astype(np.int64)
         assert set(idx.tolist()) == set(top.tolist()), (
             f"step {step}: missed {len(set(top.tolist()) - set(idx.tolist()))} of the {k} largest")
 
 
 def test_random_k_is_exact_distinct_and_aligned_across_workers():
     n, k = 1000, 25
-    x = mx.nd.array(np.random.default_rng(2).standard_normal(n))
+    x = np.random.default_rng(2).standard_normal(n).astype(np.float32)
     w0, w1 = RandomK(seed=11), RandomK(seed=11)          # two workers, same job seed
-    a = w0.select(x, k, key=4, step=9).asnumpy()
-    b = w1.select(mx.nd.zeros(n), k, key=4, step=9).asnumpy()   # data does not matter
+    a = w0.select(x, k, key=4, step=9)
+    b = w1.select(np.zeros(n, np.float32), k, key=4, step=9)   # data does not matter
     assert a.shape == (k,) and np.all(a == np.round(a))
     ia = a.astype(np.int64)
     assert len(set(ia.tolist())) == k and ia.min() >= 0 and ia.max() < n
     np.testing.assert_array_equal(a, b)
-    other_step = w0.select(x, k, key=4, step=10).asnumpy()
-    other_key = w0.select(x, k, key=5, step=9).asnumpy()
+    other_step = w0.select(x, k, key=4, step=10)
+    other_key = w0.select(x, k, key=5, step=9)
     assert set(other_step.tolist()) != set(a.tolist())
     assert set(other_key.tolist()) != set(a.tolist())
     # negative keys/steps (behind-fusion keys, the startup timing run) work and stay aligned
-    np.testing.assert_array_equal(w0.select(x, k, key=-1, step=-2).asnumpy(),
-                                  w1.select(x, k, key=-1, step=-2).asnumpy())
-    full = w0.select(x, n, key=1, step=0).asnumpy().astype(np.int64)
+    np.testing.assert_array_equal(w0.select(x, k, key=-1, step=-2), w1.select(x, k, key=-1, step=-2))
+    full = w0.select(x, n, key=1, step=0).astype(np.int64)
     assert sorted(full.tolist()) == list(range(n))
 
 
@@ -210,7 +209,7 @@ def test_error_feedback_loses_nothing(compressor):
     sent = _split(buf, total_sent)
     assert set(memory.residual) == set(buf.params)
     for i in buf.params:
-        residual = memory.residual[i].asnumpy().reshape(-1)
+        residual = memory.residual[i].reshape(-1)
         np.testing.assert_allclose(sent[i] + residual, total_g[i], rtol=1e-4,
                                    atol=1e-4 * np.abs(total_g[i]).max(), err_msg=f"tensor {i}")
         assert np.abs(residual).max() > 0          # something really was delayed
@@ -243,16 +242,16 @@ def test_memory_state_dict_round_trip_keeps_checkpoint_names():
     rng = np.random.default_rng(3)
     memory = Memory(error_feedback=True, momentum=0.9)
     for key in (0, 2, -1):                                  # -1: a behind-fusion key
-        acc = memory.accumulate(key, mx.nd.array(rng.standard_normal(6)))
-        memory.update(key, acc, mx.nd.array([1.0, 4.0]))
+        acc = memory.accumulate(key, rng.standard_normal(6).astype(np.float32))
+        memory.update(key, acc, np.array([1, 4]))
     state = memory.state_dict()
     assert sorted(state) == ["residual-1", "residual0", "residual2", "velocity-1", "velocity0", "velocity2"]
     other = Memory(error_feedback=True, momentum=0.9)
     other.load_state_dict(dict(state, state0=np.zeros(3), pullbuf0=np.zeros(2)))
     assert sorted(other.residual) == sorted(other.velocity) == [-1, 0, 2]
     for key in (0, 2, -1):
-        np.testing.assert_array_equal(other.residual[key].asnumpy(), memory.residual[key].asnumpy())
-        np.testing.assert_array_equal(other.velocity[key].asnumpy(), memory.velocity[key].asnumpy())
+        np.testing.assert_array_equal(other.residual[key], memory.residual[key])
+        np.testing.assert_array_equal(other.velocity[key], memory.velocity[key])
 
 
 # ------------------------------------------------------------------ 5. every tensor sends (ahead)
@@ -581,7 +580,7 @@ def test_allocate_by_threshold_matches_global_topk(seed):
     from ssdsgd.compression.encoders import allocate_by_threshold
     rng = np.random.default_rng(seed)
     sizes = [50, 7, 200, 3, 31, 120]
-    whole = {3: None}                        # tensor 3 is sent whole (SparseEncoder's whole_idx is a dict)
+    whole = {3}                              # tensor 3 is sent whole
     counts = [n if j in whole else max(1, int(0.1 * n)) for j, n in enumerate(sizes)]
     # Distinct magnitudes, tensor by tensor on very different scales (so the budget moves), and each
     # non-whole tensor's largest value above every other value, so the floor of one never binds.
@@ -593,7 +592,7 @@ def test_allocate_by_threshold_matches_global_topk(seed):
         start += n
         m[rng.integers(n)] = 1e7 * (j + 1)
         mags.append(m)
-        accs.append(mx.nd.array(m * rng.choice([-1, 1], n), dtype="float32"))
+        accs.append((m * rng.choice([-1, 1], n)).astype(np.float32))
     part = [j for j in range(len(sizes)) if j not in whole]
     budget = sum(counts[j] for j in part)
     expected = _np_global_topk_counts([mags[j] for j in part], budget)
@@ -615,7 +614,7 @@ def test_allocate_by_threshold_floor_of_one_keeps_total():
     big = rng.permutation(100) + 1000.0      # distinct, interleaved between tensors 0 and 2
     mags = [big[:40], rng.permutation(10) * 1e-3 + 1e-3,       # tensor 1: all tiny
             big[40:], rng.permutation(5) * 1e-3 + 2e-3]        # tensor 3: all tiny
-    accs = [mx.nd.array(m, dtype="float32") for m in mags]
+    accs = [np.asarray(m, np.float32) for m in mags]
     ref = _np_global_topk_counts(mags, 12)
     assert ref[1] == ref[3] == 0 and ref[0] >= 3 and ref[2] >= 3     # the floor binds
     new = allocate_by_threshold(accs, counts, set())
@@ -631,7 +630,7 @@ def test_allocate_by_threshold_all_zero_accumulators_keep_total(whole):
     from ssdsgd.compression.encoders import allocate_by_threshold
     sizes = [5, 30, 2, 64]
     counts = [5 if 0 in whole else 1, 3, 1, 6]
-    accs = [mx.nd.zeros(n) for n in sizes]
+    accs = [np.zeros(n, np.float32) for n in sizes]
     new = allocate_by_threshold(accs, counts, whole)
     part = [j for j in range(4) if j not in whole]
     assert sum(new[j] for j in part) == sum(counts[j] for j in part)
@@ -641,8 +640,8 @@ def test_allocate_by_threshold_all_zero_accumulators_keep_total(whole):
 
 def test_allocate_by_threshold_single_sparse_tensor_unchanged():
     from ssdsgd.compression.encoders import allocate_by_threshold
-    accs = [mx.nd.array(np.arange(10.0)), mx.nd.array(np.arange(4.0))]
-    assert allocate_by_threshold(accs, [2, 4], {1: None}) == [2, 4]
+    accs = [np.arange(10.0, dtype=np.float32), np.arange(4.0, dtype=np.float32)]
+    assert allocate_by_threshold(accs, [2, 4], {1}) == [2, 4]
 
 
 def test_allocate_by_threshold_sends_every_nonzero_when_budget_allows():
@@ -652,7 +651,7 @@ def test_allocate_by_threshold_sends_every_nonzero_when_budget_allows():
     a[[2, 9, 15]] = [0.5, -3.0, 1.0]
     c = np.zeros(30)
     c[[0, 29]] = [-0.25, 2.0]
-    accs = [mx.nd.array(a), mx.nd.zeros(20), mx.nd.array(c)]
+    accs = [a.astype(np.float32), np.zeros(20, np.float32), c.astype(np.float32)]
     new = allocate_by_threshold(accs, [2, 2, 3], set())
     assert sum(new) == 7
     assert new[0] >= 3 and new[2] >= 2 and new[1] >= 1

@@ -442,7 +442,8 @@ class RoundClient(Client):
         """Copy the replica's weights into the parameters (and refresh the local optimizer, as a dense
         pull does); returns its version."""
         rep = self.replicas[bi]
-        return self._set_buffer(bi, rep.version, lambda off, n: mx.nd.array(rep.weights[off:off + n], dtype=np.float32))
+        weights = mx.nd.array(rep.weights, dtype=np.float32)    # one copy of the buffer, sliced per parameter
+        return self._set_buffer(bi, rep.version, lambda off, n: weights[off:off + n])
 
     def _land_ring(self, bi):
         """A landed ring pull: apply every round newer than the replica's version, in order (or

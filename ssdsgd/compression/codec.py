@@ -1,8 +1,8 @@
-"""Wire format of one mailbox message, [header, payload]: its encoding on the worker (mx.nd, see
-encode_message) and its decoding on the server (numpy, see MailboxFormat). Nothing else knows it.
+"""Wire format of one mailbox message, [header, payload]: its encoding on the worker (see
+encode_sparse, encode_message) and its decoding on the server (numpy, see MailboxFormat). Nothing else knows it.
 
-Every message is a single NDArray, built on the worker by asynchronous mx.nd ops and pushed to a
-mailbox key whose size is fixed at kv.init:
+Every message is a single NDArray pushed to a mailbox key whose size is fixed at kv.init (a dense
+payload stays in mx.nd ops; a sparse payload is built on the host, see encoders.py):
 
 fp32 wire (default), float32 message:
   header  [round, rank]
@@ -79,12 +79,13 @@ def encode_header(step, rank, fp16=False):
 
 
 def encode_sparse(idx, val, fp16=False):
-    """A sparse payload as float32 NDArray: [idx, val], or for the fp16 wire [idx high, idx low, val]."""
-    import mxnet as mx
+    """A sparse payload (numpy, float32): [idx, val], or for the fp16 wire [idx high, idx low, val]."""
+    idx = np.asarray(idx, np.int64)
+    val = np.asarray(val, np.float32)
     if fp16:
-        high = mx.nd.floor(idx / DIGIT)          # exact: idx < 2**22, DIGIT a power of two
-        return mx.nd.concat(high, idx - high * DIGIT, val, dim=0)
-    return mx.nd.concat(idx, val, dim=0)
+        high = idx // DIGIT
+        return np.concatenate([high.astype(np.float32), (idx - high * DIGIT).astype(np.float32), val])
+    return np.concatenate([idx.astype(np.float32), val])
 
 
 def encode_message(step, rank, payload, fp16=False):

@@ -1,4 +1,4 @@
-"""Worker-side encoding of one buffer's gradients into a mailbox message (asynchronous mx.nd ops).
+"""Worker-side encoding of one buffer's gradients into a mailbox message.
 
 DenseEncoder: the flattened gradients, what an uncompressed push sends.
 SparseEncoder, fusion 'ahead' (SAFusion): every tensor is sparsified on its own with
@@ -12,7 +12,10 @@ With compression.fp16_values the message is float16; the values are clipped to t
 range and rounded before error feedback, so the residual keeps what the wire format dropped.
 With a compression.warmup, make_stages builds one set of encoders per density stage; they share
 the error-feedback memory, so switching stage loses nothing.
-All of it stays in mx.nd operations: the engine overlaps them with the rest of backward.
+A dense buffer stays in mx.nd operations (the engine overlaps them with the rest of backward). A
+sparse buffer's gradient is copied to the host once per step and encoded with numpy: the quota
+allocation needs every magnitude on the host anyway, and per ResNet-20 step the mx.nd version (a
+sorting topk and a dozen small ops per tensor) took three times the CPU, on the critical path.
 """
 import time
 
@@ -53,52 +56,46 @@ class SparseEncoder:
         self.behind = behind
         self.fp16 = buffer.fp16
         # Tensors below compression.min_dense_bytes are sent whole (every index, every value).
-        self.whole_idx = {j: mx.nd.arange(n, dtype="float32") for j, (n, w) in
-                          enumerate(zip(buffer.sizes, whole)) if w}
+        self.whole = {j for j, w in enumerate(whole) if w}
         self.offsets = buffer.offsets
         self.counts = list(buffer.counts)       # k_i per tensor; their sum (the message size) is fixed
         self.allocate_every = allocate_every    # compression.allocation: gradient (0: by size, fixed)
 
     def encode(self, grads, step):
-        """The payload, as float32 (codec.encode_sparse)."""
+        """The payload, as a float32 NDArray (codec.encode_sparse)."""
         b = self.buffer
+        flat = flatten(grads).asnumpy()          # the one host copy of the buffer per step
         if self.behind:
-            idx, val = self._sparsify(flatten(grads), b.k, key=-1 - b.id, step=step)
+            idx, val = self._select(self.memory.accumulate(-1 - b.id, flat), b.k, -1 - b.id, step)
         else:
-            accs = [self.memory.accumulate(b.params[j], g.reshape(-1)) for j, g in enumerate(grads)]
+            accs = [self.memory.accumulate(b.params[j], flat[off:off + n])
+                    for j, (off, n) in enumerate(zip(self.offsets, b.sizes))]
             if self.allocate_every and step % self.allocate_every == 0:
-                self.counts = allocate_by_threshold(accs, self.counts, self.whole_idx)
-            idx_parts, val_parts = [], []
-            for j, acc in enumerate(accs):
-                i, v = self._select(acc, self.counts[j], key=b.params[j], step=step,
-                                    fixed_idx=self.whole_idx.get(j))
-                idx_parts.append(i + self.offsets[j] if self.offsets[j] else i)
-                val_parts.append(v)
-            idx = mx.nd.concat(*idx_parts, dim=0) if len(idx_parts) > 1 else idx_parts[0]
-            val = mx.nd.concat(*val_parts, dim=0) if len(val_parts) > 1 else val_parts[0]
-        return encode_sparse(idx, val, self.fp16)
+                self.counts = allocate_by_threshold(accs, self.counts, self.whole)
+            parts = [self._select(acc, self.counts[j], b.params[j], step, whole=j in self.whole)
+                     for j, acc in enumerate(accs)]
+            idx = np.concatenate([i + off for (i, _), off in zip(parts, self.offsets)])
+            val = np.concatenate([v for _, v in parts])
+        return mx.nd.array(encode_sparse(idx, val, self.fp16), dtype=np.float32)
 
     def message(self, grads, step, rank):
         return encode_message(step, rank, self.encode(grads, step), self.fp16)
 
-    def _sparsify(self, x, k, key, step, fixed_idx=None):
-        """Accumulate, select (or, for a tensor sent whole, take every index), send, remember the rest."""
-        return self._select(self.memory.accumulate(key, x), k, key, step, fixed_idx)
-
-    def _select(self, acc, k, key, step, fixed_idx=None):
-        idx = self.compressor.select(acc, k, key, step) if fixed_idx is None else fixed_idx
-        val = mx.nd.take(acc, idx)
+    def _select(self, acc, k, key, step, whole=False):
+        """Select (or, for a tensor sent whole, take every index), send, remember the rest."""
+        idx = np.arange(acc.shape[0]) if whole else self.compressor.select(acc, k, key, step)
+        val = acc[idx]
         lost = None
         if self.fp16:
-            sent = mx.nd.clip(val, -FP16_MAX, FP16_MAX).astype("float16").astype("float32")
+            sent = np.clip(val, -FP16_MAX, FP16_MAX).astype(np.float16).astype(np.float32)
             val, lost = sent, val - sent
         # Every value sent (a small tensor sent whole, a 1-element tensor, a density-1 stage): keep
         # the momentum, see Memory.update.
-        self.memory.update(key, acc, idx, lost, whole=fixed_idx is not None or k >= acc.shape[0])
+        self.memory.update(key, acc, idx, lost, whole=whole or k >= acc.shape[0])
         return idx, val
 
 
-def allocate_by_threshold(accs, counts, whole_idx):
+def allocate_by_threshold(accs, counts, whole):
     """New k_i for the sparsified tensors of one buffer, same total (the message size is fixed):
     as many values from each tensor as a top-k over the whole buffer would take (the entries at or
     above the buffer's K-th largest magnitude), but at least one per tensor, so every tensor still
@@ -108,13 +105,13 @@ def allocate_by_threshold(accs, counts, whole_idx):
     (the classifier, the first convolution, BatchNorm); this spends the same budget where the
     accumulated gradient is. It costs one host sync per call (a copy of the buffer's magnitudes);
     compression.allocate_every sets how often it runs (every step by default: quotas kept for 10
-    steps cost 18 points of accuracy on Fashion-MNIST, see the README)."""
-    part = [j for j in range(len(accs)) if j not in whole_idx]
+    steps cost 18 points of accuracy on Fashion-MNIST, see the README).
+    accs: the tensors' accumulated gradients (1-D numpy); whole: indices of tensors sent whole."""
+    part = [j for j in range(len(accs)) if j not in whole]
     budget = sum(counts[j] for j in part)
     if len(part) < 2:
         return list(counts)
-    # One copy to the host for the whole buffer (the only sync of the push path).
-    flat = mx.nd.abs(mx.nd.concat(*[accs[j] for j in part], dim=0)).asnumpy()
+    flat = np.abs(np.concatenate([accs[j] for j in part]))
     sizes = np.array([accs[j].shape[0] for j in part])
     mags = np.split(flat, np.cumsum(sizes)[:-1])
     tau = np.partition(flat, flat.size - budget)[flat.size - budget]

@@ -6,8 +6,9 @@ Error feedback: what was not sent is added to the next gradient, so nothing is l
 Momentum correction (DGC): the momentum is accumulated on the worker before sparsification,
     u = mu*u + g;  acc = residual + u;  after sending, u and residual are zeroed at idx
 (the servers then run plain SGD, see RoundClient), so delayed coordinates keep their momentum.
+The state is float32 numpy arrays on the host, where the encoders select (see compressor.py).
 """
-import mxnet as mx
+import numpy as np
 
 
 class Memory:
@@ -18,11 +19,14 @@ class Memory:
         self.velocity = {}
 
     def accumulate(self, key, g):
-        """The vector to sparsify for this step."""
+        """The vector to sparsify for this step (g: a 1-D float32 array, left unchanged)."""
         if self.momentum:
             u = self.velocity.get(key)
-            u = g.copy() if u is None else self.momentum * u + g
-            self.velocity[key] = u
+            if u is None:
+                u = self.velocity[key] = g.copy()
+            else:
+                u *= np.float32(self.momentum)
+                u += g
             g = u
         if self.error_feedback and key in self.residual:
             return self.residual[key] + g
@@ -38,21 +42,18 @@ class Memory:
         under momentum correction), where DGC sends such tensors with ordinary momentum SGD."""
         if not (self.error_feedback or self.momentum):
             return
-        where = idx.reshape(1, -1)
-        keep = 1 - mx.nd.scatter_nd(mx.nd.ones(idx.shape[0]), where, shape=acc.shape)
         if self.error_feedback:
-            residual = acc * keep
-            if lost is not None:
-                residual = residual + mx.nd.scatter_nd(lost, where, shape=acc.shape)
+            residual = acc.copy()
+            residual[idx] = 0.0 if lost is None else lost
             self.residual[key] = residual
         if self.momentum and not whole:
-            self.velocity[key] = self.velocity[key] * keep
+            self.velocity[key][idx] = 0.0
 
     def state_dict(self):
-        """The per-tensor state as numpy arrays named residual<key> and velocity<key> (the names the
-        worker checkpoints have always used). Synchronises."""
-        arrays = {f"residual{k}": v.asnumpy() for k, v in self.residual.items()}
-        arrays.update({f"velocity{k}": v.asnumpy() for k, v in self.velocity.items()})
+        """The per-tensor state as numpy arrays (copies) named residual<key> and velocity<key> (the
+        names the worker checkpoints have always used)."""
+        arrays = {f"residual{k}": v.copy() for k, v in self.residual.items()}
+        arrays.update({f"velocity{k}": v.copy() for k, v in self.velocity.items()})
         return arrays
 
     def load_state_dict(self, arrays):
@@ -62,10 +63,10 @@ class Memory:
         for name, arr in arrays.items():
             for kind, found in state.items():
                 if name.startswith(kind) and name[len(kind):].lstrip("-").isdigit():
-                    found[int(name[len(kind):])] = mx.nd.array(arr)
+                    found[int(name[len(kind):])] = np.array(arr, np.float32).reshape(-1)
         self.residual, self.velocity = state["residual"], state["velocity"]
 
     def residual_norm(self):
         if not self.residual:
             return 0.0
-        return float(sum((r * r).sum() for r in self.residual.values()).sqrt().asscalar())
+        return float(np.sqrt(sum(np.dot(r, r) for r in self.residual.values())))

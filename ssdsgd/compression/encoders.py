@@ -103,7 +103,7 @@ def allocate_by_threshold(accs, counts, whole):
 
     Per-tensor quotas proportional to size starve tensors whose few values carry large gradients
     (the classifier, the first convolution, BatchNorm); this spends the same budget where the
-    accumulated gradient is. It costs one host sync per call (a copy of the buffer's magnitudes);
+    accumulated gradient is. It costs one O(n) partition of the buffer;
     compression.allocate_every sets how often it runs (every step by default: quotas kept for 10
     steps cost 18 points of accuracy on Fashion-MNIST, see the README).
     accs: the tensors' accumulated gradients (1-D numpy); whole: indices of tensors sent whole."""

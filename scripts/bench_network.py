@@ -115,6 +115,7 @@ BASELINE = "ssgd"
 COMPRESSED = ("ssgd_2bit", "ssd_topk", "ssgd_topk", "ssd_topk_s2k", "ssd_topk_sparse")
 HOST_TARGET = "ssd_topk_sparse"     # the algorithm the per-host-link targets are checked on
 ROLES = ("worker", "server", "scheduler", "launcher")
+CPU_ROLES = ("server", "worker")     # whose CPU seconds per step the runs report
 
 TOPOLOGIES = {"hosts": "per-host links (one host per role, each link shaped in both directions)",
               "loopback": "loopback (all roles share one link)"}
@@ -129,7 +130,8 @@ FIELDS = ["algorithm", "label", "topology", "rate_mbit", "repeat", "status", "ex
           "num_servers", "kernel_bytes", "kernel_bytes_per_step", "steady_kernel_bytes_per_step",
           "kernel_rx_bytes", "qdisc_drops", "push_bytes_per_step", "pull_bytes_per_step",
           "push_bytes_per_step_after_warmup", "pull_bytes_per_step_after_warmup"] + LINK_FIELDS + \
-         ["server_cpu_seconds_per_step", "steady_server_cpu_seconds_per_step", "final_loss", "final_test_acc",
+         ["server_cpu_seconds_per_step", "steady_server_cpu_seconds_per_step",
+          "steady_worker_cpu_seconds_per_step", "final_loss", "final_test_acc",
           "wait_seconds"] + \
          [f"peak_rss_{r}_mb" for r in ROLES] + ["job_cpu_seconds", "other_cpu_share", "idle_wait_seconds",
                                                 "bound_workers", "run_dir", "log", "namespace", "host_links",
@@ -259,8 +261,9 @@ class Sampler:
         self.link_samples = {h: {"tx": [], "rx": []} for h in self.links}
         self.hwm = {}                        # pid -> (role, kB)
         self.cpu_ticks = {}                  # pid -> utime + stime (clock ticks), last seen
-        self.server_cpu = []                 # (time.time(), ticks of every server process so far)
-        self._server_pids = set()
+        # role -> [(time.time(), ticks of every process of that role so far)], for servers and workers
+        self.role_cpu = {role: [] for role in CPU_ROLES}
+        self._role_pids = {role: set() for role in CPU_ROLES}
         self._next_rss = 0.0
 
     def poll(self):
@@ -274,12 +277,14 @@ class Sampler:
             if c is not None:
                 self.link_samples[host]["tx"].append((now, c["tx_bytes"]))
                 self.link_samples[host]["rx"].append((now, c["rx_bytes"]))
-        if self._server_pids:
-            for pid in self._server_pids:
+        for role, pids in self._role_pids.items():
+            if not pids:
+                continue
+            for pid in pids:
                 ticks = _cpu_ticks(pid)
                 if ticks is not None:
                     self.cpu_ticks[pid] = max(ticks, self.cpu_ticks.get(pid, 0))
-            self.server_cpu.append((now, sum(self.cpu_ticks.get(p, 0) for p in self._server_pids)))
+            self.role_cpu[role].append((now, sum(self.cpu_ticks.get(p, 0) for p in pids)))
         if time.monotonic() >= self._next_rss:
             self._next_rss = time.monotonic() + self.rss_every
             for pid in self._pids():
@@ -292,8 +297,8 @@ class Sampler:
                     "launcher" if "ssdsgd.run" in _cmdline(pid) else "other")
                 prev_role, prev_kb = self.hwm.get(pid, (role, 0))
                 self.hwm[pid] = (role, max(kb, prev_kb) if prev_role == role else kb)
-                if role == "server":
-                    self._server_pids.add(pid)
+                if role in self._role_pids:
+                    self._role_pids[role].add(pid)
                 ticks = _cpu_ticks(pid)
                 if ticks is not None:
                     self.cpu_ticks[pid] = max(ticks, self.cpu_ticks.get(pid, 0))
@@ -301,13 +306,13 @@ class Sampler:
     def job_cpu_seconds(self):
         return sum(self.cpu_ticks.values()) / os.sysconf("SC_CLK_TCK")
 
-    def server_cpu_seconds(self):
-        """CPU seconds of the server processes (the last value seen of each)."""
-        return sum(self.cpu_ticks.get(p, 0) for p in self._server_pids) / os.sysconf("SC_CLK_TCK")
+    def cpu_seconds(self, role):
+        """CPU seconds of the processes of a role (the last value seen of each)."""
+        return sum(self.cpu_ticks.get(p, 0) for p in self._role_pids[role]) / os.sysconf("SC_CLK_TCK")
 
-    def server_cpu_seconds_samples(self):
+    def cpu_seconds_samples(self, role):
         tick = os.sysconf("SC_CLK_TCK")
-        return [(t, v / tick) for t, v in self.server_cpu]
+        return [(t, v / tick) for t, v in self.role_cpu[role]]
 
     def peak_mb(self):
         out = {}
@@ -551,8 +556,8 @@ def run_one(job, args):
         if aw.get("steps"):
             row.update(push_bytes_per_step_after_warmup=round(aw["push_bytes"] / aw["steps"]),
                        pull_bytes_per_step_after_warmup=round(aw["pull_bytes"] / aw["steps"]))
-        if sampler.server_cpu:
-            row["server_cpu_seconds_per_step"] = round(sampler.server_cpu_seconds() / max(1, steps), 5)
+        if sampler.role_cpu["server"]:
+            row["server_cpu_seconds_per_step"] = round(sampler.cpu_seconds("server") / max(1, steps), 5)
         if window is not None:
             dsteps, w0, w1 = window
             row["steady_seconds"] = round(w1 - w0, 3)
@@ -564,9 +569,12 @@ def run_one(job, args):
                 d = None if any(x is None for x in deltas) else sum(deltas)
             if d is not None:
                 row["steady_kernel_bytes_per_step"] = round(d / dsteps)
-            cpu = window_delta(sampler.server_cpu_seconds_samples(), w0, w1)
+            cpu = window_delta(sampler.cpu_seconds_samples("server"), w0, w1)
             if cpu is not None:
                 row["steady_server_cpu_seconds_per_step"] = round(cpu / dsteps, 5)
+            cpu = window_delta(sampler.cpu_seconds_samples("worker"), w0, w1)
+            if cpu is not None:          # per worker: the job's workers share the steps
+                row["steady_worker_cpu_seconds_per_step"] = round(cpu / dsteps / s["num_workers"], 5)
     return row
 
 
@@ -669,6 +677,7 @@ def aggregate(rows):
             pull_push_ratio=_median([pull_push(r) for r in rs]),
             server_cpu_per_step=med("server_cpu_seconds_per_step"),
             steady_server_cpu_per_step=med("steady_server_cpu_seconds_per_step"),
+            steady_worker_cpu_per_step=med("steady_worker_cpu_seconds_per_step"),
             **{f: med(f) for f in LINK_FIELDS},
             failed=[f"rep {r['repeat']}: {r['status']} (exit {r['exit_code']})" for r in failed])
         result.append(g)
@@ -681,6 +690,8 @@ def aggregate(rows):
         one = _median([_num(r["images_per_sec"]) for r in cb_rows])
         one_steady = _median([_num(r.get("steady_images_per_sec")) for r in cb_rows])
         compute_bound = {"workers": n, "single_images_per_sec": one, "single_steady_images_per_sec": one_steady,
+                         "worker_cpu_per_step": _median([_num(r.get("steady_worker_cpu_seconds_per_step"))
+                                                         for r in cb_rows]),
                          "images_per_sec": n * one if one else None,
                          "steady_images_per_sec": n * one_steady if one_steady else None,
                          "runs": len(cb_rows)}
@@ -728,7 +739,7 @@ def markdown_table(agg, title="Bandwidth-limited benchmark", topology=None):
     head = ["algorithm", "rate", "ok/runs", "img/s", "× SSGD", "steady img/s", "steady × SSGD", "% of bound"]
     if hosts:
         head += ["server tx KB/step (util)", "server rx KB/step (util)", "worker tx KB/step (util)",
-                 "worker rx KB/step (util)", "server CPU ms/step", "rank-0 push KB/step", "rank-0 pull KB/step",
+                 "worker rx KB/step (util)", "server CPU ms/step", "worker CPU ms/step", "rank-0 push KB/step", "rank-0 pull KB/step",
                  "pull ÷ push", "kernel MB/step", "× SSGD bytes", "worker RSS MB", "× SSGD RSS", "server RSS MB",
                  "final loss", "other CPU"]
     else:
@@ -747,8 +758,9 @@ def markdown_table(agg, title="Bandwidth-limited benchmark", topology=None):
         if hosts:
             cpu = g["steady_server_cpu_per_step"]
             cpu = g["server_cpu_per_step"] if cpu is None else cpu
+            wcpu = g["steady_worker_cpu_per_step"]
             cells += [_link_cell(g, r, d) for r in LINK_ROLES for d in ("tx", "rx")] + [
-                _fmt(None if cpu is None else 1e3 * cpu, "{:.1f}"),
+                _fmt(None if cpu is None else 1e3 * cpu, "{:.1f}"), _fmt(None if wcpu is None else 1e3 * wcpu, "{:.1f}"),
                 _fmt(kb(g["push_after_warmup"]), "{:.1f}"), _fmt(kb(g["pull_after_warmup"]), "{:.1f}"),
                 _fmt(g["pull_push_ratio"], "{:.2f}×"),
                 _fmt(mb(g["kernel_bytes_per_step"]), "{:.3f}"), _fmt(g["bytes_ratio"], "{:.3f}")]
@@ -767,7 +779,9 @@ def markdown_table(agg, title="Bandwidth-limited benchmark", topology=None):
                      f"({_fmt(cb['single_images_per_sec'])}, steady {_fmt(cb['single_steady_images_per_sec'])}; "
                      f"median of {cb['runs']} run(s)), measured as a 1-worker 1-server SSD-SGD job at unlimited "
                      "rate with no warm-up, delay 100000 (never pulls or waits) and dense asynchronous pushes"
-                     + (", on a 3-host cluster (launcher, server, worker)." if hosts else "."))
+                     + (", on a 3-host cluster (launcher, server, worker)" if hosts else "")
+                     + (f"; its worker used {1e3 * cb['worker_cpu_per_step']:.1f} ms of CPU per step."
+                        if cb.get("worker_cpu_per_step") is not None else "."))
     else:
         lines.append("Compute bound: not measured.")
     comm = communication_share(agg)
@@ -787,7 +801,8 @@ def markdown_table(agg, title="Bandwidth-limited benchmark", topology=None):
                   "mean over the worker hosts) sent (tx) and received (rx) on its eth0 in the steady window "
                   "(TCP/IP and Ethernet headers included); in brackets the link's utilisation in that window, "
                   "bytes × 8 ÷ (rate × window seconds), not shown for unlimited links. Server CPU: CPU seconds "
-                  "of the server processes per step in the steady window (sampled every 0.1 s). Rank-0 push/pull: "
+                  "of the server processes per step in the steady window (sampled every 0.1 s); worker CPU: the same for "
+                  "the worker processes, per worker. Rank-0 push/pull: "
                   "the payload bytes rank 0's client accounts per step after the warm-up; pull ÷ push is their "
                   "ratio. Kernel bytes: the sum of every host's eth0 tx (each byte once) per training step, whole "
                   "job (start-up and evaluation included). " + tail]

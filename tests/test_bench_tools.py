@@ -311,7 +311,7 @@ def _hosts_row(alg, rate, rep, steady, push=20_000, pull=40_000, server_tx=500_0
                steady_worker_tx_bytes_per_step=25_000, steady_worker_rx_bytes_per_step=250_000,
                server_tx_util=0.8 if rate else "", server_rx_util=0.1 if rate else "",
                worker_tx_util=0.05 if rate else "", worker_rx_util=0.4 if rate else "",
-               steady_server_cpu_seconds_per_step=0.004)
+               steady_server_cpu_seconds_per_step=0.004, steady_worker_cpu_seconds_per_step=0.25)
     return row
 
 
@@ -327,11 +327,11 @@ def test_hosts_table_columns_and_issue_12_targets(tmp_path):
     assert "server tx KB/step (util)" in table and "kernel MB/step |" in table
     # steady 90 img/s = 90% of the 2 × 50 bound, 3× SSGD; pulls 2× pushes
     assert ("| SSD-SGD+top-k 1%, sparse downlink (shipped) | 20 Mbit/s | 1/1 | 90.0 | 3.00× | 90.0 | 3.00× | 90% | "
-            "500.0 (80%) | 50.0 (10%) | 25.0 (5%) | 250.0 (40%) | 4.0 | 20.0 | 40.0 | 2.00× |") in table
+            "500.0 (80%) | 50.0 (10%) | 25.0 (5%) | 250.0 (40%) | 4.0 | 250.0 | 20.0 | 40.0 | 2.00× |") in table
     assert "≥ 85% of the compute bound at 20 Mbit/s per host link: 90% (steady) → met" in table
     assert "≥ 3× SSGD img/s at 20 Mbit/s per host link: 3.00× (steady)" in table
     assert "pulled bytes/step after warm-up ≤ 2.2× pushed at 20 Mbit/s: 2.00×" in table
-    assert "on a 3-host cluster" in table
+    assert "on a 3-host cluster (launcher, server, worker); its worker used 250.0 ms of CPU per step." in table
     assert "15% of SSGD" not in table                                 # the loopback targets are not checked
     slow = bn.aggregate([_hosts_row(bn.COMPUTE_BOUND, 0, 1, 50), _hosts_row("ssgd", 20, 1, 30),
                          _hosts_row("ssd_topk_sparse", 20, 1, 80, pull=50_000)])
@@ -421,6 +421,7 @@ def test_hosts_topology_smoke(tmp_path):
             assert float(row[f"steady_{role}_{d}_bytes_per_step"]) > 0, (role, d, row)
             assert 0 < float(row[f"{role}_{d}_util"]) < 1, (role, d, row)
     assert row["host_links"].count(" worker ") == 2 and float(row["steady_server_cpu_seconds_per_step"]) >= 0
+    assert float(row["steady_worker_cpu_seconds_per_step"]) > 0       # a worker always computes
     assert "— per-host links" in (out / "table.md").read_text()
     # nothing left: no namespace or key folder of the bench's clusters, no process of the job
     mine = f"{vcluster.PREFIX}{proc.pid}-"

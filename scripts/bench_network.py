@@ -739,7 +739,8 @@ def markdown_table(agg, title="Bandwidth-limited benchmark", topology=None):
     head = ["algorithm", "rate", "ok/runs", "img/s", "× SSGD", "steady img/s", "steady × SSGD", "% of bound"]
     if hosts:
         head += ["server tx KB/step (util)", "server rx KB/step (util)", "worker tx KB/step (util)",
-                 "worker rx KB/step (util)", "server CPU ms/step", "worker CPU ms/step", "rank-0 push KB/step", "rank-0 pull KB/step",
+                 "worker rx KB/step (util)", "server CPU ms/step", "worker CPU ms/step", "rank-0 push KB/step",
+                 "rank-0 pull KB/step",
                  "pull ÷ push", "kernel MB/step", "× SSGD bytes", "worker RSS MB", "× SSGD RSS", "server RSS MB",
                  "final loss", "other CPU"]
     else:
@@ -758,9 +759,9 @@ def markdown_table(agg, title="Bandwidth-limited benchmark", topology=None):
         if hosts:
             cpu = g["steady_server_cpu_per_step"]
             cpu = g["server_cpu_per_step"] if cpu is None else cpu
-            wcpu = g["steady_worker_cpu_per_step"]
+            ms = lambda v: _fmt(None if v is None else 1e3 * v, "{:.1f}")  # noqa: E731
             cells += [_link_cell(g, r, d) for r in LINK_ROLES for d in ("tx", "rx")] + [
-                _fmt(None if cpu is None else 1e3 * cpu, "{:.1f}"), _fmt(None if wcpu is None else 1e3 * wcpu, "{:.1f}"),
+                ms(cpu), ms(g["steady_worker_cpu_per_step"]),
                 _fmt(kb(g["push_after_warmup"]), "{:.1f}"), _fmt(kb(g["pull_after_warmup"]), "{:.1f}"),
                 _fmt(g["pull_push_ratio"], "{:.2f}×"),
                 _fmt(mb(g["kernel_bytes_per_step"]), "{:.3f}"), _fmt(g["bytes_ratio"], "{:.3f}")]

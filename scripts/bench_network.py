@@ -802,8 +802,8 @@ def markdown_table(agg, title="Bandwidth-limited benchmark", topology=None):
                   "mean over the worker hosts) sent (tx) and received (rx) on its eth0 in the steady window "
                   "(TCP/IP and Ethernet headers included); in brackets the link's utilisation in that window, "
                   "bytes × 8 ÷ (rate × window seconds), not shown for unlimited links. Server CPU: CPU seconds "
-                  "of the server processes per step in the steady window (sampled every 0.1 s); worker CPU: the same for "
-                  "the worker processes, per worker. Rank-0 push/pull: "
+                  "of the server processes per step in the steady window (sampled every 0.1 s); worker CPU: the "
+                  "same for the worker processes, per worker. Rank-0 push/pull: "
                   "the payload bytes rank 0's client accounts per step after the warm-up; pull ÷ push is their "
                   "ratio. Kernel bytes: the sum of every host's eth0 tx (each byte once) per training step, whole "
                   "job (start-up and evaluation included). " + tail]

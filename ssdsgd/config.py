@@ -118,6 +118,7 @@ class StrListField(Field):
 ALGORITHMS = ("ssgd", "asgd", "ssd")
 DATASETS = ("digits", "cifar10", "mnist", "fashion_mnist", "imagenet", "synthetic")
 IN_MEMORY_DATASETS = ("digits", "cifar10", "mnist", "fashion_mnist")   # can be cut down and split
+VALIDATION_SOURCES = ("subset", "rest")      # data.validation_from: the kept images, or the ones left out
 ROOTED_DATASETS = ("cifar10", "mnist", "fashion_mnist", "imagenet")   # read from data.root
 MIN_SERVER_TIMEOUT = 3.0   # seconds: three missed touches of a liveness file (pyhooks/sitecustomize.py)
 
@@ -158,7 +159,7 @@ SCHEMA = {
         "validation": Field(float, 0.0, min=0,
                             doc="fraction (< 1) or count of training images held out for validation; "
                                 "evaluation then uses them instead of the test set"),
-        "validation_from": Field(str, "subset", choices=("subset", "rest"),
+        "validation_from": Field(str, "subset", choices=VALIDATION_SOURCES,
                                  doc="where data.validation draws from: the kept training images (subset) or "
                                      "the training images data.train_per_class leaves out (rest)"),
     },

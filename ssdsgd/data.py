@@ -18,7 +18,7 @@ import mxnet as mx
 import numpy as np
 
 from ssdsgd import idx
-from ssdsgd.config import DATASETS, IN_MEMORY_DATASETS as IN_MEMORY
+from ssdsgd.config import DATASETS, IN_MEMORY_DATASETS as IN_MEMORY, VALIDATION_SOURCES
 
 
 # gluoncv's CIFAR-10 recipe (scripts/classification/cifar/train_cifar10.py).
@@ -48,7 +48,6 @@ class DataBundle:
 
 
 VALIDATION_SEED = 20240607  # fixed: every run and seed validates on the same images
-VALIDATION_SOURCES = ("subset", "rest")
 
 
 def split_train(x, y, train_per_class=None, validation=0, validation_from="subset"):

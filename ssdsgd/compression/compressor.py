@@ -4,9 +4,7 @@ Exactly k, always: every worker then pushes the same number of values per tensor
 sizes are fixed and equal across workers (SAFusion's inter-worker alignment). select(x, k, key,
 step) takes a 1-D float32 numpy array and returns k distinct int64 indices, in any order.
 
-Why numpy: the encoder copies each buffer's gradient to the host once per step anyway (the quota
-allocation reads every magnitude), and on a CPU MXNet's topk sorts the whole tensor and every small
-op costs a dispatch; per ResNet-20 step the mx.nd path took three times the CPU of this one.
+Why on the host: see encoders.py, which copies each sparse buffer's gradient there once per step.
 
 Each class registers its compression.type name (registry.py).
 """

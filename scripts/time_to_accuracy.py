@@ -145,6 +145,9 @@ def main():
     if args.reuse and "SSGD" not in chosen:
         jobs, evals = read_earlier(args.reuse)
         title += f" (SSGD from the earlier run in {os.path.relpath(os.path.abspath(args.reuse), ROOT)})"
+    if args.set:
+        # Without this, a folder made with overrides reads as the shipped configs' result.
+        title += "; the jobs run here with " + " ".join(f"--set {s}" for s in args.set)
     for seed in args.seeds:
         for label, config in variants.items():
             if label not in chosen:

@@ -212,6 +212,10 @@ SCHEMA = {
         "momentum_correction": Field(bool, False),
         "fp16_values": Field(bool, False),
         "min_dense_bytes": Field(int, 0, min=0, doc="tensors smaller than this are sent dense"),
+        "clip_norm": Field(float, None, nullable=True, gt=0,
+                           doc="DGC's local gradient clipping (sparsifiers): each worker scales each tensor's "
+                               "batch-mean gradient to an L2 norm of at most clip_norm / sqrt(workers) before "
+                               "momentum correction and error feedback; null: off"),
         "fusion": Field(str, "ahead", choices=("ahead", "behind")),
         "allocation": Field(str, "size", choices=("size", "gradient"),
                             doc="fusion ahead: k_i proportional to tensor size, or re-allocated from the "
@@ -304,6 +308,9 @@ def _check_consistency(c):
         raise ConfigError("compression.allocation: gradient re-allocates the per-tensor quotas of "
                           "sparsification ahead of fusion; it needs compression.fusion: ahead and a "
                           f"sparsifier (got fusion {comp['fusion']}, type {comp['type']})")
+    if comp["clip_norm"] is not None and not sparsifier:
+        raise ConfigError("compression.clip_norm: local gradient clipping runs in the sparse encoders; "
+                          f"set compression.type to {_sparsifier_names()} (got {comp['type']})")
     if comp["warmup"] and not sparsifier:
         raise ConfigError("compression.warmup: a density warm-up needs a sparsifier; "
                           f"set compression.type to {_sparsifier_names()} (got {comp['type']})")

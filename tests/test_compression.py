@@ -12,7 +12,7 @@ import pytest
 from jobs import ROOT, processes_with, run_job
 from ssdsgd.compression.codec import MailboxFormat, make_decoder
 from ssdsgd.compression.compressor import RandomK, SampledThreshold, TopK
-from ssdsgd.compression.encoders import SparseEncoder, make_encoders, tensor_counts
+from ssdsgd.compression.encoders import SparseEncoder, local_clip_bound, make_encoders, tensor_counts
 from ssdsgd.compression.fusion import KEY_HASH, make_plan, plan_cost_model
 from ssdsgd.compression.memory import Memory
 from ssdsgd.config import load_config
@@ -563,6 +563,56 @@ def test_momentum_correction_against_numpy_dgc(small, min_dense_bytes):
         np.testing.assert_allclose(sent[0], want, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
         u[1] = m * u[1] + grads[1]
         np.testing.assert_allclose(sent[1], u[1], rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
+
+
+def test_local_clip_bound_scales_the_global_threshold():
+    """clip_norm is for the batch-mean gradient and the whole job; a worker's summed gradient of B
+    samples gets clip_norm * B / sqrt(N) (DGC's N^-1/2)."""
+    assert local_clip_bound(None, 128, 2) is None
+    assert local_clip_bound(2.0, 128, 4) == pytest.approx(2.0 * 128 / 2)
+    assert local_clip_bound(1.0, 32, 2) == pytest.approx(32 / np.sqrt(2))
+
+
+def test_local_clipping_with_momentum_correction_against_numpy():
+    """Each tensor's gradient is scaled to an L2 norm of at most the bound (per tensor, short ones
+    untouched), then u = m*u + g; v = v + u; top-k of |v| sent; v and u zeroed there."""
+    shapes, m, bound = [(200,), (50,)], 0.9, 4.0
+    comp = comp_config("compression.density=0.05", "compression.momentum_correction=true")
+    (buf,), (enc,) = make_encoders(shapes, 1, comp, 0, momentum=m, clip=bound)
+    k = dict(zip(buf.params, buf.counts))
+    rng = np.random.default_rng(5)
+    u = {p: np.zeros(n) for p, (n,) in enumerate(shapes)}
+    v = {p: np.zeros(n) for p, (n,) in enumerate(shapes)}
+    clipped = 0
+    for step in range(10):
+        # Tensor 0 long (norm ~ 10-40, clipped every step), tensor 1 short on even steps only.
+        grads = [untied(rng, 200) * 4 * (1 + step % 4),
+                 untied(rng, 50) * (0.1 if step % 2 == 0 else 3.0)]
+        payload = enc.encode([mx.nd.array(grads[p]) for p in buf.params], step).asnumpy()
+        sent = _split(buf, np_decode(payload, buf.size, buf.k)[0])
+        for p in (0, 1):
+            g = grads[p].astype(np.float64)
+            norm = np.linalg.norm(g)
+            if norm > bound:
+                g, clipped = g * bound / norm, clipped + 1
+            u[p] = m * u[p] + g
+            v[p] += u[p]
+            top = np.argsort(-np.abs(v[p]), kind="stable")[:k[p]]
+            want = np.zeros_like(v[p])
+            want[top] = v[p][top]
+            v[p][top] = 0
+            u[p][top] = 0
+            np.testing.assert_allclose(sent[p], want, rtol=1e-4, atol=1e-5,
+                                       err_msg=f"step {step}, tensor {p}")
+    assert clipped == 15          # tensor 0 every step, tensor 1 on the odd steps: both paths ran
+
+
+def test_memory_clip_leaves_the_callers_gradient_alone():
+    mem = Memory(error_feedback=True, clip=1.0)
+    g = np.full(4, 3.0, np.float32)
+    out = mem.accumulate(0, g)
+    np.testing.assert_allclose(np.linalg.norm(out), 1.0, rtol=1e-6)
+    np.testing.assert_array_equal(g, np.full(4, 3.0, np.float32))
 
 
 # ------------------------------------------------------- 12. allocation by the accumulated gradient

@@ -562,3 +562,13 @@ def test_gradient_allocation_needs_sparsifier_ahead(overrides):
     assert "fusion" in msg and "sparsifier" in msg
     # The same settings with the default allocation are fine.
     assert load_config(SSD, overrides).compression.allocation == "size"
+
+
+def test_clip_norm_is_off_by_default_and_checked():
+    assert load_config(SSD, []).compression.clip_norm is None
+    assert load_config(SSD, ["compression.type=topk", "compression.clip_norm=2.5"]).compression.clip_norm == 2.5
+    for bad in ("0", "-1", "big"):
+        msg = config_error(SSD, ["compression.type=topk", f"compression.clip_norm={bad}"])
+        assert msg.startswith("compression.clip_norm"), msg
+    msg = config_error(SSD, ["compression.type=none", "compression.clip_norm=2.5"])
+    assert msg.startswith("compression.clip_norm") and "sparse" in msg

@@ -39,7 +39,7 @@ from ssdsgd.algorithms.base import Client, StepRecord
 from ssdsgd.checkpoint import CheckpointError
 from ssdsgd.commands import num_servers
 from ssdsgd.compression.codec import MAX_ROUND_FP16
-from ssdsgd.compression.encoders import flatten, make_stages, time_encoding
+from ssdsgd.compression.encoders import flatten, local_clip_bound, make_stages, time_encoding
 from ssdsgd.compression.fusion import KeyAllocator
 from ssdsgd.compression.registry import is_sparsifier
 from ssdsgd.env import BIGARRAY_BOUND_ENV
@@ -213,8 +213,9 @@ class RoundClient(Client):
             cost = saved_cost or probe_costs(kv, self.measure_backward, sum(p.data().size for p in self.params))
             self.stats["cost_model"] = cost
         shapes = [p.shape for p in self.params]
+        clip = local_clip_bound(comp.clip_norm, self.cfg.train.batch_size, kv.num_workers)
         self.stages = make_stages(shapes, num_servers(kv), comp, kv.rank, momentum=self.cfg.train.momentum,
-                                  cost=cost, seed=self.cfg.seed)
+                                  cost=cost, seed=self.cfg.seed, clip=clip)
         self.buffers, self.encoders = self.stages[-1]          # the steady state
         self.memory = self.encoders[0].memory                   # error feedback, shared by every encoder
         if comp.fusion == "behind" and is_sparsifier(comp.type) and all(len(b.params) == 1 for b in self.buffers):

@@ -129,17 +129,28 @@ def allocate_by_threshold(accs, counts, whole):
     return out
 
 
-def make_encoders(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, seed=0):
+def local_clip_bound(clip_norm, batch_size, num_workers):
+    """compression.clip_norm as a bound on what the encoders see, each tensor's gradient summed
+    over the worker's batch: DGC's local clipping scales the global threshold by N^-1/2 (one of N
+    workers' share of the norm if their gradients were alike), and the configured threshold is
+    for the batch-mean gradient, hence the factor batch_size. None: no clipping."""
+    if clip_norm is None:
+        return None
+    return clip_norm * batch_size / num_workers ** 0.5
+
+
+def make_encoders(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, seed=0, clip=None):
     """Buffer plan plus one encoder per buffer, for the `compression` config section (steady-state
     density; make_stages adds the warm-up stages).
 
     cost: {'alpha', 'beta', 'backward'} measured at job start (needed for buffers: cost_model).
+    clip: the per-tensor L2 bound of local gradient clipping (local_clip_bound), None: off.
     """
     buffers = plan_for_config(shapes, num_servers, comp, cost)
     whole = tensor_counts(shapes, comp)[2]
     if not is_sparsifier(comp.type):
         return buffers, [DenseEncoder() for _ in buffers]
-    memory = Memory(comp.error_feedback, momentum if comp.momentum_correction else 0.0)
+    memory = Memory(comp.error_feedback, momentum if comp.momentum_correction else 0.0, clip)
     compressor = make_compressor(comp.type, seed)
     return buffers, _sparse_encoders(buffers, compressor, memory, whole, comp)
 
@@ -150,13 +161,13 @@ def _sparse_encoders(buffers, compressor, memory, whole, comp):
                           behind=comp.fusion == "behind", allocate_every=every) for b in buffers]
 
 
-def make_stages(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, seed=0):
+def make_stages(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, seed=0, clip=None):
     """(buffers, encoders) per density stage: one per compression.warmup entry (an epoch each),
     then the steady state. The steady state decides the buffers (the cost model plans for it);
     the warm-up stages reuse them with their own counts, mailbox keys and encoders, sharing the
     compressor and the error-feedback memory."""
     buffers, encoders = make_encoders(shapes, num_servers, comp, rank, momentum=momentum, cost=cost,
-                                      seed=seed)
+                                      seed=seed, clip=clip)
     if not comp.warmup:
         return [(buffers, encoders)]
     stage_counts = [tensor_counts(shapes, comp, density)[1] for density in comp.warmup]

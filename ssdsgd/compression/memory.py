@@ -6,20 +6,26 @@ Error feedback: what was not sent is added to the next gradient, so nothing is l
 Momentum correction (DGC): the momentum is accumulated on the worker before sparsification,
     u = mu*u + g;  acc = residual + u;  after sending, u and residual are zeroed at idx
 (the servers then run plain SGD, see RoundClient), so delayed coordinates keep their momentum.
+Local gradient clipping (DGC): with a clip threshold, each tensor's gradient is first scaled to an
+L2 norm of at most `clip` (per tensor, as DGC's reference code clips), before the momentum and the
+residual: a burst in one worker's gradient then cannot fill the residual for many steps.
 The state is float32 numpy arrays on the host, where the encoders select (see compressor.py).
 """
 import numpy as np
 
 
 class Memory:
-    def __init__(self, error_feedback=True, momentum=0.0):
+    def __init__(self, error_feedback=True, momentum=0.0, clip=None):
         self.error_feedback = error_feedback
         self.momentum = momentum
+        self.clip = clip                  # L2 bound per tensor on g as passed in (None: no clipping)
         self.residual = {}
         self.velocity = {}
 
     def accumulate(self, key, g):
         """The vector to sparsify for this step (g: a 1-D float32 array, left unchanged)."""
+        if self.clip is not None:
+            g = clip_l2(g, self.clip)
         if self.momentum:
             u = self.velocity.get(key)
             if u is None:
@@ -70,3 +76,11 @@ class Memory:
         if not self.residual:
             return 0.0
         return float(np.sqrt(sum(np.dot(r, r) for r in self.residual.values())))
+
+
+def clip_l2(g, bound):
+    """g scaled down to an L2 norm of `bound` if it is longer (a new array then; g itself otherwise)."""
+    norm = float(np.sqrt(np.dot(g, g)))
+    if norm <= bound:
+        return g
+    return g * np.float32(bound / norm)

@@ -5,6 +5,7 @@ wrong value stops the job before any process starts (ConfigError names the key p
 `--set a.b=value` overrides use the same validation; values are parsed as YAML scalars/lists.
 """
 import copy
+import math
 import os
 import re
 
@@ -56,6 +57,9 @@ class Field:
             raise ConfigError(f"{path}: expected {self._type_names()}, got {value!r}")
         if not isinstance(value, self.types):
             raise ConfigError(f"{path}: expected {self._type_names()}, got {value!r}")
+        # YAML reads .nan and .inf as floats; no setting here means anything with them.
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{path}: must be a finite number; got {value!r}")
         choices = self.choices() if callable(self.choices) else self.choices     # callable: read when checked
         if choices is not None and value not in choices:
             raise ConfigError(f"{path}: must be one of {', '.join(map(str, choices))}; got {value!r}")
@@ -213,9 +217,10 @@ SCHEMA = {
         "fp16_values": Field(bool, False),
         "min_dense_bytes": Field(int, 0, min=0, doc="tensors smaller than this are sent dense"),
         "clip_norm": Field(float, None, nullable=True, gt=0,
-                           doc="DGC's local gradient clipping (sparsifiers): each worker scales each tensor's "
-                               "batch-mean gradient to an L2 norm of at most clip_norm / sqrt(workers) before "
-                               "momentum correction and error feedback; null: off"),
+                           doc="DGC's local gradient clipping (sparsifiers, fusion ahead): the L2 threshold for "
+                               "each tensor's gradient averaged over the whole step (all workers' samples); each "
+                               "worker clips its share at clip_norm / sqrt(workers) before momentum correction "
+                               "and error feedback; null: off"),
         "fusion": Field(str, "ahead", choices=("ahead", "behind")),
         "allocation": Field(str, "size", choices=("size", "gradient"),
                             doc="fusion ahead: k_i proportional to tensor size, or re-allocated from the "
@@ -311,6 +316,9 @@ def _check_consistency(c):
     if comp["clip_norm"] is not None and not sparsifier:
         raise ConfigError("compression.clip_norm: local gradient clipping runs in the sparse encoders; "
                           f"set compression.type to {_sparsifier_names()} (got {comp['type']})")
+    if comp["clip_norm"] is not None and comp["fusion"] != "ahead":
+        raise ConfigError("compression.clip_norm: clips each tensor's gradient, and fusion: behind fuses the "
+                          "tensors before the error-feedback memory sees them; use compression.fusion: ahead")
     if comp["warmup"] and not sparsifier:
         raise ConfigError("compression.warmup: a density warm-up needs a sparsifier; "
                           f"set compression.type to {_sparsifier_names()} (got {comp['type']})")

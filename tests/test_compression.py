@@ -12,7 +12,7 @@ import pytest
 from jobs import ROOT, processes_with, run_job
 from ssdsgd.compression.codec import MailboxFormat, make_decoder
 from ssdsgd.compression.compressor import RandomK, SampledThreshold, TopK
-from ssdsgd.compression.encoders import SparseEncoder, local_clip_bound, make_encoders, tensor_counts
+from ssdsgd.compression.encoders import SparseEncoder, local_clip_bound, make_encoders, make_stages, tensor_counts
 from ssdsgd.compression.fusion import KEY_HASH, make_plan, plan_cost_model
 from ssdsgd.compression.memory import Memory
 from ssdsgd.config import load_config
@@ -566,11 +566,13 @@ def test_momentum_correction_against_numpy_dgc(small, min_dense_bytes):
 
 
 def test_local_clip_bound_scales_the_global_threshold():
-    """clip_norm is for the batch-mean gradient and the whole job; a worker's summed gradient of B
-    samples gets clip_norm * B / sqrt(N) (DGC's N^-1/2)."""
+    """clip_norm is for the step's gradient (mean over N * B samples). A worker's share of it is its
+    B-sample sum / (N * B), bounded by clip_norm * N^-1/2 (DGC), so its sum by clip_norm * B * sqrt(N)."""
     assert local_clip_bound(None, 128, 2) is None
-    assert local_clip_bound(2.0, 128, 4) == pytest.approx(2.0 * 128 / 2)
-    assert local_clip_bound(1.0, 32, 2) == pytest.approx(32 / np.sqrt(2))
+    assert local_clip_bound(2.0, 128, 4) == pytest.approx(2.0 * 128 * 2)
+    assert local_clip_bound(1.0, 32, 2) == pytest.approx(32 * np.sqrt(2))
+    share = local_clip_bound(0.5, 128, 4) / (4 * 128)
+    assert share == pytest.approx(0.5 / np.sqrt(4))
 
 
 def test_local_clipping_with_momentum_correction_against_numpy():
@@ -585,7 +587,7 @@ def test_local_clipping_with_momentum_correction_against_numpy():
     v = {p: np.zeros(n) for p, (n,) in enumerate(shapes)}
     clipped = 0
     for step in range(10):
-        # Tensor 0 long (norm ~ 10-40, clipped every step), tensor 1 short on even steps only.
+        # Tensor 0 long (norm ~ 33-130, clipped every step), tensor 1 short on even steps only.
         grads = [untied(rng, 200) * 4 * (1 + step % 4),
                  untied(rng, 50) * (0.1 if step % 2 == 0 else 3.0)]
         payload = enc.encode([mx.nd.array(grads[p]) for p in buf.params], step).asnumpy()
@@ -605,6 +607,46 @@ def test_local_clipping_with_momentum_correction_against_numpy():
             np.testing.assert_allclose(sent[p], want, rtol=1e-4, atol=1e-5,
                                        err_msg=f"step {step}, tensor {p}")
     assert clipped == 15          # tensor 0 every step, tensor 1 on the odd steps: both paths ran
+
+
+def test_clipping_reaches_warmup_stages_and_tensors_sent_whole():
+    """make_stages hands the bound to the memory every stage shares: a warm-up stage's values and a
+    tensor sent whole (min_dense_bytes) come out clipped too."""
+    shapes, bound = [(200,), (5,)], 0.5
+    comp = comp_config("compression.density=0.05", "compression.min_dense_bytes=40",
+                       "compression.warmup=[0.5]")
+    stages = make_stages(shapes, 1, comp, 0, clip=bound)
+    assert len(stages) == 2
+    rng = np.random.default_rng(3)
+    for (buf,), (enc,) in stages:
+        assert enc.memory.clip == bound
+        enc.memory.residual.clear()
+        grads = [untied(rng, 200) * 10, np.full(5, 10.0, np.float32)]
+        payload = enc.encode([mx.nd.array(grads[p]) for p in buf.params], 0).asnumpy()
+        sent = _split(buf, np_decode(payload, buf.size, buf.k)[0])
+        np.testing.assert_allclose(np.linalg.norm(sent[1]), bound, rtol=1e-5)     # whole, clipped
+        np.testing.assert_allclose(sent[1], bound / np.sqrt(5), rtol=1e-5)
+        # The sparse tensor: what was sent plus what was kept is the clipped gradient.
+        total = sent[0] + enc.memory.residual[0]
+        np.testing.assert_allclose(total, grads[0] * bound / np.linalg.norm(grads[0].astype(np.float64)),
+                                   rtol=1e-4, atol=1e-7)
+
+
+def test_clip_norm_bounds_the_residual_in_a_real_job(tmp_path):
+    """Wiring: compression.clip_norm reaches the workers' encoders. With a tiny threshold the error-
+    feedback residual stays under its bound (per tensor, at most steps * bound / (1 - momentum)),
+    orders of magnitude below an unclipped residual after the same steps."""
+    clip_norm, steps, m = 1e-6, 8, 0.9
+    job = run_job(tmp_path, TOPK_CONFIG, f"train.max_steps={steps}", "log.every_steps=4",
+                  "compression.buffers=one", f"compression.clip_norm={clip_norm}", name="clipped", timeout=110)
+    assert job.rc == 0, job.output
+    assert processes_with(job.marker) == []
+    bound = local_clip_bound(clip_norm, 32, 2)                  # batch 32, 2 workers: the demo config
+    n_tensors = len(_digits_param_sizes())
+    limit = steps * bound / (1 - m) * np.sqrt(n_tensors)
+    norms = [r["residual_norm"] for r in job.metrics() if "residual_norm" in r]
+    assert len(norms) == 2 and 0 < max(norms) <= limit, (norms, limit)
+    assert limit < 0.02      # unclipped, the same job logs residual norms of about 200 and 500
 
 
 def test_memory_clip_leaves_the_callers_gradient_alone():

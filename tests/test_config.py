@@ -572,3 +572,12 @@ def test_clip_norm_is_off_by_default_and_checked():
         assert msg.startswith("compression.clip_norm"), msg
     msg = config_error(SSD, ["compression.type=none", "compression.clip_norm=2.5"])
     assert msg.startswith("compression.clip_norm") and "sparse" in msg
+    msg = config_error(SSD, ["compression.type=topk", "compression.fusion=behind", "compression.clip_norm=2.5"])
+    assert msg.startswith("compression.clip_norm") and "fusion" in msg
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
+def test_float_settings_must_be_finite(value):
+    for key in ("train.lr", "compression.clip_norm"):
+        msg = config_error(SSD, ["compression.type=topk", f"{key}={value}"])
+        assert msg.startswith(key) and "finite" in msg, msg

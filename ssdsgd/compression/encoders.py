@@ -131,12 +131,14 @@ def allocate_by_threshold(accs, counts, whole):
 
 def local_clip_bound(clip_norm, batch_size, num_workers):
     """compression.clip_norm as a bound on what the encoders see, each tensor's gradient summed
-    over the worker's batch: DGC's local clipping scales the global threshold by N^-1/2 (one of N
-    workers' share of the norm if their gradients were alike), and the configured threshold is
-    for the batch-mean gradient, hence the factor batch_size. None: no clipping."""
+    over the worker's batch. clip_norm is the threshold for the step's gradient, the mean over all
+    N * batch_size samples; one worker's share of it is its sum / (N * batch_size), and DGC bounds
+    that share by clip_norm * N^-1/2 (the norm of a sum of N independent, alike shares is sqrt(N)
+    times one share's). In the units of the worker's sum: clip_norm * batch_size * sqrt(N).
+    None: no clipping."""
     if clip_norm is None:
         return None
-    return clip_norm * batch_size / num_workers ** 0.5
+    return clip_norm * batch_size * num_workers ** 0.5
 
 
 def make_encoders(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, seed=0, clip=None):

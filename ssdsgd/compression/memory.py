@@ -8,7 +8,8 @@ Momentum correction (DGC): the momentum is accumulated on the worker before spar
 (the servers then run plain SGD, see RoundClient), so delayed coordinates keep their momentum.
 Local gradient clipping (DGC): with a clip threshold, each tensor's gradient is first scaled to an
 L2 norm of at most `clip` (per tensor, as DGC's reference code clips), before the momentum and the
-residual: a burst in one worker's gradient then cannot fill the residual for many steps.
+residual: a burst in one worker's gradient then cannot fill the residual for many steps. Only the
+pushed gradient is clipped; SSD-SGD's local update between refreshes uses the worker's own gradient.
 The state is float32 numpy arrays on the host, where the encoders select (see compressor.py).
 """
 import numpy as np

@@ -532,6 +532,20 @@ def test_topk_job_pushes_about_density_of_dense_bytes(tmp_path):
 
 # ------------------------------------------------------------------- 11. DGC momentum correction
 
+def _np_dgc_send(u, v, g, m, k):
+    """DGC's momentum correction with momentum factor masking, in numpy, updating u and v in place:
+    u = m*u + g; v = v + u; the top-k of |v| are sent, then zeroed in v and u. Returns what is sent."""
+    u *= m
+    u += g
+    v += u
+    top = np.argsort(-np.abs(v), kind="stable")[:k]
+    want = np.zeros_like(v)
+    want[top] = v[top]
+    v[top] = 0
+    u[top] = 0
+    return want
+
+
 @pytest.mark.parametrize("small,min_dense_bytes", [(5, 40), (1, 0)],
                          ids=["sent whole by min_dense_bytes", "one element, k = n"])
 def test_momentum_correction_against_numpy_dgc(small, min_dense_bytes):
@@ -553,13 +567,7 @@ def test_momentum_correction_against_numpy_dgc(small, min_dense_bytes):
         payload = enc.encode([mx.nd.array(grads[p]) for p in buf.params], step).asnumpy()
         dense, _, _ = np_decode(payload, buf.size, buf.k)
         sent = _split(buf, dense)
-        u[0] = m * u[0] + grads[0]
-        v += u[0]
-        top = np.argsort(-np.abs(v), kind="stable")[:10]
-        want = np.zeros(200)
-        want[top] = v[top]
-        v[top] = 0
-        u[0][top] = 0
+        want = _np_dgc_send(u[0], v, grads[0], m, 10)
         np.testing.assert_allclose(sent[0], want, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
         u[1] = m * u[1] + grads[1]
         np.testing.assert_allclose(sent[1], u[1], rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
@@ -597,13 +605,7 @@ def test_local_clipping_with_momentum_correction_against_numpy():
             norm = np.linalg.norm(g)
             if norm > bound:
                 g, clipped = g * bound / norm, clipped + 1
-            u[p] = m * u[p] + g
-            v[p] += u[p]
-            top = np.argsort(-np.abs(v[p]), kind="stable")[:k[p]]
-            want = np.zeros_like(v[p])
-            want[top] = v[p][top]
-            v[p][top] = 0
-            u[p][top] = 0
+            want = _np_dgc_send(u[p], v[p], g, m, k[p])
             np.testing.assert_allclose(sent[p], want, rtol=1e-4, atol=1e-5,
                                        err_msg=f"step {step}, tensor {p}")
     assert clipped == 15          # tensor 0 every step, tensor 1 on the odd steps: both paths ran
@@ -636,14 +638,15 @@ def test_clip_norm_bounds_the_residual_in_a_real_job(tmp_path):
     """Wiring: compression.clip_norm reaches the workers' encoders. With a tiny threshold the error-
     feedback residual stays under its bound (per tensor, at most steps * bound / (1 - momentum)),
     orders of magnitude below an unclipped residual after the same steps."""
-    clip_norm, steps, m = 1e-6, 8, 0.9
+    clip_norm, steps = 1e-6, 8
     job = run_job(tmp_path, TOPK_CONFIG, f"train.max_steps={steps}", "log.every_steps=4",
                   "compression.buffers=one", f"compression.clip_norm={clip_norm}", name="clipped", timeout=110)
     assert job.rc == 0, job.output
     assert processes_with(job.marker) == []
-    bound = local_clip_bound(clip_norm, 32, 2)                  # batch 32, 2 workers: the demo config
+    cfg = load_config(os.path.join(ROOT, TOPK_CONFIG), [])
+    bound = local_clip_bound(clip_norm, cfg.train.batch_size, cfg.cluster.workers)
     n_tensors = len(_digits_param_sizes())
-    limit = steps * bound / (1 - m) * np.sqrt(n_tensors)
+    limit = steps * bound / (1 - cfg.train.momentum) * np.sqrt(n_tensors)
     norms = [r["residual_norm"] for r in job.metrics() if "residual_norm" in r]
     assert len(norms) == 2 and 0 < max(norms) <= limit, (norms, limit)
     assert limit < 0.02      # unclipped, the same job logs residual norms of about 200 and 500

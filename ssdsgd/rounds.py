@@ -13,6 +13,7 @@ which is MXNet's sgd_mom_update on the summed gradient, so a run that stays sync
 the stock dist_sync baseline. Rounds may arrive in any order and a fast worker may be several rounds
 ahead; their accumulators wait in `pending` until they can be applied in order.
 """
+import bisect
 import zlib
 from typing import NamedTuple, Optional
 
@@ -46,7 +47,7 @@ class BufferState:
         self.mom = np.zeros(size, np.float32)
         self.version = 0              # number of rounds applied
         self.pending = {}             # round -> [sum array, set of ranks]
-        self.ring = None              # DownlinkRing: publishes each applied round (sparse downlink)
+        self.ring = None              # publishes each applied round (sparse downlink): StagedRings or a DownlinkRing
         self.checks = 0               # replica side: rounds whose published checksum this state matched
 
     def bind(self, weights, version=0):
@@ -199,6 +200,27 @@ class DownlinkRing:
         slot[1] = n
         slot[RING_HEADER:RING_HEADER + n] = idx
         slot[RING_HEADER + self.cap:RING_HEADER + self.cap + n] = grad_sum[idx]
+
+
+class StagedRings:
+    """Server side of the sparse downlink under a density warm-up (compression.warmup): one
+    DownlinkRing per density stage, its slots sized for that stage's density, so a warm-up stage
+    pulls its rounds sparse too instead of the dense weights. Stage s holds the rounds from
+    first_rounds[s] up to the next stage's first; a stage whose ring would not be smaller than the
+    dense weights has None and publishes nothing (its rounds are pulled dense)."""
+
+    def __init__(self, rings, first_rounds):
+        if len(rings) != len(first_rounds) or list(first_rounds) != sorted(first_rounds) or first_rounds[0] != 0:
+            raise RoundError(f"downlink rings: {len(rings)} rings for stages starting at rounds {list(first_rounds)}")
+        self.rings, self.first_rounds = list(rings), list(first_rounds)
+
+    def stage_of(self, rnd):
+        return bisect.bisect_right(self.first_rounds, rnd) - 1
+
+    def record(self, rnd, grad_sum, weights=None):
+        ring = self.rings[self.stage_of(rnd)]
+        if ring is not None:
+            ring.record(rnd, grad_sum, weights)
 
 
 def read_ring(array, slots, cap):

@@ -22,7 +22,7 @@ from ssdsgd.compression.codec import MailboxFormat
 from ssdsgd.env import ROLE_ENV, SECRET_ENV
 from ssdsgd.launcher import RANK_MARK
 from ssdsgd.remote import MARK
-from ssdsgd.rounds import BufferState, DownlinkRing
+from ssdsgd.rounds import BufferState, DownlinkRing, StagedRings
 from ssdsgd.schedule import LRSchedule
 
 
@@ -57,12 +57,17 @@ class RoundService:
             self.stored[b] = {}
             down = buf.get("downlink")
             if down:
-                # Sparse downlink: a ring of the last rounds' aggregated updates, and the momentum
-                # (with its version) for a worker that must rebuild its replica from the dense state.
-                self.roles[down["ring_key"]] = (b, "ring", None)
+                # Sparse downlink: per density stage a ring of the last rounds' aggregated updates,
+                # and the momentum (with its version) for a worker that must rebuild its replica
+                # from the dense state.
+                rings = []
+                for stage, ring in enumerate(down["rings"]):
+                    if ring is not None:
+                        self.roles[ring["key"]] = (b, "ring", stage)
+                        ring = DownlinkRing(buf["size"], down["slots"], ring["cap"], down.get("check_every", 0))
+                    rings.append(ring)
                 self.roles[down["mom_key"]] = (b, "mom", None)
-                self.states[b].ring = DownlinkRing(buf["size"], down["slots"], down["cap"],
-                                                   down.get("check_every", 0))
+                self.states[b].ring = StagedRings(rings, down["first_rounds"])
 
     def owns(self, key):
         return key in self.roles
@@ -105,10 +110,14 @@ class RoundService:
         state["weight"].wait_to_read()
         state["clock"].wait_to_read()
         if st.ring is not None:
-            state["ring"][:] = st.ring.array
+            published = [state["mom"]]
             state["mom"][:] = np.append(st.mom, np.float32(st.version))
-            state["ring"].wait_to_read()
-            state["mom"].wait_to_read()
+            for stage, ring in enumerate(st.ring.rings):
+                if ring is not None:
+                    state[f"ring{stage}"][:] = ring.array
+                    published.append(state[f"ring{stage}"])
+            for a in published:
+                a.wait_to_read()
 
     def push(self, key, recv, stored):
         b, role, stage = self.roles[key]
@@ -116,15 +125,18 @@ class RoundService:
         if role in ("weight", "clock", "ring", "mom"):
             # A "bind" push: keep a reference to the stored array so the mailbox handler can write
             # the global update into it (the updater is only ever handed the array of its own key).
-            if role not in state:
-                state[role] = stored
+            name = f"ring{stage}" if role == "ring" else role
+            if name not in state:
+                state[name] = stored
                 if role == "weight":
                     w = stored.asnumpy()
                     self.states[b].bind(w[:-1], version=int(w[-1]))
             return
         if "weight" not in state or "clock" not in state:
             raise RuntimeError(f"buffer {b}: mailbox push before its weight and clock keys were bound")
-        if self.states[b].ring is not None and ("ring" not in state or "mom" not in state):
+        ring = self.states[b].ring
+        if ring is not None and ("mom" not in state or any(
+                f"ring{stage}" not in state for stage, r in enumerate(ring.rings) if r is not None)):
             raise RuntimeError(f"buffer {b}: mailbox push before its downlink ring and momentum keys were bound")
         if self.states[b].receive(recv.asnumpy(), stage):
             self._publish(b)

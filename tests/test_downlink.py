@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ssdsgd.compression.codec import MailboxFormat
-from ssdsgd.rounds import BufferState, DownlinkRing, RoundError, read_ring, ring_length
+from ssdsgd.rounds import BufferState, DownlinkRing, RoundError, StagedRings, read_ring, ring_length
 from ssdsgd.schedule import LRSchedule
 
 B = 8
@@ -112,6 +112,88 @@ def test_read_ring_checks_length_and_empty_slots():
 
 
 
+def test_staged_rings_route_each_round_to_its_density_stage():
+    """Under a density warm-up every stage has its own ring, sized for its density: rounds 0-3 (30
+    values a worker) go to stage 0's ring, rounds 4-9 (3 values) to stage 1's. A replica that pulls
+    the ring of each round's stage stays bit for bit the server's across the boundary; one that
+    pulls stage 1's ring while it still misses stage 0's last round cannot catch up (it then
+    rebuilds from the dense state). A stage without a ring publishes nothing."""
+    size, workers, k0, k1, slots, first = 200, 2, 30, 3, 2, 4
+    fmts = [MailboxFormat("sparse", size, k0), MailboxFormat("sparse", size, k1)]
+    server = BufferState(size, workers, B, 0.9, 1e-4, schedule(10), fmts, 0.5, 2)
+    replica = BufferState(size, workers, B, 0.9, 1e-4, schedule(10), [], 0.5, 2)
+    rings = [DownlinkRing(size, slots, workers * k0), DownlinkRing(size, slots, workers * k1)]
+    server.ring = StagedRings(rings, [0, first])
+    lagging = BufferState(size, workers, B, 0.9, 1e-4, schedule(10), [], 0.5, 2)
+    w0 = np.random.default_rng(2).standard_normal(size).astype(np.float32)
+    for st in (server, replica, lagging):
+        st.bind(w0)
+    rng = np.random.default_rng(4)
+    for rnd in range(10):
+        stage, k = (0, k0) if rnd < first else (1, k1)
+        for rank in range(workers):
+            idx = rng.choice(size, k, replace=False)
+            server.receive(sparse_message(rnd, rank, idx, rng.standard_normal(k)), stage)
+        ring = read_ring(rings[stage].array.copy(), slots, workers * (k0, k1)[stage])
+        assert max(ring) == rnd
+        if stage == 0:
+            assert len(ring[rnd].indices) > workers * k1     # would not fit stage 1's slots
+        assert replica.catch_up(ring) and replica.version == rnd + 1
+        assert bits_equal(replica.weights, server.weights) and bits_equal(replica.mom, server.mom)
+        if rnd < first - 1:
+            assert lagging.catch_up(ring)                  # lagging stops pulling before round 3
+    late = read_ring(rings[1].array.copy(), slots, workers * k1)
+    assert sorted(late) == [8, 9] and not lagging.catch_up(late) and lagging.version == first - 1
+    # Stage 0's ring kept its last rounds; nothing of stage 1 was written into it.
+    assert sorted(read_ring(rings[0].array, slots, workers * k0)) == [2, 3]
+    quiet = StagedRings([None, DownlinkRing(size, slots, 4)], [0, 5])
+    quiet.record(3, np.ones(size, np.float32))
+    assert read_ring(quiet.rings[1].array, slots, 4) == {}
+    with pytest.raises(RoundError, match="stages starting at rounds"):
+        StagedRings(rings, [0])
+    with pytest.raises(RoundError, match="stages starting at rounds"):
+        StagedRings(rings, [3, 1])
+
+
+def test_round_service_publishes_each_stage_ring_in_its_own_key():
+    """The server binds one key per stage ring (and the momentum key), refuses mailbox pushes before
+    all of them are bound, and after each round the stored ring of that round's stage carries it."""
+    from ssdsgd.server import RoundService
+    import mxnet as mx
+    size, workers, ks = 64, 2, (8, 2)
+    plan = {"num_workers": workers, "batch_size": B, "momentum": 0.0, "wd": 0.0,
+            "schedule": LRSchedule("constant", base_lr=0.1, total_updates=10).to_dict(),
+            "buffers": [{"id": 0, "size": size, "weight_key": 0, "clock_key": 1,
+                         "mailboxes": [{"key": 2, "codec": "sparse", "k": ks[0]},
+                                       {"key": 3, "codec": "sparse", "k": ks[1]}],
+                         "downlink": {"rings": [{"key": 4, "cap": workers * ks[0]}, {"key": 5, "cap": workers * ks[1]}],
+                                      "first_rounds": [0, 2], "mom_key": 6, "slots": 1, "check_every": 0}}]}
+    svc = RoundService(plan, mx.nd)
+    stored = {key: mx.nd.zeros(n) for key, n in ((0, size + 1), (1, 1), (6, size + 1),
+                                                  (4, ring_length(1, workers * ks[0])),
+                                                  (5, ring_length(1, workers * ks[1])))}
+    for key in (0, 1, 6, 4):
+        svc.push(key, mx.nd.zeros(stored[key].shape), stored[key])
+    msg = sparse_message(0, 0, np.arange(ks[0]), np.ones(ks[0]))
+    with pytest.raises(RuntimeError, match="downlink ring and momentum keys"):
+        svc.push(2, mx.nd.array(msg), mx.nd.zeros(msg.size))
+    svc.push(5, mx.nd.zeros(stored[5].shape), stored[5])
+    rng = np.random.default_rng(7)
+    for rnd in range(4):
+        stage = 0 if rnd < 2 else 1
+        k, sums = ks[stage], np.zeros(size, np.float32)
+        for rank in range(workers):
+            idx, vals = rng.choice(size, k, replace=False), rng.standard_normal(k).astype(np.float32)
+            sums[idx] += vals
+            svc.push(2 + stage, mx.nd.array(sparse_message(rnd, rank, idx, vals)), mx.nd.zeros(2 + 2 * k))
+        (got_rnd, (idx, vals, _)), = read_ring(stored[4 + stage].asnumpy(), 1, workers * k).items()
+        back = np.zeros(size, np.float32)
+        back[idx] = vals
+        assert got_rnd == rnd and bits_equal(back, sums)
+        assert stored[6].asnumpy()[-1] == rnd + 1
+    assert sorted(read_ring(stored[4].asnumpy(), 1, workers * ks[0])) == [1]
+
+
 def test_config_downlink_needs_a_sparsifier():
     import os
 
@@ -163,8 +245,8 @@ def test_checksum_guard_names_the_version_and_the_buffer():
     play(range(5, 7))
     ring_buf = mx.nd.array(server.ring.array)
     client = SimpleNamespace(buffers=[SimpleNamespace(weight_key=3)], replicas=[replica],
-                             downlink=[{"ring_key": 9, "slots": slots, "cap": workers * k}],
-                             ring_bufs=[ring_buf], stats={})
+                             downlink=[{"rings": [{"key": 9, "cap": workers * k}], "slots": slots}],
+                             ring_bufs=[[ring_buf]], pulled_ring=[0], stats={})
     with pytest.raises(RuntimeError, match=r"downlink: buffer 0 \(keys 3/9\): .* version 6 differs"):
         RoundClient._land_ring(client, 0)
 
@@ -182,15 +264,18 @@ def _params(path):
 
 @pytest.mark.timeout(400)
 def test_strict_sparse_downlink_ends_with_the_dense_downlink_weights(tmp_path):
-    """Strict SSD-SGD + top-k: refreshing from the replica gives exactly (bit for bit) the global
-    weights of the run that pulls dense weights, and the guard, run at every refresh, finds every
-    replica equal to the servers' weights. A third run without the guard shows the traffic: after
-    the warm-up at most 2.2x the pushed bytes are pulled (the union of 2 workers' indices), with the
-    guard at its default."""
+    """Strict SSD-SGD + top-k with a density warm-up (2% in epoch 0, the synchronous warm-up, then
+    1%): refreshing from the replica gives exactly (bit for bit) the global weights of the run that
+    pulls dense weights, the warm-up's rounds come through their own ring (no rebuild from the dense
+    state at the stage change), and the guard, run at every refresh, finds every replica equal to
+    the servers' weights. A third run without the guard shows the traffic: after the warm-up at
+    most 2.2x the pushed bytes are pulled (the union of 2 workers' indices), with the guard at its
+    default."""
     from jobs import processes_with, run_job
-    dense = run_job(tmp_path, TOPK, *STRICT, name="dense")
+    strict = STRICT + ["compression.warmup=[0.02]"]
+    dense = run_job(tmp_path, TOPK, *strict, name="dense")
     assert dense.rc == 0, dense.output
-    sparse = run_job(tmp_path, TOPK, *STRICT, "compression.downlink=sparse",
+    sparse = run_job(tmp_path, TOPK, *strict, "compression.downlink=sparse",
                      "compression.downlink_check_every=1", name="sparse")
     assert sparse.rc == 0, sparse.output
     sd, ss = dense.summary(), sparse.summary()
@@ -200,14 +285,23 @@ def test_strict_sparse_downlink_ends_with_the_dense_downlink_weights(tmp_path):
     for name in wd:
         assert bits_equal(ws[name], wd[name]), name
     client = ss["client"]
-    assert [d["downlink"] for d in client["downlink"]] == ["sparse"] * client["buffers"]
+    decisions = [(d["stage"], d["downlink"]) for d in client["downlink"]]
+    assert decisions == [(0, "sparse"), (1, "sparse")] * client["buffers"]
     # Every round a replica applied was checked (check_every = 1): 22 warm-up rounds, then 8
     # refreshes of 5 rounds each (the last 4 rounds are never pulled), per buffer.
     assert client["downlink_checks"] == client["buffers"] * (22 + 8 * 5)
     assert client["downlink_resyncs"] == client["buffers"]          # only the one at start
-    assert "downlink: buffer 0: sparse" in sparse.output
+    assert "downlink: buffer 0, density stage 0: sparse" in sparse.output
+    # The warm-up's pulls (its 22 steps, and the start's one dense pull or rebuild) shrink with the
+    # stage's ring: 5 slots (S = k = 5) of 2 workers' 2% are about 0.4 of the dense weights.
+    warm_dense = sd["pull_bytes"] - sd["after_warmup"]["pull_bytes"]
+    warm_sparse = ss["pull_bytes"] - ss["after_warmup"]["pull_bytes"]
+    ring_share = sum(d["ring_bytes"] for d in client["downlink"] if d["stage"] == 0) / \
+        sum(d["dense_bytes"] for d in client["downlink"] if d["stage"] == 0)
+    print(f"warm-up pulls: {warm_sparse} B sparse, {warm_dense} B dense; a stage-0 ring is {ring_share:.2f} of dense")
+    assert ring_share < 0.5 and warm_sparse < 0.6 * warm_dense
 
-    plain = run_job(tmp_path, TOPK, *STRICT, "compression.downlink=sparse", name="bytes")
+    plain = run_job(tmp_path, TOPK, *strict, "compression.downlink=sparse", name="bytes")
     assert plain.rc == 0, plain.output
     sp, aw, awd = plain.summary(), plain.summary()["after_warmup"], sd["after_warmup"]
     assert bits_equal(_params(sp["checkpoint"])[name], wd[name])
@@ -222,12 +316,14 @@ def test_strict_sparse_downlink_ends_with_the_dense_downlink_weights(tmp_path):
 
 @pytest.mark.timeout(400)
 def test_resume_with_a_ring_pull_in_flight_matches_uninterrupted_run(tmp_path):
-    """Strict SSD-SGD + top-k with the sparse downlink, checkpoint every epoch; the warm-up of 24
-    steps puts a refresh's ring pull in flight at the end of epoch 2 (step 43). Run A stops there,
-    B resumes it (replica and in-flight ring from the worker's checkpoint), C runs through: B ends
-    bit for bit where C ends, and every refresh passes the guard."""
+    """Strict SSD-SGD + top-k with the sparse downlink and a two-epoch density warm-up (3%, 2%, then
+    1%), checkpoint every epoch; the warm-up of 24 steps puts a refresh's ring pull in flight at the
+    end of epoch 2 (step 43), from the second density stage's ring. Run A stops there, B resumes it
+    (replica and in-flight ring from the worker's checkpoint), C runs through: B ends bit for bit
+    where C ends, and every refresh passes the guard."""
     from jobs import processes_with, stopped_resumed_and_uninterrupted
     common = STRICT[1:] + ["train.epochs=4", "algorithm.warmup_iters=24", "checkpoint.every_epochs=1",
+                           "compression.warmup=[0.03,0.02]",
                            "compression.downlink=sparse", "compression.downlink_check_every=1"]
     a, b, c = stopped_resumed_and_uninterrupted(tmp_path, TOPK, *common, stop_steps=44)
     assert "epoch-0002" in b.output
@@ -235,7 +331,10 @@ def test_resume_with_a_ring_pull_in_flight_matches_uninterrupted_run(tmp_path):
     wb, wc = (_params(j.summary()["checkpoint"]) for j in (b, c))
     for name in wc:
         assert bits_equal(wb[name], wc[name]), name
-    # B rebuilt nothing from the dense state: its replicas came from the checkpoint.
-    assert b.summary()["client"]["downlink_resyncs"] == 0
+    # B rebuilt nothing from the dense state: its replicas came from the checkpoint, and the next
+    # refresh (step 48) caught up from the steady stage's ring.
+    client = b.summary()["client"]
+    assert client["downlink_resyncs"] == 0
+    assert [d["downlink"] for d in client["downlink"]] == ["sparse"] * 3 * client["buffers"]
     for job in (a, b, c):
         assert processes_with(job.marker) == []

@@ -5,10 +5,10 @@ Talks to the round service of ssdsgd.server through three keys per fused buffer 
            one mailbox key per density stage when compression.warmup is set);
   weight   the global weights of the buffer plus their version (rounds applied) in the last slot;
   clock    the version alone, one float: polled cheaply while waiting for a round;
-  with compression.downlink: sparse, two more: the ring of the last R rounds' aggregated sparse
-           updates (ssdsgd.rounds.DownlinkRing), pulled instead of the weights and applied to a
-           replica of the buffer's server state, and the momentum (with its version) from which that
-           replica is rebuilt when it cannot catch up from the ring.
+  with compression.downlink: sparse, more: per density stage, the ring of the last R rounds'
+           aggregated sparse updates (ssdsgd.rounds.DownlinkRing), pulled instead of the weights and
+           applied to a replica of the buffer's server state, and the momentum (with its version)
+           from which that replica is rebuilt when it cannot catch up from the ring.
 The KVStore is dist_async, so a push is acknowledged as soon as the server has filed it and never
 blocks on the other workers; the rounds are synchronous on the server side.
 
@@ -173,6 +173,7 @@ class RoundClient(Client):
         self.downlink = []                          # per buffer: sparse downlink settings, or None
         self.replicas = []                          # per buffer: BufferState mirroring the server's
         self.pulled = []                            # per buffer: 'ring' or 'dense', the last pull issued
+        self.pulled_ring = []                       # per buffer: the density stage whose ring was pulled
         # A round awaited longer than the server timeout is reported once per wait, naming the server
         # that holds the buffer; the job goes on (a worker may just be behind; the stall timeout decides).
         self.wait_note = cfg.cluster.server_timeout or None
@@ -235,14 +236,15 @@ class RoundClient(Client):
         self._plan_downlink()
 
     def _plan_downlink(self):
-        """compression.downlink: sparse. Per buffer, the server keeps the last R rounds' aggregated
-        updates in a ring key: R = S (at least k; 1 for synchronous SGD, which pulls every round),
-        each slot [round, count, N*k_b indices, N*k_b values] with k_b the values one worker sends
-        per step in the steady state. A buffer uses the ring only if one ring pull is smaller than
-        one dense pull; the decision is logged once (rank 0) and kept in the run's stats."""
+        """compression.downlink: sparse. Per buffer and density stage, the server keeps the last R
+        rounds' aggregated updates in a ring key: R = S (at least k; 1 for synchronous SGD, which
+        pulls every round), each slot [round, count, N*k_b indices, N*k_b values] with k_b the values
+        one worker sends per step in that stage. A stage's rounds are pulled from its ring only if
+        one ring pull is smaller than one dense pull; the decisions are logged once (rank 0) and
+        kept in the run's stats."""
         n = len(self.buffers)
         self.downlink, self.replicas = [None] * n, [None] * n
-        self.pulled = ["dense"] * n
+        self.pulled, self.pulled_ring = ["dense"] * n, [None] * n
         self.ring_bufs = [None] * n
         if self.cfg.compression.downlink != "sparse":
             return
@@ -251,29 +253,33 @@ class RoundClient(Client):
         # Fresh keys after every key of every density stage, so no existing key moves.
         used = max(max(b.weight_key, b.mailbox_key, b.clock_key) for bufs, _ in self.stages for b in bufs)
         keys = KeyAllocator(num_servers(kv), start=used + 1)
+        first_rounds = [stage * (self.steps_per_epoch or 0) for stage in range(len(self.stages))]
         decisions = []
         for bi, b in enumerate(self.buffers):
-            cap = min(kv.num_workers * b.k, b.size)
-            ring_bytes, dense_bytes = 4 * ring_length(slots, cap), 4 * (b.size + 1)
-            sparse = ring_bytes < dense_bytes
-            decisions.append({"buffer": bi, "downlink": "sparse" if sparse else "dense", "slots": slots,
-                              "slot_bytes": 4 * ring_slot_length(cap), "ring_bytes": ring_bytes,
-                              "dense_bytes": dense_bytes})
-            if not sparse:
+            rings = []
+            for stage, (bufs, _) in enumerate(self.stages):
+                cap = min(kv.num_workers * bufs[bi].k, b.size)
+                ring_bytes, dense_bytes = 4 * ring_length(slots, cap), 4 * (b.size + 1)
+                sparse = ring_bytes < dense_bytes
+                decisions.append({"buffer": bi, "stage": stage, "downlink": "sparse" if sparse else "dense",
+                                  "slots": slots, "slot_bytes": 4 * ring_slot_length(cap), "ring_bytes": ring_bytes,
+                                  "dense_bytes": dense_bytes})
+                rings.append({"key": keys.on(b.server), "cap": cap} if sparse else None)
+            if not any(rings):
                 continue
-            self.downlink[bi] = {"ring_key": keys.on(b.server), "mom_key": keys.on(b.server),
-                                 "slots": slots, "cap": cap,
-                                 "check_every": self.cfg.compression.downlink_check_every}
+            self.downlink[bi] = {"rings": rings, "first_rounds": first_rounds, "mom_key": keys.on(b.server),
+                                 "slots": slots, "check_every": self.cfg.compression.downlink_check_every}
             self.replicas[bi] = BufferState(
                 b.size, kv.num_workers, train.batch_size, self.server_momentum, train.wd,
                 LRSchedule.from_dict(self.schedule.to_dict()), [], self.server_delay_momentum, self.warmup)
-            self.ring_bufs[bi] = mx.nd.zeros(ring_length(slots, cap))
+            self.ring_bufs[bi] = [mx.nd.zeros(ring_length(slots, r["cap"])) if r else None for r in rings]
         self.stats["downlink"] = decisions
         self.stats["downlink_resyncs"] = 0
         self.stats["downlink_checks"] = 0
         if kv.rank == 0:
             for d in decisions:
-                print(f"downlink: buffer {d['buffer']}: {d['downlink']} (ring of {d['slots']} rounds, "
+                stage = f", density stage {d['stage']}" if len(self.stages) > 1 else ""
+                print(f"downlink: buffer {d['buffer']}{stage}: {d['downlink']} (ring of {d['slots']} rounds, "
                       f"{d['ring_bytes']} bytes a pull, against {d['dense_bytes']} for the dense weights)",
                       flush=True)
 
@@ -325,8 +331,11 @@ class RoundClient(Client):
                 vals.append(mx.nd.zeros(sb.mailbox_len, dtype=sb.mailbox_dtype))
         for b, down in zip(self.buffers, self.downlink):
             if down:
-                keys += [down["ring_key"], down["mom_key"]]
-                vals += [mx.nd.zeros(ring_length(down["slots"], down["cap"])), mx.nd.zeros(b.size + 1)]
+                for ring in filter(None, down["rings"]):
+                    keys.append(ring["key"])
+                    vals.append(mx.nd.zeros(ring_length(down["slots"], ring["cap"])))
+                keys.append(down["mom_key"])
+                vals.append(mx.nd.zeros(b.size + 1))
         kv.init(keys, vals)               # rank 0's values count; ends with a barrier
         if kv.rank == 0:
             # Bind pushes: hand the server's updater the stored weight and clock arrays once.
@@ -334,7 +343,8 @@ class RoundClient(Client):
                 kv.push(b.weight_key, mx.nd.zeros(b.size + 1))
                 kv.push(b.clock_key, mx.nd.zeros(1))
                 if down:
-                    kv.push(down["ring_key"], mx.nd.zeros(ring_length(down["slots"], down["cap"])))
+                    for ring in filter(None, down["rings"]):
+                        kv.push(ring["key"], mx.nd.zeros(ring_length(down["slots"], ring["cap"])))
                     kv.push(down["mom_key"], mx.nd.zeros(b.size + 1))
             mx.nd.waitall()
             if resume_dir:
@@ -356,11 +366,13 @@ class RoundClient(Client):
         arrays.update({f"pullbuf{bi}": buf.asnumpy() for bi, buf in enumerate(self.pull_bufs)})
         for bi, rep in enumerate(self.replicas):
             if rep is not None and rep.weights is not None:
-                arrays.update({f"ringbuf{bi}": self.ring_bufs[bi].asnumpy(), f"replica_w{bi}": rep.weights,
-                               f"replica_mom{bi}": rep.mom})
+                arrays.update({f"replica_w{bi}": rep.weights, f"replica_mom{bi}": rep.mom})
+                if self.pulled[bi] == "ring":
+                    arrays[f"ringbuf{bi}"] = self.ring_bufs[bi][self.pulled_ring[bi]].asnumpy()
         if self.memory is not None:
             arrays.update(self.memory.state_dict())
         meta = {"versions": self.versions, "pending_pull": self.pending_pull, "pulled": self.pulled,
+                "pulled_rings": self.pulled_ring,
                 "replica_versions": [None if r is None or r.weights is None else r.version for r in self.replicas],
                 "cost_model": self.stats.get("cost_model"),
                 "tensor_counts": [[e.counts for e in encs] for _, encs in self.stages],
@@ -385,40 +397,49 @@ class RoundClient(Client):
         # Sparse downlink: the replica and the in-flight ring pull as saved. A checkpoint without
         # them (taken with the dense downlink) leaves the replica unbound: the first ring refresh
         # then rebuilds it from the servers' dense state.
-        self.pulled = list(meta.get("pulled", ["dense"] * len(self.buffers)))
-        for bi, (rep, v) in enumerate(zip(self.replicas, meta.get("replica_versions", [None] * len(self.buffers)))):
+        # Checkpoints from before the per-stage rings only pulled the steady stage's ring (the last).
+        n = len(self.buffers)
+        self.pulled = list(meta.get("pulled", ["dense"] * n))
+        self.pulled_ring = list(meta.get("pulled_rings", [len(self.stages) - 1] * n))
+        for bi, (rep, v) in enumerate(zip(self.replicas, meta.get("replica_versions", [None] * n))):
             if rep is None:
                 self.pulled[bi] = "dense"
             elif v is not None and f"replica_w{bi}" in arrays:
                 rep.bind(arrays[f"replica_w{bi}"], version=v)
                 rep.mom = np.asarray(arrays[f"replica_mom{bi}"], np.float32).copy()
-                self.ring_bufs[bi][:] = arrays[f"ringbuf{bi}"]
-            elif self.pulled[bi] == "ring":
-                raise ValueError(f"checkpoint: buffer {bi} has a ring pull in flight but no replica")
+            if self.pulled[bi] == "ring":
+                if rep.weights is None or f"ringbuf{bi}" not in arrays:
+                    raise ValueError(f"checkpoint: buffer {bi} has a ring pull in flight but no replica")
+                self.ring_bufs[bi][self.pulled_ring[bi]][:] = arrays[f"ringbuf{bi}"]
         self.watch = PullWatch([])         # the saved pull buffers have landed
         self.local_opt._index_update_count = {int(k): c for k, c in meta["local_counts"].items()}
         self.local_opt.num_update = meta["local_num_update"]
 
     # ---- communication pieces ------------------------------------------------------------------
-    def _use_ring(self, bi, step):
-        """Refresh buffer bi from the sparse rounds at this step? Only for buffers whose ring pays off,
-        and only in the steady density stage (a warm-up stage's rounds do not fit the slots)."""
-        return (self.downlink[bi] is not None
-                and density_stage(step, self.steps_per_epoch, len(self.stages)) == len(self.stages) - 1)
+    def _ring_for(self, bi, rnd):
+        """The density stage whose ring carries round `rnd` of buffer bi, or None when that round is
+        to be pulled dense (no sparse downlink, or that stage's ring would not be smaller)."""
+        down = self.downlink[bi]
+        if down is None:
+            return None
+        stage = density_stage(rnd, self.steps_per_epoch, len(self.stages))
+        return stage if down["rings"][stage] is not None else None
 
-    def _pull_weights(self, bi, ring=False):
+    def _pull_weights(self, bi, ring=None):
+        """Issue the pull of buffer bi: the ring of density stage `ring`, or (None) the dense weights."""
         b = self.buffers[bi]
-        if ring:
-            buf = self.ring_bufs[bi]
-            self.kv.pull(self.downlink[bi]["ring_key"], out=buf, priority=-b.params[-1])
+        if ring is not None:
+            buf = self.ring_bufs[bi][ring]
+            self.kv.pull(self.downlink[bi]["rings"][ring]["key"], out=buf, priority=-b.params[-1])
             self.pull_bytes += 4 * buf.size
         else:
             self.kv.pull(b.weight_key, out=self.pull_bufs[bi], priority=-b.params[-1])
             self.pull_bytes += 4 * (b.size + 1)
-        self.pulled[bi] = "ring" if ring else "dense"
+        self.pulled[bi] = "dense" if ring is None else "ring"
+        self.pulled_ring[bi] = ring
 
     def _inflight(self):
-        return [self.ring_bufs[bi] if self.pulled[bi] == "ring" else self.pull_bufs[bi]
+        return [self.ring_bufs[bi][self.pulled_ring[bi]] if self.pulled[bi] == "ring" else self.pull_bufs[bi]
                 for bi in range(len(self.buffers))]
 
     def _resync(self, bi):
@@ -451,12 +472,13 @@ class RoundClient(Client):
         rebuild the replica from the dense state if a round it needs has left the ring or did not
         fit its slot), then refresh the parameters from it. Rounds that carry the servers'
         checksum (every downlink_check_every-th) are checked on the way (rounds.catch_up)."""
-        b, down, rep = self.buffers[bi], self.downlink[bi], self.replicas[bi]
-        rounds = read_ring(self.ring_bufs[bi].asnumpy(), down["slots"], down["cap"])   # waits
+        b, down, rep, stage = self.buffers[bi], self.downlink[bi], self.replicas[bi], self.pulled_ring[bi]
+        ring = down["rings"][stage]
+        rounds = read_ring(self.ring_bufs[bi][stage].asnumpy(), down["slots"], ring["cap"])   # waits
         try:
             caught_up = rep.catch_up(rounds)
         except ReplicaMismatch as e:
-            raise RuntimeError(f"downlink: buffer {bi} (keys {b.weight_key}/{down['ring_key']}): {e}") from None
+            raise RuntimeError(f"downlink: buffer {bi} (keys {b.weight_key}/{ring['key']}): {e}") from None
         if not caught_up:
             self._resync(bi)
         self.stats["downlink_checks"] = sum(r.checks for r in self.replicas if r is not None)
@@ -501,7 +523,7 @@ class RoundClient(Client):
             time.sleep(delay)
             delay = min(delay * 2, 0.01)
 
-    def _wait_for_version(self, bi, version, ring=False):
+    def _wait_for_version(self, bi, version, ring=None):
         """Wait until round `version - 1` is applied, then pull the weights into the parameters."""
         self._poll_clock(bi, version)
         self._pull_weights(bi, ring)
@@ -530,7 +552,7 @@ class RoundClient(Client):
             pushed = self._push(step)
             t0 = time.perf_counter()
             for bi in range(len(self.buffers)):
-                self._wait_for_version(bi, step + 1, self._use_ring(bi, step))
+                self._wait_for_version(bi, step + 1, self._ring_for(bi, step))
             wait += time.perf_counter() - t0
             return self._record(pushed, staleness, wait)
 
@@ -549,7 +571,7 @@ class RoundClient(Client):
         if stale:
             t0 = time.perf_counter()
             for bi in stale:
-                self._wait_for_version(bi, need, self._use_ring(bi, step))
+                self._wait_for_version(bi, need, self._ring_for(bi, need - 1))
             waited = time.perf_counter() - t0
             wait += waited
             self.log.write(event="staleness_wait", step=step, need_version=need, seconds=round(waited, 6))
@@ -569,7 +591,7 @@ class RoundClient(Client):
                     self._poll_clock(bi, step + 1)
                 wait += time.perf_counter() - t0
             for bi in range(len(self.buffers)):
-                self._pull_weights(bi, self._use_ring(bi, step))
+                self._pull_weights(bi, self._ring_for(bi, step))
             self.pending_pull = step
             self.watch = PullWatch(self._inflight())
         return self._record(pushed, staleness, wait)

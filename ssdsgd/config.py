@@ -187,6 +187,10 @@ SCHEMA = {
         },
         "max_steps": Field(int, None, nullable=True, min=1, doc="stop after this many steps"),
         "eval_every_epochs": Field(int, 1, min=1),
+        "eval_workers": Field(str, "rank0", choices=("rank0", "all"),
+                              doc="rank0: rank 0 evaluates the whole set while the others wait; all: every "
+                                  "worker evaluates every N-th batch with its own BatchNorm statistics and "
+                                  "the counts are summed through the KVStore"),
         "eval_bn_batches": Field(int, 0, min=0,
                                  doc="recompute BatchNorm statistics for the evaluated global weights on this "
                                      "many training batches first (0: rank 0's running statistics)"),
@@ -300,6 +304,12 @@ def _check_consistency(c):
             f"algorithm.max_staleness: must be >= algorithm.delay ({alg['delay']}), since the local "
             f"weights are refreshed only every delay steps; got {alg['max_staleness']}")
     sparsifier = is_sparsifier(comp["type"])
+    if c["train"]["eval_workers"] == "all" and comp["type"] == NATIVE_2BIT:
+        raise ConfigError("train.eval_workers: all sums the workers' counts through the KVStore, and "
+                          "compression.type 2bit would quantise those pushes too; use train.eval_workers: rank0")
+    if c["train"]["eval_workers"] == "all" and alg["type"] == "asgd":
+        raise ConfigError("train.eval_workers: all: asgd workers do not wait for one another, so their shares "
+                          "would be counted on different global weights; use train.eval_workers: rank0")
     if comp["type"] == NATIVE_2BIT and alg["type"] == "ssd":
         raise ConfigError("compression.type: 2bit is MXNet's native compression and only works on the "
                           f"stock KVStore path (algorithm.type ssgd or asgd); use {'/'.join(SPARSIFIERS)} with ssd")

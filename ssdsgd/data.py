@@ -178,9 +178,10 @@ class TestSet:
         self._transform = transform
         self.num_samples = len(labels)
 
-    def batches(self, batch_size):
-        """Yield (data, label) NDArrays over the whole set once; the last batch may be smaller."""
-        for start in range(0, self.num_samples, batch_size):
+    def batches(self, batch_size, part=0, parts=1):
+        """Yield (data, label) NDArrays over the whole set once (parts > 1: batches part, part +
+        parts, ... only); the last batch may be smaller."""
+        for start in range(part * batch_size, self.num_samples, parts * batch_size):
             images = self._images[start:start + batch_size]
             if self._transform is not None:
                 images = self._transform(images)
@@ -427,8 +428,10 @@ class RecordTestSet:
         self._preprocess_threads = preprocess_threads
         self.num_samples = num_samples
 
-    def batches(self, batch_size):
-        """Yield (data, label) NDArrays over the whole set once; the last batch may be smaller."""
+    def batches(self, batch_size, part=0, parts=1):
+        """Yield (data, label) NDArrays over the whole set once; the last batch may be smaller.
+        parts > 1: batches part, part + parts, ... only. Every record is still decoded (the record
+        file's own partitioning splits by bytes, so the shares' sizes would not be known)."""
         records = mx.io.ImageRecordIter(
             path_imgrec=self._rec, data_shape=self._shape, batch_size=batch_size,
             resize=_eval_resize(self._shape), round_batch=False,
@@ -436,11 +439,12 @@ class RecordTestSet:
         # The last batch is filled up with junk and its `pad` is not reliable with
         # round_batch=False, so cut it by counting against the number of records.
         remaining = self.num_samples
-        for batch in records:
+        for i, batch in enumerate(records):
             if remaining <= 0:
                 break
             n = min(batch_size, remaining)
-            yield batch.data[0][:n], batch.label[0][:n]
+            if i % parts == part:
+                yield batch.data[0][:n], batch.label[0][:n]
             remaining -= n
 
 

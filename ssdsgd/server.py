@@ -4,6 +4,7 @@ Commands from workers travel as signed JSON data (ssdsgd.commands), never as pic
 server would unpickle whatever arrives. The one updater installed on the server dispatches by key:
   - keys of a round-based plan (SSD-SGD, compressed SSGD): weight / mailbox / clock keys, handled by
     RoundService with the numpy global update of ssdsgd.rounds;
+  - the evaluation tally key (ssdsgd.eval_tally): every push is added into it;
   - any other key: the stock MXNet optimizer built from the `stock_optimizer` command, so the SSGD
     (dist_sync) and ASGD (dist_async) baselines run with stock semantics against this same process.
 An exception inside the updater would be swallowed by MXNet's ctypes callback and leave the weights
@@ -20,6 +21,7 @@ from ssdsgd.checkpoint import (SERVER_STOCK, CheckpointError, load_npz, save_npz
                                server_stock_file)
 from ssdsgd.compression.codec import MailboxFormat
 from ssdsgd.env import ROLE_ENV, SECRET_ENV
+from ssdsgd.eval_tally import TALLY_KEY
 from ssdsgd.launcher import RANK_MARK
 from ssdsgd.remote import MARK
 from ssdsgd.rounds import BufferState, DownlinkRing, StagedRings
@@ -194,6 +196,9 @@ def run_server():
             try:
                 if self.rounds is not None and self.rounds.owns(key):
                     self.rounds.push(key, recv, stored)
+                elif key == TALLY_KEY:
+                    stored += recv
+                    stored.wait_to_read()
                 elif self.stock is not None:
                     self.stock(key, recv, stored)
                     stored.wait_to_read()   # async mode frees recv as soon as we return

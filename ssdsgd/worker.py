@@ -48,15 +48,16 @@ def build_net(cfg, num_classes, image_shape):
     return net, params
 
 
-def evaluate(net, test_set, batch_size):
+def count_correct(net, test_set, batch_size, part=0, parts=1):
+    """(correct predictions, images) over the test set's batches part, part + parts, ..."""
     import mxnet as mx
     correct, total = 0, 0
-    for data, label in test_set.batches(batch_size):
+    for data, label in test_set.batches(batch_size, part, parts):
         pred = net(data).argmax(axis=1)
         correct += int((pred == label.astype(pred.dtype)).sum().asscalar())
         total += data.shape[0]
     mx.nd.waitall()
-    return correct / max(1, total)
+    return correct, total
 
 
 class Counters:
@@ -189,6 +190,7 @@ def _start_run(cfg, resume, overwrite):
     from ssdsgd import checkpoint as ckpt
     from ssdsgd.algorithms import create_kvstore, make_client
     from ssdsgd.data import build_data
+    from ssdsgd.eval_tally import EvalTally
     from ssdsgd.faults import FaultPlan
     from ssdsgd.metrics import MetricsLog
     from ssdsgd.schedule import schedule_from_config
@@ -231,9 +233,10 @@ def _start_run(cfg, resume, overwrite):
     client.setup(resume_dir, saved[1] if saved else None, manifest.get("plan") if resume else None)
     if saved is not None:
         client.load_state(*saved)
+    tally = EvalTally(kv) if cfg.train.eval_workers == "all" else None
     run = _Run(cfg=cfg, kv=kv, out_dir=out_dir, log=log, data=data, net=net, params=params, loss_fn=loss_fn,
                schedule=schedule, client=client, total_steps=total_steps, start_epoch=start_epoch, step=step,
-               faults=FaultPlan(rank))
+               faults=FaultPlan(rank), tally=tally)
     if rank == 0:
         _print_start(run, steps_per_epoch)
     return run, held
@@ -310,15 +313,27 @@ def _end_epoch(run, counters, epoch, step, epoch_seconds):
     every = cfg.checkpoint.every_epochs
     if cfg.checkpoint.dir and every and (epoch + 1) % every == 0:
         _save_checkpoint(cfg, run.kv, run.kv.rank, run.net, run.params, run.client, epoch + 1, step)
-    if run.kv.rank == 0 and ((epoch + 1) % cfg.train.eval_every_epochs == 0 or last):
-        bn_batches = None
-        if cfg.train.eval_bn_batches:
-            bn_batches = itertools.islice(run.data.train.epoch(epoch), cfg.train.eval_bn_batches)
-        acc, pulled = _evaluate_global(run.net, run.params, run.client, run.data.test, cfg.train.batch_size,
-                                       step, bn_batches)
-        counters.add_eval(epoch, acc, pulled)
-        run.log.write(epoch=epoch, step=step, epoch_seconds=epoch_seconds, **{f"{counters.tag}_acc": acc})
-        print(f"epoch {epoch} {run.data.eval_set} accuracy {acc:.4f} ({epoch_seconds:.1f} s)", flush=True)
+    if not ((epoch + 1) % cfg.train.eval_every_epochs == 0 or last):
+        return
+    rank, shared = run.kv.rank, run.tally is not None
+    if rank != 0 and not shared:
+        return
+    bn_batches = None
+    if cfg.train.eval_bn_batches:
+        bn_batches = itertools.islice(run.data.train.epoch(epoch), cfg.train.eval_bn_batches)
+    part, parts = (rank, run.kv.num_workers) if shared else (0, 1)
+    (correct, images), pulled = _evaluate_global(run.net, run.params, run.client, run.data.test,
+                                                 cfg.train.batch_size, step, bn_batches, part, parts)
+    if shared:
+        run.log.write(epoch=epoch, step=step, eval_share={"correct": correct, "images": images})
+        run.tally.push(correct, images)
+        if rank != 0:
+            return
+        correct, images = run.tally.wait_sum(run.data.test.num_samples)
+    acc = correct / max(1, images)
+    counters.add_eval(epoch, acc, pulled)
+    run.log.write(epoch=epoch, step=step, epoch_seconds=epoch_seconds, **{f"{counters.tag}_acc": acc})
+    print(f"epoch {epoch} {run.data.eval_set} accuracy {acc:.4f} ({epoch_seconds:.1f} s)", flush=True)
 
 
 def _finish_run(run, counters, step, epochs_run, t_start):
@@ -448,17 +463,18 @@ def _with_weights(params, weights, fn):
             s.copyto(p.data())
 
 
-def _evaluate_global(net, params, client, test_set, batch_size, steps_done, bn_batches=None):
-    """Accuracy of the global weights. bn_batches: training batches on which to recompute the
-    BatchNorm statistics for those weights first (None: use rank 0's running statistics)."""
+def _evaluate_global(net, params, client, test_set, batch_size, steps_done, bn_batches=None, part=0, parts=1):
+    """((correct, images), bytes pulled) of the global weights on the test set's share `part` of
+    `parts` (count_correct). bn_batches: training batches on which to recompute the BatchNorm
+    statistics for those weights first (None: use this worker's running statistics)."""
     weights, pulled = client.global_weights(steps_done)
 
     def run():
         if bn_batches is None:
-            return evaluate(net, test_set, batch_size)
+            return count_correct(net, test_set, batch_size, part, parts)
         with _bn_stats_restored(net):
             recompute_bn_stats(net, bn_batches)
-            return evaluate(net, test_set, batch_size)
+            return count_correct(net, test_set, batch_size, part, parts)
     return _with_weights(params, weights, run), pulled
 
 

@@ -234,7 +234,8 @@ class _RecordingTestSet:
         self.net, self.data, self.label = net, data, label
         self.seen = None
 
-    def batches(self, batch_size):
+    def batches(self, batch_size, part=0, parts=1):
+        assert (part, parts) == (0, 1)
         self.seen = (net_weights(self.net), bn_stats(self.net))
         yield self.data, self.label
 
@@ -266,8 +267,9 @@ def test_evaluate_global_recomputes_for_the_global_weights_then_restores(with_bn
     test_set = _RecordingTestSet(net, x, label)
     client = _StubClient(global_w)
     bn_batches = iter(batches) if with_bn_batches else None
-    acc, pulled = _evaluate_global(net, params, client, test_set, BATCH, 77, bn_batches)
-    assert client.calls == [77] and pulled == 123
+    (correct, images), pulled = _evaluate_global(net, params, client, test_set, BATCH, 77, bn_batches)
+    acc = correct / images
+    assert client.calls == [77] and pulled == 123 and images == BATCH
     seen_weights, seen_stats = test_set.seen
     for name, value in seen_weights.items():
         np.testing.assert_allclose(value, want_weights[name], rtol=1e-6, atol=1e-6, err_msg=name)

@@ -581,3 +581,13 @@ def test_float_settings_must_be_finite(value):
     for key in ("train.lr", "compression.clip_norm"):
         msg = config_error(SSD, ["compression.type=topk", f"{key}={value}"])
         assert msg.startswith(key) and "finite" in msg, msg
+
+
+def test_eval_workers_all_is_refused_where_the_counts_cannot_be_summed():
+    assert load_config(SSD, ["train.eval_workers=all"]).train.eval_workers == "all"
+    assert load_config(SSGD, []).train.eval_workers == "rank0"
+    msg = config_error(SSGD, ["train.eval_workers=all", "compression.type=2bit"])
+    assert msg.startswith("train.eval_workers: all") and "2bit" in msg
+    msg = config_error(SSGD, ["train.eval_workers=all", "algorithm.type=asgd"])
+    assert msg.startswith("train.eval_workers: all") and "asgd" in msg
+    assert config_error(SSGD, ["train.eval_workers=some"]).startswith("train.eval_workers")

@@ -262,6 +262,31 @@ def test_imagenet_epoch_yields_steps_even_if_part_runs_out(imagenet_root):
     assert all(d.shape == (4, 3, 32, 32) for d, _ in batches)
 
 
+def test_imagenet_val_shares_cover_each_record_once(imagenet_root):
+    """train.eval_workers: all: worker r of 2 evaluates batches r, r + 2, ... of the 8 records."""
+    test = build_imagenet(imagenet_root).test
+    shares = [list(test.batches(3, part, 2)) for part in (0, 1)]
+    assert [[d.shape[0] for d, _ in sh] for sh in shares] == [[3, 2], [3]]
+    x0, y0 = collect(shares[0])
+    x1, y1 = collect(shares[1])
+    x, y = collect(list(test.batches(3)))
+    np.testing.assert_array_equal(np.concatenate([y0[:3], y1, y0[3:]]), y)
+    np.testing.assert_array_equal(np.concatenate([x0[:3], x1, x0[3:]]), x)
+
+
+def test_in_memory_test_shares_cover_each_image_once():
+    """Part p of 3 holds batches p, p + 3, ... of the 360 digits test images in batches of 50 (8
+    batches, the last of 10): taken in turn, the parts give back the whole set in order."""
+    test = data.build_data("digits", batch_size=32, rank=0, num_workers=2, seed=0).test
+    shares = [list(test.batches(50, part, 3)) for part in range(3)]
+    assert [len(sh) for sh in shares] == [3, 3, 2]
+    in_turn = [sh[i] for i in range(3) for sh in shares if i < len(sh)]
+    x, y = collect(in_turn)
+    want_x, want_y = collect(list(test.batches(50)))
+    np.testing.assert_array_equal(x, want_x)
+    np.testing.assert_array_equal(y, want_y)
+
+
 def test_imagenet_val_center_crop_and_normalization(imagenet_root):
     bundle = build_imagenet(imagenet_root)
     batches = list(bundle.test.batches(3))

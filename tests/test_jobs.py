@@ -45,11 +45,33 @@ def test_crashing_worker_fails_the_job_fast_and_cleanly(tmp_path):
     assert processes_with(job.marker) == []
 
 
+def _mlp_accuracy(params, images, labels):
+    """numpy forward of models._mlp (Flatten, Dense 128 relu, Dense 64 relu, Dense 10)."""
+    x = images.reshape(len(images), -1).astype(np.float64)
+    for i, layer in enumerate((1, 2, 3)):
+        x = x @ params[f"{layer}.weight"].T.astype(np.float64) + params[f"{layer}.bias"]
+        if i < 2:
+            x = np.maximum(x, 0)
+    return float(np.mean(x.argmax(axis=1) == labels))
+
+
+def _eval_shares(run_dir, rank):
+    import json
+    name = "metrics.jsonl" if rank == 0 else f"metrics.rank{rank}.jsonl"
+    with open(os.path.join(run_dir, name)) as f:
+        return [r["eval_share"] for r in map(json.loads, f) if "eval_share" in r]
+
+
 @pytest.mark.timeout(300)
 def test_ssd_with_full_warmup_reproduces_ssgd_weights(tmp_path):
     """SSD-SGD whose warm-up covers the whole run is synchronous SGD on our round server; it must
-    give the stock dist_sync baseline's weights (same seed, same data order) to float tolerance."""
-    common = ["train.epochs=2", "model.name=mlp"]
+    give the stock dist_sync baseline's weights (same seed, same data order) to float tolerance.
+    Both runs evaluate with every worker (train.eval_workers: all, through the stock dist_sync
+    server and the round server's dist_async one): each worker counts every other batch of the
+    360 test images, and the accuracy rank 0 reports is that of the final weights on the whole
+    set, computed here in numpy (the MLP has no BatchNorm, so every worker evaluates the same model)."""
+    from ssdsgd.data import build_data
+    common = ["train.epochs=2", "model.name=mlp", "train.eval_workers=all"]
     a = run_job(tmp_path, SSGD, *common, name="ssgd")
     b = run_job(tmp_path, SSD, *common, "algorithm.warmup_iters=100000", name="ssd_warm")
     assert a.rc == 0, a.output
@@ -59,6 +81,17 @@ def test_ssd_with_full_warmup_reproduces_ssgd_weights(tmp_path):
     for k in wa:
         np.testing.assert_allclose(wb[k], wa[k], rtol=1e-4, atol=1e-5, err_msg=k)
     assert b.summary()["max_staleness"] == 0
+    test = build_data("digits", batch_size=32, rank=0, num_workers=2, seed=0).test
+    images, labels = (np.concatenate([t.asnumpy() for t in col]) for col in zip(*test.batches(32)))
+    for job, weights in ((a, wa), (b, wb)):
+        s = job.summary()
+        assert len(s["test_acc_history"]) == 2
+        assert s["final_test_acc"] == pytest.approx(_mlp_accuracy(weights, images, labels), abs=1e-9)
+        shares = [_eval_shares(job.run_dir, r) for r in (0, 1)]
+        # 360 images in batches of 32: rank 0 gets batches 0, 2, ..., 10 (6 x 32), rank 1 the rest.
+        assert [[x["images"] for x in sh] for sh in shares] == [[192, 192], [168, 168]]
+        correct = shares[0][-1]["correct"] + shares[1][-1]["correct"]
+        assert s["final_test_acc"] == pytest.approx(correct / 360, abs=1e-9)
 
 
 def _simulate_strict_ssd(cfg, num_workers, total_steps):

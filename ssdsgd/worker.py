@@ -307,7 +307,8 @@ def _log_steps(run, counters, epoch, step, loss, rec):
 
 
 def _end_epoch(run, counters, epoch, step, epoch_seconds):
-    """A checkpoint when one is due, and on rank 0 the evaluation when one is due."""
+    """A checkpoint when one is due, and the evaluation when one is due: on rank 0, or with
+    train.eval_workers: all on every worker (its share), rank 0 reporting the summed counts."""
     cfg = run.cfg
     last = step >= run.total_steps or epoch == cfg.train.epochs - 1
     every = cfg.checkpoint.every_epochs

@@ -213,14 +213,18 @@ class StagedRings:
         if len(rings) != len(first_rounds) or list(first_rounds) != sorted(first_rounds) or first_rounds[0] != 0:
             raise RoundError(f"downlink rings: {len(rings)} rings for stages starting at rounds {list(first_rounds)}")
         self.rings, self.first_rounds = list(rings), list(first_rounds)
+        # Stages whose ring changed since the server last published it; all of them at first, so
+        # the first publication replaces the keys' zero-initialised arrays with empty rings.
+        self.changed = {s for s, r in enumerate(self.rings) if r is not None}
 
     def stage_of(self, rnd):
         return bisect.bisect_right(self.first_rounds, rnd) - 1
 
     def record(self, rnd, grad_sum, weights=None):
-        ring = self.rings[self.stage_of(rnd)]
-        if ring is not None:
-            ring.record(rnd, grad_sum, weights)
+        stage = self.stage_of(rnd)
+        if self.rings[stage] is not None:
+            self.rings[stage].record(rnd, grad_sum, weights)
+            self.changed.add(stage)
 
 
 def read_ring(array, slots, cap):

@@ -114,10 +114,11 @@ class RoundService:
         if st.ring is not None:
             published = [state["mom"]]
             state["mom"][:] = np.append(st.mom, np.float32(st.version))
-            for stage, ring in enumerate(st.ring.rings):
-                if ring is not None:
-                    state[f"ring{stage}"][:] = ring.array
-                    published.append(state[f"ring{stage}"])
+            # Only the rings that changed: a finished stage's ring is not copied again every round.
+            for stage in sorted(st.ring.changed):
+                state[f"ring{stage}"][:] = st.ring.rings[stage].array
+                published.append(state[f"ring{stage}"])
+            st.ring.changed.clear()
             for a in published:
                 a.wait_to_read()
 

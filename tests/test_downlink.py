@@ -191,6 +191,7 @@ def test_round_service_publishes_each_stage_ring_in_its_own_key():
         back[idx] = vals
         assert got_rnd == rnd and bits_equal(back, sums)
         assert stored[6].asnumpy()[-1] == rnd + 1
+        assert svc.states[0].ring.changed == set()        # published, so nothing is left to copy
     assert sorted(read_ring(stored[4].asnumpy(), 1, workers * ks[0])) == [1]
 
 

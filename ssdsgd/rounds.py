@@ -10,7 +10,13 @@ contributions for a round are in, and every earlier round has been applied, the 
     G_t = sum_i g_i;   v <- mu*v - eta_g(t) * (G_t/(N*B) + lambda*w);   w <- w + v
 
 which is MXNet's sgd_mom_update on the summed gradient, so a run that stays synchronous reproduces
-the stock dist_sync baseline. Rounds may arrive in any order and a fast worker may be several rounds
+the stock dist_sync baseline. Under DGC's momentum correction the workers' pushes already carry the
+momentum of their gradients, so the servers apply them plainly and keep the momentum for the weight
+decay alone (as DGC's reference optimizer does; applied plainly it would decay 1/(1 - mu) times less
+than SSGD):
+
+    v <- mu*v - eta_g(t) * lambda*w;   w <- w + v - eta_g(t) * G_t/(N*B)
+ Rounds may arrive in any order and a fast worker may be several rounds
 ahead; their accumulators wait in `pending` until they can be applied in order.
 """
 import bisect
@@ -31,7 +37,7 @@ class ReplicaMismatch(RoundError):
 
 class BufferState:
     def __init__(self, size, num_workers, batch_size, momentum, wd, schedule, formats,
-                 delay_momentum=None, warmup=0):
+                 delay_momentum=None, warmup=0, corrected=False):
         self.size = size
         self.num_workers = num_workers
         self.scale = 1.0 / (num_workers * batch_size)
@@ -40,6 +46,7 @@ class BufferState:
         # gradients act like extra momentum, see the README's Fashion-MNIST ablation.
         self.delay_momentum = momentum if delay_momentum is None else delay_momentum
         self.warmup = warmup
+        self.corrected = corrected    # momentum correction: the momentum is the weight decay's only
         self.wd = wd
         self.schedule = schedule
         self.formats = formats        # codec.MailboxFormat per density stage
@@ -87,8 +94,13 @@ class BufferState:
     def apply(self, grad_sum):
         lr = np.float32(self.schedule(self.version + 1))     # MXNet counts updates from 1
         self.mom *= np.float32(self.momentum if self.version < self.warmup else self.delay_momentum)
-        self.mom -= lr * (grad_sum * np.float32(self.scale) + np.float32(self.wd) * self.weights)
-        self.weights += self.mom
+        if self.corrected:
+            self.mom -= lr * (np.float32(self.wd) * self.weights)
+            self.weights += self.mom
+            self.weights -= lr * (grad_sum * np.float32(self.scale))
+        else:
+            self.mom -= lr * (grad_sum * np.float32(self.scale) + np.float32(self.wd) * self.weights)
+            self.weights += self.mom
         if self.ring is not None:
             self.ring.record(self.version, grad_sum, self.weights)
         self.version += 1

@@ -55,7 +55,8 @@ class RoundService:
                 formats.append(MailboxFormat(box["codec"], buf["size"], box.get("k"), box.get("fp16", False)))
             self.states[b] = BufferState(buf["size"], plan["num_workers"], plan["batch_size"],
                                          plan["momentum"], plan["wd"], schedule, formats,
-                                         plan.get("delay_momentum"), plan.get("warmup", 0))
+                                         plan.get("delay_momentum"), plan.get("warmup", 0),
+                                         plan.get("corrected", False))
             self.stored[b] = {}
             down = buf.get("downlink")
             if down:

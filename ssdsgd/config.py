@@ -218,6 +218,10 @@ SCHEMA = {
         "density": Field(float, 0.01, gt=0, max=1),
         "error_feedback": Field(bool, True),
         "momentum_correction": Field(bool, False),
+        "momentum_masking": Field(bool, True,
+                                  doc="momentum correction: zero the worker's momentum where a value was sent "
+                                      "(DGC's momentum factor masking); false: keep it, so the servers apply "
+                                      "exactly SSGD's momentum updates, each value delayed until it is sent"),
         "fp16_values": Field(bool, False),
         "min_dense_bytes": Field(int, 0, min=0, doc="tensors smaller than this are sent dense"),
         "clip_norm": Field(float, None, nullable=True, gt=0,
@@ -329,6 +333,9 @@ def _check_consistency(c):
     if comp["clip_norm"] is not None and comp["fusion"] != "ahead":
         raise ConfigError("compression.clip_norm: clips each tensor's gradient, and fusion: behind fuses the "
                           "tensors before the error-feedback memory sees them; use compression.fusion: ahead")
+    if not comp["momentum_masking"] and not comp["momentum_correction"]:
+        raise ConfigError("compression.momentum_masking: masks the momentum of DGC's momentum correction; "
+                          "false needs compression.momentum_correction: true")
     if comp["warmup"] and not sparsifier:
         raise ConfigError("compression.warmup: a density warm-up needs a sparsifier; "
                           f"set compression.type to {_sparsifier_names()} (got {comp['type']})")

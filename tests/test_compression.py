@@ -532,9 +532,10 @@ def test_topk_job_pushes_about_density_of_dense_bytes(tmp_path):
 
 # ------------------------------------------------------------------- 11. DGC momentum correction
 
-def _np_dgc_send(u, v, g, m, k):
-    """DGC's momentum correction with momentum factor masking, in numpy, updating u and v in place:
-    u = m*u + g; v = v + u; the top-k of |v| are sent, then zeroed in v and u. Returns what is sent."""
+def _np_dgc_send(u, v, g, m, k, masking=True):
+    """DGC's momentum correction in numpy, updating u and v in place: u = m*u + g; v = v + u; the
+    top-k of |v| are sent, then zeroed in v, and in u too with momentum factor masking. Returns what
+    is sent."""
     u *= m
     u += g
     v += u
@@ -542,7 +543,8 @@ def _np_dgc_send(u, v, g, m, k):
     want = np.zeros_like(v)
     want[top] = v[top]
     v[top] = 0
-    u[top] = 0
+    if masking:
+        u[top] = 0
     return want
 
 
@@ -571,6 +573,34 @@ def test_momentum_correction_against_numpy_dgc(small, min_dense_bytes):
         np.testing.assert_allclose(sent[0], want, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
         u[1] = m * u[1] + grads[1]
         np.testing.assert_allclose(sent[1], u[1], rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
+
+
+def test_momentum_correction_without_masking_sends_the_momentum_sgd_updates_delayed():
+    """compression.momentum_masking: false keeps u where values were sent: u = m*u + g; v = v + u;
+    top-k of |v| sent and zeroed in v only. What was sent plus what is held back is then, at every
+    step, the sum of momentum SGD's updates u_1 + ... + u_t (nothing of the momentum is dropped)."""
+    m = 0.9
+    comp = comp_config("compression.density=0.05", "compression.momentum_correction=true",
+                       "compression.momentum_masking=false")
+    (buf,), (enc,) = make_encoders([(200,)], 1, comp, 0, momentum=m)
+    assert enc.memory.masking is False
+    rng = np.random.default_rng(5)
+    u, v, u_ref = np.zeros(200), np.zeros(200), np.zeros(200)
+    sent_total, u_total = np.zeros(200), np.zeros(200)
+    for step in range(12):
+        g = untied(rng, 200)
+        payload = enc.encode([mx.nd.array(g)], step).asnumpy()
+        sent, _, _ = np_decode(payload, buf.size, buf.k)
+        want = _np_dgc_send(u, v, g, m, 10, masking=False)
+        np.testing.assert_allclose(sent, want, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
+        u_ref = m * u_ref + g
+        u_total += u_ref
+        sent_total += sent
+        np.testing.assert_allclose(sent_total + enc.memory.residual[0], u_total, rtol=1e-4, atol=1e-4)
+    masked = Memory(error_feedback=True, momentum=m)
+    acc = masked.accumulate(0, np.ones(4, np.float32))
+    masked.update(0, acc, np.array([1]))
+    assert masked.velocity[0][1] == 0 and masked.velocity[0][0] == 1     # the default masks
 
 
 def test_local_clip_bound_scales_the_global_threshold():

@@ -564,6 +564,14 @@ def test_gradient_allocation_needs_sparsifier_ahead(overrides):
     assert load_config(SSD, overrides).compression.allocation == "size"
 
 
+def test_momentum_masking_is_on_by_default_and_needs_momentum_correction():
+    assert load_config(SSD, []).compression.momentum_masking is True
+    ok = ["compression.type=topk", "compression.momentum_correction=true", "compression.momentum_masking=false"]
+    assert load_config(SSD, ok).compression.momentum_masking is False
+    msg = config_error(SSD, ["compression.type=topk", "compression.momentum_masking=false"])
+    assert msg.startswith("compression.momentum_masking") and "momentum_correction: true" in msg, msg
+
+
 def test_clip_norm_is_off_by_default_and_checked():
     assert load_config(SSD, []).compression.clip_norm is None
     assert load_config(SSD, ["compression.type=topk", "compression.clip_norm=2.5"]).compression.clip_norm == 2.5

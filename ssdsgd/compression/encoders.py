@@ -152,7 +152,8 @@ def make_encoders(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, s
     whole = tensor_counts(shapes, comp)[2]
     if not is_sparsifier(comp.type):
         return buffers, [DenseEncoder() for _ in buffers]
-    memory = Memory(comp.error_feedback, momentum if comp.momentum_correction else 0.0, clip)
+    memory = Memory(comp.error_feedback, momentum if comp.momentum_correction else 0.0, clip,
+                    masking=comp.momentum_masking)
     compressor = make_compressor(comp.type, seed)
     return buffers, _sparse_encoders(buffers, compressor, memory, whole, comp)
 

@@ -4,8 +4,12 @@ Error feedback: what was not sent is added to the next gradient, so nothing is l
     acc = residual + g;  send acc[idx];  residual = acc with acc[idx] = 0
 (plus, with fp16 values, what rounding and clipping lost at idx).
 Momentum correction (DGC): the momentum is accumulated on the worker before sparsification,
-    u = mu*u + g;  acc = residual + u;  after sending, u and residual are zeroed at idx
-(the servers then run plain SGD, see RoundClient), so delayed coordinates keep their momentum.
+    u = mu*u + g;  acc = residual + u;  after sending, the residual is zeroed at idx
+(the servers then apply the pushes without momentum, see rounds.BufferState), so delayed coordinates
+keep their momentum. DGC's momentum factor masking also zeroes u at idx (masking=True, the default):
+a coordinate sent every step then moves by lr*g, without momentum, where SSGD moves it by about
+lr*g/(1 - mu). Without masking, what the servers apply over a run is exactly the momentum SGD updates,
+each coordinate's delayed until it is sent.
 Local gradient clipping (DGC): with a clip threshold, each tensor's gradient is first scaled to an
 L2 norm of at most `clip` (per tensor, as DGC's reference code clips), before the momentum and the
 residual: a burst in one worker's gradient then cannot fill the residual for many steps. Only the
@@ -16,9 +20,10 @@ import numpy as np
 
 
 class Memory:
-    def __init__(self, error_feedback=True, momentum=0.0, clip=None):
+    def __init__(self, error_feedback=True, momentum=0.0, clip=None, masking=True):
         self.error_feedback = error_feedback
         self.momentum = momentum
+        self.masking = masking            # momentum correction: zero u where sent (DGC)
         self.clip = clip                  # L2 bound per tensor on g as passed in (None: no clipping)
         self.residual = {}
         self.velocity = {}
@@ -45,15 +50,16 @@ class Memory:
         lost: per sent position, what the wire format dropped of acc[idx] (fp16 rounding and
         clipping); it stays in the residual, so reduced precision is compensated like sparsity.
         whole: every value of the tensor was sent. Its momentum is kept: masking it would
-        zero it every step and leave the tensor with no momentum at all (the servers run plain SGD
-        under momentum correction), where DGC sends such tensors with ordinary momentum SGD."""
+        zero it every step and leave the tensor with no momentum at all (the servers apply pushes
+        without momentum under momentum correction), where DGC sends such tensors with ordinary
+        momentum SGD."""
         if not (self.error_feedback or self.momentum):
             return
         if self.error_feedback:
             residual = acc.copy()
             residual[idx] = 0.0 if lost is None else lost
             self.residual[key] = residual
-        if self.momentum and not whole:
+        if self.momentum and self.masking and not whole:
             self.velocity[key][idx] = 0.0
 
     def state_dict(self):

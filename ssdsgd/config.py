@@ -320,29 +320,28 @@ def _check_consistency(c):
     if sparsifier and alg["type"] == "asgd":
         raise ConfigError(f"compression.type: {comp['type']} needs the round-based server "
                           "(algorithm.type ssd or ssgd); asgd supports none or 2bit")
-    if comp["fp16_values"] and not sparsifier:
-        raise ConfigError("compression.fp16_values: only sparse pushes have an fp16 wire format; "
-                          f"set compression.type to {_sparsifier_names()} (got {comp['type']})")
+    # Settings that only mean something for a sparse push: (set?, why), per key.
+    sparse_only = {
+        "fp16_values": (comp["fp16_values"], "only sparse pushes have an fp16 wire format"),
+        "clip_norm": (comp["clip_norm"] is not None, "local gradient clipping runs in the sparse encoders"),
+        "warmup": (bool(comp["warmup"]), "a density warm-up needs a sparsifier"),
+        "downlink": (comp["downlink"] == "sparse", "sparse rebuilds the global weights from the rounds' sparse "
+                                                  "updates, so it needs a sparsifier"),
+    }
+    for key, (is_set, why) in sparse_only.items():
+        if is_set and not sparsifier:
+            raise ConfigError(f"compression.{key}: {why}; set compression.type to {_sparsifier_names()} "
+                              f"(got {comp['type']})")
     if comp["allocation"] == "gradient" and (not sparsifier or comp["fusion"] != "ahead"):
         raise ConfigError("compression.allocation: gradient re-allocates the per-tensor quotas of "
                           "sparsification ahead of fusion; it needs compression.fusion: ahead and a "
                           f"sparsifier (got fusion {comp['fusion']}, type {comp['type']})")
-    if comp["clip_norm"] is not None and not sparsifier:
-        raise ConfigError("compression.clip_norm: local gradient clipping runs in the sparse encoders; "
-                          f"set compression.type to {_sparsifier_names()} (got {comp['type']})")
     if comp["clip_norm"] is not None and comp["fusion"] != "ahead":
         raise ConfigError("compression.clip_norm: clips each tensor's gradient, and fusion: behind fuses the "
                           "tensors before the error-feedback memory sees them; use compression.fusion: ahead")
     if not comp["momentum_masking"] and not comp["momentum_correction"]:
         raise ConfigError("compression.momentum_masking: masks the momentum of DGC's momentum correction; "
                           "false needs compression.momentum_correction: true")
-    if comp["warmup"] and not sparsifier:
-        raise ConfigError("compression.warmup: a density warm-up needs a sparsifier; "
-                          f"set compression.type to {_sparsifier_names()} (got {comp['type']})")
-    if comp["downlink"] == "sparse" and not sparsifier:
-        raise ConfigError("compression.downlink: sparse rebuilds the global weights from the rounds' sparse "
-                          f"updates, so it needs a sparsifier; set compression.type to {_sparsifier_names()} "
-                          f"(got {comp['type']})")
     if any(d < comp["density"] for d in comp["warmup"]):
         raise ConfigError(f"compression.warmup: a warm-up density below compression.density "
                           f"({comp['density']}) would not be a warm-up; got {comp['warmup']}")

@@ -23,10 +23,10 @@ def bits_equal(a, b):
     return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
-def make_pair(size, workers, k, rounds, momentum, delay_momentum, wd, slots, warmup=5):
+def make_pair(size, workers, k, rounds, momentum, delay_momentum, wd, slots, warmup=5, corrected=False):
     fmt = [MailboxFormat("sparse", size, k)]
-    server = BufferState(size, workers, B, momentum, wd, schedule(rounds), fmt, delay_momentum, warmup)
-    replica = BufferState(size, workers, B, momentum, wd, schedule(rounds), [], delay_momentum, warmup)
+    server = BufferState(size, workers, B, momentum, wd, schedule(rounds), fmt, delay_momentum, warmup, corrected)
+    replica = BufferState(size, workers, B, momentum, wd, schedule(rounds), [], delay_momentum, warmup, corrected)
     server.ring = DownlinkRing(size, slots, workers * k)
     w0 = np.random.default_rng(1).standard_normal(size).astype(np.float32)
     server.bind(w0)
@@ -34,16 +34,17 @@ def make_pair(size, workers, k, rounds, momentum, delay_momentum, wd, slots, war
     return server, replica
 
 
-@pytest.mark.parametrize("momentum,delay_momentum,wd", [(0.9, 0.5, 1e-4), (0.0, 0.0, 1e-4), (0.9, None, 0.0)])
+@pytest.mark.parametrize("momentum,delay_momentum,wd,corrected", [
+    (0.9, 0.5, 1e-4, False), (0.0, 0.0, 1e-4, False), (0.9, None, 0.0, False), (0.9, 0.5, 1e-2, True)])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_replica_stays_bit_identical(seed, momentum, delay_momentum, wd):
+def test_replica_stays_bit_identical(seed, momentum, delay_momentum, wd, corrected):
     """Random sparse pushes from N workers (repeated indices inside a message and across workers,
     values that cancel exactly), arriving out of order and up to several rounds ahead; the replica
     pulls the ring at random times (every 1 to slots - 2 rounds: one message can apply 3) and must
-    equal the server exactly."""
+    equal the server exactly, also under momentum correction's rule (corrected)."""
     rng = np.random.default_rng(seed)
     size, workers, k, rounds, slots = 300, 4, 12, 120, 5
-    server, replica = make_pair(size, workers, k, rounds, momentum, delay_momentum, wd, slots)
+    server, replica = make_pair(size, workers, k, rounds, momentum, delay_momentum, wd, slots, corrected=corrected)
     msgs = []
     for rnd in range(rounds):
         for rank in range(workers):

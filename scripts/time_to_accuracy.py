@@ -2,15 +2,16 @@
 the Fashion-MNIST ResNet-20 configs.
 
     sudo python scripts/time_to_accuracy.py [--suite digits|fmnist] [--rate 20] [--seeds 0 1 2]
-        [--set KEY=VALUE ...] [--variants LABEL ...] [--reuse DIR] [--out results/time_to_accuracy]
+        [--set KEY=VALUE ...] [--variants LABEL ...] [--reuse DIR ...] [--out results/time_to_accuracy]
 
 Each job runs in a fresh network namespace whose loopback is limited to --rate Mbit/s (tc tbf), jobs
 interleaved by seed. Writes evals.csv (variant, seed, epoch, seconds since launch, test accuracy),
 jobs.csv (one row per job, with the namespace's own byte counter), table.md (medians; the time each
 variant needs to reach the SSGD run's final accuracy of the same seed, and its ratio to SSGD's), and
 accuracy-vs-time / accuracy-vs-epoch plots through scripts/plot.py. `--variants` runs only some variants;
-`--reuse DIR` then takes the SSGD baseline's jobs from an earlier run's jobs.csv and evals.csv (when SSGD
-is not run), and the table names DIR: those figures come from another run of the machine.
+`--reuse DIR ...` then takes the SSGD baseline's jobs from earlier runs' jobs.csv and evals.csv (when SSGD
+is not run; each seed from exactly one folder), and the table names the folders: those figures come from
+other runs of the machine.
 """
 import argparse
 import csv
@@ -115,6 +116,28 @@ def read_earlier(directory, variant="SSGD"):
     return jobs, evals
 
 
+class ReuseError(ValueError):
+    pass
+
+
+def read_baselines(directories, seeds):
+    """The SSGD jobs and evaluations of `seeds` from earlier output folders; every seed must be in
+    exactly one of them."""
+    jobs, evals, where = [], [], {}
+    for d in directories:
+        js, es = read_earlier(d)
+        for j in js:
+            if j["seed"] in where:
+                raise ReuseError(f"--reuse: seed {j['seed']} has an SSGD job in both {where[j['seed']]} and {d}")
+            where[j["seed"]] = d
+        jobs += [j for j in js if j["seed"] in seeds]
+        evals += [e for e in es if e["seed"] in seeds]
+    missing = sorted(set(seeds) - set(where))
+    if missing:
+        raise ReuseError(f"--reuse: no SSGD job for seed(s) {missing} in {', '.join(directories)}")
+    return jobs, evals
+
+
 def main():
     stop_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -126,7 +149,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=900, help="per job, seconds")
     ap.add_argument("--out", default="results/time_to_accuracy")
     ap.add_argument("--variants", nargs="+", help="labels to run (default: all of the suite's)")
-    ap.add_argument("--reuse", metavar="DIR", help="take the SSGD baseline from this earlier output folder")
+    ap.add_argument("--reuse", metavar="DIR", nargs="+",
+                    help="take the SSGD baseline from these earlier output folders (each seed from one)")
     args = ap.parse_args()
     try:
         check_tools()
@@ -143,8 +167,13 @@ def main():
     chosen = args.variants or list(variants)
     jobs, evals = [], []
     if args.reuse and "SSGD" not in chosen:
-        jobs, evals = read_earlier(args.reuse)
-        title += f" (SSGD from the earlier run in {os.path.relpath(os.path.abspath(args.reuse), ROOT)})"
+        try:
+            jobs, evals = read_baselines(args.reuse, args.seeds)
+        except (ReuseError, OSError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        names = " and ".join(os.path.relpath(os.path.abspath(d), ROOT) for d in args.reuse)
+        title += f" (SSGD from the earlier run{'s' if len(args.reuse) > 1 else ''} in {names})"
     if args.set:
         # Without this, a folder made with overrides reads as the shipped configs' result.
         title += "; the jobs run here with " + " ".join(f"--set {s}" for s in args.set)

@@ -243,6 +243,32 @@ def test_time_to_accuracy_reuses_only_the_ssgd_baseline(tmp_path):
     assert tta.time_to(got_evals, 0.85) == 90.0
 
 
+def test_time_to_accuracy_reuses_baselines_from_several_folders(tmp_path):
+    """--reuse A B: each seed's SSGD job from the one folder that has it; a seed in two folders or in
+    none is an error that names it."""
+    import time_to_accuracy as tta
+    from results_io import write_csv
+
+    def folder(name, seeds):
+        d = tmp_path / name
+        d.mkdir()
+        write_csv(str(d / "jobs.csv"), [{"variant": "SSGD", "seed": s, "rc": 0, "seconds": 100.0 + s,
+                                         "kernel_bytes": 1e6, "final_test_acc": 0.9, "rate_mbit": 20,
+                                         "run_dir": "x"} for s in seeds])
+        write_csv(str(d / "evals.csv"), [{"variant": "SSGD", "seed": s, "epoch": 1, "seconds": 10.0 + s,
+                                          "test_acc": 0.9} for s in seeds])
+        return str(d)
+
+    a, b, c = folder("a", [0]), folder("b", [1, 2]), folder("c", [2])
+    jobs, evals = tta.read_baselines([a, b], [0, 2])
+    assert sorted((j["seed"], j["seconds"]) for j in jobs) == [(0, 100.0), (2, 102.0)]
+    assert sorted(e["seed"] for e in evals) == [0, 2]
+    with pytest.raises(tta.ReuseError, match=r"seed 2 has an SSGD job in both .*b and .*c"):
+        tta.read_baselines([a, b, c], [0])
+    with pytest.raises(tta.ReuseError, match=r"no SSGD job for seed\(s\) \[1\]"):
+        tta.read_baselines([a], [0, 1])
+
+
 # ------------------------------------------------------------------ hosts topology (per-host links)
 
 NET_DEV = ("Inter-|   Receive                                                |  Transmit\n"

@@ -218,6 +218,10 @@ SCHEMA = {
         "density": Field(float, 0.01, gt=0, max=1),
         "error_feedback": Field(bool, True),
         "momentum_correction": Field(bool, False),
+        "decay_momentum": Field(bool, False,
+                                doc="momentum correction: the servers apply the weight decay through a momentum "
+                                    "of their own (SSGD's decay strength, as DGC's reference optimizer does); "
+                                    "false: without momentum, 1/(1 - momentum) times weaker"),
         "momentum_masking": Field(bool, True,
                                   doc="momentum correction: zero the worker's momentum where a value was sent "
                                       "(DGC's momentum factor masking); false: keep it, so the servers apply "
@@ -342,6 +346,9 @@ def _check_consistency(c):
     if not comp["momentum_masking"] and not comp["momentum_correction"]:
         raise ConfigError("compression.momentum_masking: masks the momentum of DGC's momentum correction; "
                           "false needs compression.momentum_correction: true")
+    if comp["decay_momentum"] and not comp["momentum_correction"]:
+        raise ConfigError("compression.decay_momentum: without momentum correction the servers' momentum "
+                          "already carries the weight decay; true needs compression.momentum_correction: true")
     if any(d < comp["density"] for d in comp["warmup"]):
         raise ConfigError(f"compression.warmup: a warm-up density below compression.density "
                           f"({comp['density']}) would not be a warm-up; got {comp['warmup']}")

@@ -11,9 +11,9 @@ contributions for a round are in, and every earlier round has been applied, the 
 
 which is MXNet's sgd_mom_update on the summed gradient, so a run that stays synchronous reproduces
 the stock dist_sync baseline. Under DGC's momentum correction the workers' pushes already carry the
-momentum of their gradients, so the servers apply them plainly and keep the momentum for the weight
-decay alone (as DGC's reference optimizer does; applied plainly it would decay 1/(1 - mu) times less
-than SSGD):
+momentum of their gradients, so the servers run the rule above with mu = 0, which also applies the
+weight decay without momentum (1/(1 - mu) times weaker than SSGD's); with `decay_only` they keep the
+momentum for the weight decay alone, as DGC's reference optimizer does:
 
     v <- mu*v - eta_g(t) * lambda*w;   w <- w + v - eta_g(t) * G_t/(N*B)
  Rounds may arrive in any order and a fast worker may be several rounds
@@ -37,7 +37,7 @@ class ReplicaMismatch(RoundError):
 
 class BufferState:
     def __init__(self, size, num_workers, batch_size, momentum, wd, schedule, formats,
-                 delay_momentum=None, warmup=0, corrected=False):
+                 delay_momentum=None, warmup=0, decay_only=False):
         self.size = size
         self.num_workers = num_workers
         self.scale = 1.0 / (num_workers * batch_size)
@@ -46,7 +46,7 @@ class BufferState:
         # gradients act like extra momentum, see the README's Fashion-MNIST ablation.
         self.delay_momentum = momentum if delay_momentum is None else delay_momentum
         self.warmup = warmup
-        self.corrected = corrected    # momentum correction: the momentum is the weight decay's only
+        self.decay_only = decay_only  # the pushes carry their own momentum; self.mom is the decay's
         self.wd = wd
         self.schedule = schedule
         self.formats = formats        # codec.MailboxFormat per density stage
@@ -94,7 +94,7 @@ class BufferState:
     def apply(self, grad_sum):
         lr = np.float32(self.schedule(self.version + 1))     # MXNet counts updates from 1
         self.mom *= np.float32(self.momentum if self.version < self.warmup else self.delay_momentum)
-        if self.corrected:
+        if self.decay_only:
             self.mom -= lr * (np.float32(self.wd) * self.weights)
             self.weights += self.mom
             self.weights -= lr * (grad_sum * np.float32(self.scale))

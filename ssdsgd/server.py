@@ -56,7 +56,7 @@ class RoundService:
             self.states[b] = BufferState(buf["size"], plan["num_workers"], plan["batch_size"],
                                          plan["momentum"], plan["wd"], schedule, formats,
                                          plan.get("delay_momentum"), plan.get("warmup", 0),
-                                         plan.get("corrected", False))
+                                         plan.get("decay_only", False))
             self.stored[b] = {}
             down = buf.get("downlink")
             if down:

@@ -572,6 +572,14 @@ def test_momentum_masking_is_on_by_default_and_needs_momentum_correction():
     assert msg.startswith("compression.momentum_masking") and "momentum_correction: true" in msg, msg
 
 
+def test_decay_momentum_is_off_by_default_and_needs_momentum_correction():
+    assert load_config(SSD, []).compression.decay_momentum is False
+    ok = ["compression.type=topk", "compression.momentum_correction=true", "compression.decay_momentum=true"]
+    assert load_config(SSD, ok).compression.decay_momentum is True
+    msg = config_error(SSD, ["compression.type=topk", "compression.decay_momentum=true"])
+    assert msg.startswith("compression.decay_momentum") and "momentum_correction: true" in msg, msg
+
+
 def test_clip_norm_is_off_by_default_and_checked():
     assert load_config(SSD, []).compression.clip_norm is None
     assert load_config(SSD, ["compression.type=topk", "compression.clip_norm=2.5"]).compression.clip_norm == 2.5

@@ -23,10 +23,10 @@ def bits_equal(a, b):
     return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
-def make_pair(size, workers, k, rounds, momentum, delay_momentum, wd, slots, warmup=5, corrected=False):
+def make_pair(size, workers, k, rounds, momentum, delay_momentum, wd, slots, warmup=5, decay_only=False):
     fmt = [MailboxFormat("sparse", size, k)]
-    server = BufferState(size, workers, B, momentum, wd, schedule(rounds), fmt, delay_momentum, warmup, corrected)
-    replica = BufferState(size, workers, B, momentum, wd, schedule(rounds), [], delay_momentum, warmup, corrected)
+    server = BufferState(size, workers, B, momentum, wd, schedule(rounds), fmt, delay_momentum, warmup, decay_only)
+    replica = BufferState(size, workers, B, momentum, wd, schedule(rounds), [], delay_momentum, warmup, decay_only)
     server.ring = DownlinkRing(size, slots, workers * k)
     w0 = np.random.default_rng(1).standard_normal(size).astype(np.float32)
     server.bind(w0)
@@ -34,17 +34,17 @@ def make_pair(size, workers, k, rounds, momentum, delay_momentum, wd, slots, war
     return server, replica
 
 
-@pytest.mark.parametrize("momentum,delay_momentum,wd,corrected", [
+@pytest.mark.parametrize("momentum,delay_momentum,wd,decay_only", [
     (0.9, 0.5, 1e-4, False), (0.0, 0.0, 1e-4, False), (0.9, None, 0.0, False), (0.9, 0.5, 1e-2, True)])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_replica_stays_bit_identical(seed, momentum, delay_momentum, wd, corrected):
+def test_replica_stays_bit_identical(seed, momentum, delay_momentum, wd, decay_only):
     """Random sparse pushes from N workers (repeated indices inside a message and across workers,
     values that cancel exactly), arriving out of order and up to several rounds ahead; the replica
     pulls the ring at random times (every 1 to slots - 2 rounds: one message can apply 3) and must
-    equal the server exactly, also under momentum correction's rule (corrected)."""
+    equal the server exactly, also with the weight decay's own momentum (decay_only)."""
     rng = np.random.default_rng(seed)
     size, workers, k, rounds, slots = 300, 4, 12, 120, 5
-    server, replica = make_pair(size, workers, k, rounds, momentum, delay_momentum, wd, slots, corrected=corrected)
+    server, replica = make_pair(size, workers, k, rounds, momentum, delay_momentum, wd, slots, decay_only=decay_only)
     msgs = []
     for rnd in range(rounds):
         for rank in range(workers):

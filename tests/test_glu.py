@@ -375,11 +375,18 @@ def test_round_client_global_momentum_state_and_load_state_round_trip():
 @pytest.mark.parametrize("mc", [False, True])
 def test_round_client_delay_stage_momentum(mc):
     """algorithm.momentum reaches the local optimizer and the servers' delay-stage rule; under momentum
-    correction the servers keep it for the weight decay only."""
+    correction the servers run plain SGD in both stages, or keep the momentum for the weight decay
+    only (compression.decay_momentum)."""
     client, _, cfg = _round_client("global_momentum", "algorithm.momentum=0.7",
                                    f"compression.momentum_correction={str(mc).lower()}")
     assert client.local_opt.momentum == 0.7 and client.delay_momentum == 0.7
-    assert client.momentum_corrected == mc
+    assert (client.server_momentum, client.server_delay_momentum) == ((0.0, 0.0) if mc else (0.9, 0.7))
+    assert client.decay_only is False
+    if mc:
+        decay, _, _ = _round_client("global_momentum", "algorithm.momentum=0.7",
+                                    "compression.momentum_correction=true", "compression.decay_momentum=true")
+        assert decay.decay_only is True
+        assert (decay.server_momentum, decay.server_delay_momentum) == (0.9, 0.7)
     default, _, _ = _round_client("global_momentum")
     assert default.delay_momentum == default.local_opt.momentum == cfg.train.momentum
 

@@ -158,9 +158,12 @@ class RoundClient(Client):
         # The steps-delay stage may run with its own momentum (algorithm.momentum), on the servers,
         # in the local optimizer and in the compressor's momentum correction alike.
         self.delay_momentum = cfg.train.momentum if alg.momentum is None else alg.momentum
-        # DGC momentum correction moves the gradients' momentum to the workers; the servers then apply
-        # the pushes plainly and keep a momentum for the weight decay only (rounds.BufferState).
-        self.momentum_corrected = cfg.compression.momentum_correction
+        # DGC momentum correction moves the gradients' momentum to the workers; the servers then run
+        # plain SGD, or (compression.decay_momentum) keep a momentum for the weight decay only.
+        mc = cfg.compression.momentum_correction
+        self.decay_only = mc and cfg.compression.decay_momentum
+        self.server_momentum = 0.0 if mc and not self.decay_only else cfg.train.momentum
+        self.server_delay_momentum = 0.0 if mc and not self.decay_only else self.delay_momentum
         self.buffers = self.encoders = None         # planned in setup() (may need a link probe)
         self.memory = None                          # the encoders' error-feedback memory, if any
         self.stages = None                          # (buffers, encoders) per density stage
@@ -269,9 +272,9 @@ class RoundClient(Client):
             self.downlink[bi] = {"rings": rings, "first_rounds": first_rounds, "mom_key": keys.on(b.server),
                                  "slots": slots, "check_every": self.cfg.compression.downlink_check_every}
             self.replicas[bi] = BufferState(
-                b.size, kv.num_workers, train.batch_size, train.momentum, train.wd,
-                LRSchedule.from_dict(self.schedule.to_dict()), [], self.delay_momentum, self.warmup,
-                self.momentum_corrected)
+                b.size, kv.num_workers, train.batch_size, self.server_momentum, train.wd,
+                LRSchedule.from_dict(self.schedule.to_dict()), [], self.server_delay_momentum, self.warmup,
+                self.decay_only)
             self.ring_bufs[bi] = [mx.nd.zeros(ring_length(slots, r["cap"])) if r else None for r in rings]
         self.stats["downlink"] = decisions
         self.stats["downlink_resyncs"] = 0
@@ -317,8 +320,8 @@ class RoundClient(Client):
         if kv.rank == 0:
             commands.send(
                 kv, commands.ROUND_PLAN, num_workers=kv.num_workers, batch_size=train.batch_size,
-                momentum=train.momentum, delay_momentum=self.delay_momentum,
-                corrected=self.momentum_corrected, warmup=self.warmup, wd=train.wd, schedule=self.schedule.to_dict(),
+                momentum=self.server_momentum, delay_momentum=self.server_delay_momentum,
+                decay_only=self.decay_only, warmup=self.warmup, wd=train.wd, schedule=self.schedule.to_dict(),
                 buffers=[dict(b.to_dict(list(stages)), downlink=down)
                          for b, stages, down in zip(self.buffers, per_buffer, self.downlink)])
         keys, vals = [], []

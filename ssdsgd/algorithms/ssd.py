@@ -174,8 +174,8 @@ class RoundClient(Client):
         self.pull_bytes = 0
         self.downlink = []                          # per buffer: sparse downlink settings, or None
         self.replicas = []                          # per buffer: BufferState mirroring the server's
-        self.pulled = []                            # per buffer: 'ring' or 'dense', the last pull issued
-        self.pulled_ring = []                       # per buffer: the density stage whose ring was pulled
+        self.pulled_ring = []                       # per buffer: the density stage whose ring the last pull
+                                                    # issued was, None if it pulled the dense weights
         # A round awaited longer than the server timeout is reported once per wait, naming the server
         # that holds the buffer; the job goes on (a worker may just be behind; the stall timeout decides).
         self.wait_note = cfg.cluster.server_timeout or None
@@ -246,7 +246,7 @@ class RoundClient(Client):
         kept in the run's stats."""
         n = len(self.buffers)
         self.downlink, self.replicas = [None] * n, [None] * n
-        self.pulled, self.pulled_ring = ["dense"] * n, [None] * n
+        self.pulled_ring = [None] * n
         self.ring_bufs = [None] * n
         if self.cfg.compression.downlink != "sparse":
             return
@@ -370,12 +370,11 @@ class RoundClient(Client):
         for bi, rep in enumerate(self.replicas):
             if rep is not None and rep.weights is not None:
                 arrays.update({f"replica_w{bi}": rep.weights, f"replica_mom{bi}": rep.mom})
-                if self.pulled[bi] == "ring":
+                if self.pulled_ring[bi] is not None:
                     arrays[f"ringbuf{bi}"] = self.ring_bufs[bi][self.pulled_ring[bi]].asnumpy()
         if self.memory is not None:
             arrays.update(self.memory.state_dict())
-        meta = {"versions": self.versions, "pending_pull": self.pending_pull, "pulled": self.pulled,
-                "pulled_rings": self.pulled_ring,
+        meta = {"versions": self.versions, "pending_pull": self.pending_pull, "pulled_rings": self.pulled_ring,
                 "replica_versions": [None if r is None or r.weights is None else r.version for r in self.replicas],
                 "cost_model": self.stats.get("cost_model"),
                 "tensor_counts": [[e.counts for e in encs] for _, encs in self.stages],
@@ -400,17 +399,21 @@ class RoundClient(Client):
         # Sparse downlink: the replica and the in-flight ring pull as saved. A checkpoint without
         # them (taken with the dense downlink) leaves the replica unbound: the first ring refresh
         # then rebuilds it from the servers' dense state.
-        # Checkpoints from before the per-stage rings only pulled the steady stage's ring (the last).
+        # Checkpoints from before the per-stage rings say only 'ring' or 'dense' per buffer ("pulled"),
+        # and their ring was the steady stage's (the last).
         n = len(self.buffers)
-        self.pulled = list(meta.get("pulled", ["dense"] * n))
-        self.pulled_ring = list(meta.get("pulled_rings", [len(self.stages) - 1] * n))
+        if "pulled_rings" in meta:
+            self.pulled_ring = list(meta["pulled_rings"])
+        else:
+            steady = len(self.stages) - 1
+            self.pulled_ring = [steady if p == "ring" else None for p in meta.get("pulled", ["dense"] * n)]
         for bi, (rep, v) in enumerate(zip(self.replicas, meta.get("replica_versions", [None] * n))):
             if rep is None:
-                self.pulled[bi] = "dense"
+                self.pulled_ring[bi] = None
             elif v is not None and f"replica_w{bi}" in arrays:
                 rep.bind(arrays[f"replica_w{bi}"], version=v)
                 rep.mom = np.asarray(arrays[f"replica_mom{bi}"], np.float32).copy()
-            if self.pulled[bi] == "ring":
+            if self.pulled_ring[bi] is not None:
                 if rep.weights is None or f"ringbuf{bi}" not in arrays:
                     raise ValueError(f"checkpoint: buffer {bi} has a ring pull in flight but no replica")
                 self.ring_bufs[bi][self.pulled_ring[bi]][:] = arrays[f"ringbuf{bi}"]
@@ -438,11 +441,10 @@ class RoundClient(Client):
         else:
             self.kv.pull(b.weight_key, out=self.pull_bufs[bi], priority=-b.params[-1])
             self.pull_bytes += 4 * (b.size + 1)
-        self.pulled[bi] = "dense" if ring is None else "ring"
         self.pulled_ring[bi] = ring
 
     def _inflight(self):
-        return [self.ring_bufs[bi][self.pulled_ring[bi]] if self.pulled[bi] == "ring" else self.pull_bufs[bi]
+        return [self.pull_bufs[bi] if self.pulled_ring[bi] is None else self.ring_bufs[bi][self.pulled_ring[bi]]
                 for bi in range(len(self.buffers))]
 
     def _resync(self, bi):
@@ -489,7 +491,7 @@ class RoundClient(Client):
 
     def _apply_pull(self, bi):
         """Copy a landed weight pull into the parameters; returns its version."""
-        if self.pulled[bi] == "ring":
+        if self.pulled_ring[bi] is not None:
             return self._land_ring(bi)
         b, buf = self.buffers[bi], self.pull_bufs[bi]
         version = int(buf[b.size].asscalar())           # waits for the pull to land

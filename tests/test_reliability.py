@@ -287,7 +287,8 @@ BAD_INPUTS = [
     (["cluster.workers=0"], 2, "cluster.workers"),
     (["cluster.launcher=ssh", "cluster.hostfile=/nonexistent/hosts"], 2, "/nonexistent/hosts"),
     (["data.dataset=mnist", "data.root=/etc/passwd"], 2, "data.root: /etc/passwd is a file, not a folder"),
-    (["cluster.workers=64", "cluster.timeout=120"], 1, "steps_per_epoch"),
+    # Fewer training images than one global batch (2 workers x 32): 20 digits.
+    (["data.train_per_class=2"], 1, "fewer than one global batch"),
 ]
 
 

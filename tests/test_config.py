@@ -564,20 +564,16 @@ def test_gradient_allocation_needs_sparsifier_ahead(overrides):
     assert load_config(SSD, overrides).compression.allocation == "size"
 
 
-def test_momentum_masking_is_on_by_default_and_needs_momentum_correction():
-    assert load_config(SSD, []).compression.momentum_masking is True
-    ok = ["compression.type=topk", "compression.momentum_correction=true", "compression.momentum_masking=false"]
-    assert load_config(SSD, ok).compression.momentum_masking is False
-    msg = config_error(SSD, ["compression.type=topk", "compression.momentum_masking=false"])
-    assert msg.startswith("compression.momentum_masking") and "momentum_correction: true" in msg, msg
-
-
-def test_decay_momentum_is_off_by_default_and_needs_momentum_correction():
-    assert load_config(SSD, []).compression.decay_momentum is False
-    ok = ["compression.type=topk", "compression.momentum_correction=true", "compression.decay_momentum=true"]
-    assert load_config(SSD, ok).compression.decay_momentum is True
-    msg = config_error(SSD, ["compression.type=topk", "compression.decay_momentum=true"])
-    assert msg.startswith("compression.decay_momentum") and "momentum_correction: true" in msg, msg
+@pytest.mark.parametrize("key,default", [("momentum_masking", True), ("decay_momentum", False)])
+def test_momentum_correction_options_have_defaults_and_need_it(key, default):
+    """momentum_masking defaults to on (DGC), decay_momentum to off; changing either without
+    momentum correction is refused, naming the key."""
+    assert getattr(load_config(SSD, []).compression, key) is default
+    changed = f"compression.{key}={str(not default).lower()}"
+    ok = ["compression.type=topk", "compression.momentum_correction=true", changed]
+    assert getattr(load_config(SSD, ok).compression, key) is (not default)
+    msg = config_error(SSD, ["compression.type=topk", changed])
+    assert msg.startswith(f"compression.{key}") and "momentum_correction: true" in msg, msg
 
 
 def test_clip_norm_is_off_by_default_and_checked():

@@ -16,8 +16,9 @@ weight decay without momentum (1/(1 - mu) times weaker than SSGD's); with `decay
 momentum for the weight decay alone, as DGC's reference optimizer does:
 
     v <- mu*v - eta_g(t) * lambda*w;   w <- w + v - eta_g(t) * G_t/(N*B)
- Rounds may arrive in any order and a fast worker may be several rounds
-ahead; their accumulators wait in `pending` until they can be applied in order.
+
+Rounds may arrive in any order and a fast worker may be several rounds ahead; their accumulators wait
+in `pending` until they can be applied in order.
 """
 import bisect
 import zlib

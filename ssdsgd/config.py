@@ -226,6 +226,10 @@ SCHEMA = {
                                   doc="momentum correction: zero the worker's momentum where a value was sent "
                                       "(DGC's momentum factor masking); false: keep it, so the servers apply "
                                       "exactly SSGD's momentum updates, each value delayed until it is sent"),
+        "lr_weighted": Field(bool, False,
+                             doc="error feedback and momentum correction hold lr-weighted gradients (EF-SGD's "
+                                 "form): a value held back is applied at the lr of the step that computed it; "
+                                 "false: at the lr of the step that sends it"),
         "fp16_values": Field(bool, False),
         "min_dense_bytes": Field(int, 0, min=0, doc="tensors smaller than this are sent dense"),
         "clip_norm": Field(float, None, nullable=True, gt=0,
@@ -328,6 +332,7 @@ def _check_consistency(c):
     sparse_only = {
         "fp16_values": (comp["fp16_values"], "only sparse pushes have an fp16 wire format"),
         "clip_norm": (comp["clip_norm"] is not None, "local gradient clipping runs in the sparse encoders"),
+        "lr_weighted": (comp["lr_weighted"], "it weights the error-feedback memory of the sparse encoders"),
         "warmup": (bool(comp["warmup"]), "a density warm-up needs a sparsifier"),
         "downlink": (comp["downlink"] == "sparse", "sparse rebuilds the global weights from the rounds' sparse "
                                                   "updates, so it needs a sparsifier"),
@@ -346,6 +351,9 @@ def _check_consistency(c):
     if not comp["momentum_masking"] and not comp["momentum_correction"]:
         raise ConfigError("compression.momentum_masking: masks the momentum of DGC's momentum correction; "
                           "false needs compression.momentum_correction: true")
+    if comp["lr_weighted"] and not (comp["error_feedback"] or comp["momentum_correction"]):
+        raise ConfigError("compression.lr_weighted: weights what error feedback and momentum correction hold "
+                          "back; true needs compression.error_feedback or momentum_correction: true")
     if comp["decay_momentum"] and not comp["momentum_correction"]:
         raise ConfigError("compression.decay_momentum: without momentum correction the servers' momentum "
                           "already carries the weight decay; true needs compression.momentum_correction: true")

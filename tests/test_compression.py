@@ -603,6 +603,51 @@ def test_momentum_correction_without_masking_sends_the_momentum_sgd_updates_dela
     assert masked.velocity[0][1] == 0 and masked.velocity[0][0] == 1     # the default masks
 
 
+def test_lr_weighted_memory_applies_each_gradient_at_its_own_lr():
+    """compression.lr_weighted: the memory holds lr-weighted gradients in the units of the current
+    step's lr. Without masking, what the servers apply (lr_t times what is sent at step t) plus
+    lr_t times what is held back is then, at every step, the sum of MXNet's momentum updates
+    m_t = mu*m_{t-1} + lr_t*g_t over a decaying schedule (numpy, float64); the unweighted memory
+    misses it by the decay. A memory that sends nothing holds lr_s/lr_t times each earlier step's
+    gradient, and a checkpointed one goes on from the saved step."""
+    m, n = 0.9, 200
+    lrs = 0.1 * (1 + np.cos(np.pi * np.arange(1, 16) / 15)) / 2 + 1e-3    # cosine, never 0
+    settings = ["compression.density=0.05", "compression.momentum_correction=true",
+                "compression.momentum_masking=false"]
+    (buf,), (enc,) = make_encoders([(n,)], 1, comp_config(*settings, "compression.lr_weighted=true"), 0,
+                                   momentum=m, lr_of=lambda step: lrs[step])
+    (_,), (plain,) = make_encoders([(n,)], 1, comp_config(*settings), 0, momentum=m, lr_of=lambda step: lrs[step])
+    assert plain.memory.lr_of is None                 # the option is off by default
+    rng = np.random.default_rng(7)
+    mom, mom_total = np.zeros(n), np.zeros(n)
+    applied, applied_plain = np.zeros(n), np.zeros(n)
+    for step in range(len(lrs) - 1):
+        g = untied(rng, n)
+        sent, _, _ = np_decode(enc.encode([mx.nd.array(g)], step).asnumpy(), buf.size, buf.k)
+        sent_plain, _, _ = np_decode(plain.encode([mx.nd.array(g)], step).asnumpy(), buf.size, buf.k)
+        applied += lrs[step] * sent
+        applied_plain += lrs[step] * sent_plain
+        mom = m * mom + lrs[step] * g
+        mom_total += mom
+        np.testing.assert_allclose(applied + lrs[step] * enc.memory.residual[0], mom_total,
+                                   rtol=1e-4, atol=1e-5, err_msg=f"step {step}")
+    gap = np.abs(applied_plain + lrs[step] * plain.memory.residual[0] - mom_total).max()
+    assert gap > 1e-2, gap                            # the check above can fail without the weighting
+    # Nothing sent: the residual after steps 0..3 is sum_s (lr_s / lr_3) * g_s (no momentum here).
+    memory = Memory(error_feedback=True, lr_of=lambda step: lrs[step])
+    gs = [untied(rng, 5) for _ in range(4)]
+    for step, g in enumerate(gs):
+        acc = memory.accumulate(0, g, step)
+        memory.update(0, acc, np.array([], np.int64))
+    want = sum(lrs[s] / lrs[3] * gs[s].astype(np.float64) for s in range(4))
+    np.testing.assert_allclose(memory.residual[0], want, rtol=1e-5)
+    restored = Memory(error_feedback=True, lr_of=lambda step: lrs[step])
+    restored.load_state_dict(memory.state_dict())     # a resumed run rescales from the saved step
+    assert restored.step == 3
+    np.testing.assert_allclose(restored.accumulate(0, np.zeros(5, np.float32), 4), want * lrs[3] / lrs[4],
+                               rtol=1e-5)
+
+
 def test_local_clip_bound_scales_the_global_threshold():
     """clip_norm is for the step's gradient (mean over N * B samples). A worker's share of it is its
     B-sample sum / (N * B), bounded by clip_norm * N^-1/2 (DGC), so its sum by clip_norm * B * sqrt(N)."""

@@ -576,6 +576,16 @@ def test_momentum_correction_options_have_defaults_and_need_it(key, default):
     assert msg.startswith(f"compression.{key}") and "momentum_correction: true" in msg, msg
 
 
+def test_lr_weighted_is_off_by_default_and_needs_a_sparsifier_with_memory():
+    assert load_config(SSD, []).compression.lr_weighted is False
+    assert load_config(SSD, ["compression.type=topk", "compression.lr_weighted=true"]).compression.lr_weighted
+    msg = config_error(SSD, ["compression.type=none", "compression.lr_weighted=true"])
+    assert msg.startswith("compression.lr_weighted") and "sparse" in msg, msg
+    msg = config_error(SSD, ["compression.type=topk", "compression.error_feedback=false",
+                             "compression.lr_weighted=true"])
+    assert msg.startswith("compression.lr_weighted") and "error_feedback" in msg, msg
+
+
 def test_clip_norm_is_off_by_default_and_checked():
     assert load_config(SSD, []).compression.clip_norm is None
     assert load_config(SSD, ["compression.type=topk", "compression.clip_norm=2.5"]).compression.clip_norm == 2.5

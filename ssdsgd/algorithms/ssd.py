@@ -218,7 +218,8 @@ class RoundClient(Client):
         shapes = [p.shape for p in self.params]
         clip = local_clip_bound(comp.clip_norm, self.cfg.train.batch_size, kv.num_workers)
         self.stages = make_stages(shapes, num_servers(kv), comp, kv.rank, momentum=self.cfg.train.momentum,
-                                  cost=cost, seed=self.cfg.seed, clip=clip)
+                                  cost=cost, seed=self.cfg.seed, clip=clip,
+                                  lr_of=lambda step: self.schedule(step + 1))   # round r is update r + 1
         self.buffers, self.encoders = self.stages[-1]          # the steady state
         self.memory = self.encoders[0].memory                   # error feedback, shared by every encoder
         if comp.fusion == "behind" and is_sparsifier(comp.type) and all(len(b.params) == 1 for b in self.buffers):

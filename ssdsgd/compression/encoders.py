@@ -66,9 +66,9 @@ class SparseEncoder:
         b = self.buffer
         flat = flatten(grads).asnumpy()          # the one host copy of the buffer per step
         if self.behind:
-            idx, val = self._select(self.memory.accumulate(-1 - b.id, flat), b.k, -1 - b.id, step)
+            idx, val = self._select(self.memory.accumulate(-1 - b.id, flat, step), b.k, -1 - b.id, step)
         else:
-            accs = [self.memory.accumulate(b.params[j], flat[off:off + n])
+            accs = [self.memory.accumulate(b.params[j], flat[off:off + n], step)
                     for j, (off, n) in enumerate(zip(self.offsets, b.sizes))]
             if self.allocate_every and step % self.allocate_every == 0:
                 self.counts = allocate_by_threshold(accs, self.counts, self.whole)
@@ -141,19 +141,20 @@ def local_clip_bound(clip_norm, batch_size, num_workers):
     return clip_norm * batch_size * num_workers ** 0.5
 
 
-def make_encoders(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, seed=0, clip=None):
+def make_encoders(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, seed=0, clip=None, lr_of=None):
     """Buffer plan plus one encoder per buffer, for the `compression` config section (steady-state
     density; make_stages adds the warm-up stages).
 
     cost: {'alpha', 'beta', 'backward'} measured at job start (needed for buffers: cost_model).
     clip: the per-tensor L2 bound of local gradient clipping (local_clip_bound), None: off.
+    lr_of: step -> the servers' lr for that step's round; used with compression.lr_weighted.
     """
     buffers = plan_for_config(shapes, num_servers, comp, cost)
     whole = tensor_counts(shapes, comp)[2]
     if not is_sparsifier(comp.type):
         return buffers, [DenseEncoder() for _ in buffers]
     memory = Memory(comp.error_feedback, momentum if comp.momentum_correction else 0.0, clip,
-                    masking=comp.momentum_masking)
+                    masking=comp.momentum_masking, lr_of=lr_of if comp.lr_weighted else None)
     compressor = make_compressor(comp.type, seed)
     return buffers, _sparse_encoders(buffers, compressor, memory, whole, comp)
 
@@ -164,13 +165,13 @@ def _sparse_encoders(buffers, compressor, memory, whole, comp):
                           behind=comp.fusion == "behind", allocate_every=every) for b in buffers]
 
 
-def make_stages(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, seed=0, clip=None):
+def make_stages(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, seed=0, clip=None, lr_of=None):
     """(buffers, encoders) per density stage: one per compression.warmup entry (an epoch each),
     then the steady state. The steady state decides the buffers (the cost model plans for it);
     the warm-up stages reuse them with their own counts, mailbox keys and encoders, sharing the
     compressor and the error-feedback memory."""
     buffers, encoders = make_encoders(shapes, num_servers, comp, rank, momentum=momentum, cost=cost,
-                                      seed=seed, clip=clip)
+                                      seed=seed, clip=clip, lr_of=lr_of)
     if not comp.warmup:
         return [(buffers, encoders)]
     stage_counts = [tensor_counts(shapes, comp, density)[1] for density in comp.warmup]

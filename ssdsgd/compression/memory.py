@@ -14,22 +14,33 @@ Local gradient clipping (DGC): with a clip threshold, each tensor's gradient is 
 L2 norm of at most `clip` (per tensor, as DGC's reference code clips), before the momentum and the
 residual: a burst in one worker's gradient then cannot fill the residual for many steps. Only the
 pushed gradient is clipped; SSD-SGD's local update between refreshes uses the worker's own gradient.
+Learning-rate weighting (lr_of given): the residual and the momentum hold lr-weighted gradients in
+the units of the current step's learning rate, as EF-SGD's error feedback and MXNet's momentum do:
+at each new step both are multiplied by lr(previous step) / lr(this step). The servers multiply what
+they get by this step's lr, so a value held back for many steps is applied at the learning rate of
+the step that computed it, as SSGD would, not at the (smaller, late in a decaying schedule) rate of
+the step that finally sends it.
 The state is float32 numpy arrays on the host, where the encoders select (see compressor.py).
 """
 import numpy as np
 
 
 class Memory:
-    def __init__(self, error_feedback=True, momentum=0.0, clip=None, masking=True):
+    def __init__(self, error_feedback=True, momentum=0.0, clip=None, masking=True, lr_of=None):
         self.error_feedback = error_feedback
         self.momentum = momentum
         self.masking = masking            # momentum correction: zero u where sent (DGC)
         self.clip = clip                  # L2 bound per tensor on g as passed in (None: no clipping)
+        self.lr_of = lr_of                # step -> the lr the servers apply to it (None: unweighted)
+        self.step = None                  # the step of the last accumulate (lr weighting)
         self.residual = {}
         self.velocity = {}
 
-    def accumulate(self, key, g):
+    def accumulate(self, key, g, step=None):
         """The vector to sparsify for this step (g: a 1-D float32 array, left unchanged)."""
+        if self.lr_of is not None and step != self.step:
+            self._rescale(self.step, step)
+            self.step = step
         if self.clip is not None:
             g = clip_l2(g, self.clip)
         if self.momentum:
@@ -43,6 +54,19 @@ class Memory:
         if self.error_feedback and key in self.residual:
             return self.residual[key] + g
         return g
+
+    def _rescale(self, old, new):
+        """Carry the state from lr(old) units to lr(new) units (nothing to do for a first step, or
+        when either rate is 0: a round at lr 0 applies nothing, whatever it is sent)."""
+        if old is None or new is None:
+            return
+        before, now = self.lr_of(old), self.lr_of(new)
+        if before <= 0 or now <= 0 or before == now:
+            return
+        factor = np.float32(before / now)
+        for state in (self.residual, self.velocity):
+            for arr in state.values():
+                arr *= factor
 
     def update(self, key, acc, idx, lost=None, whole=False):
         """Forget what was sent: zero the sent positions of the residual (and of the momentum).
@@ -67,6 +91,8 @@ class Memory:
         names the worker checkpoints have always used)."""
         arrays = {f"residual{k}": v.copy() for k, v in self.residual.items()}
         arrays.update({f"velocity{k}": v.copy() for k, v in self.velocity.items()})
+        if self.step is not None:
+            arrays["memory_step"] = np.array([self.step], np.int64)
         return arrays
 
     def load_state_dict(self, arrays):
@@ -78,6 +104,7 @@ class Memory:
                 if name.startswith(kind) and name[len(kind):].lstrip("-").isdigit():
                     found[int(name[len(kind):])] = np.array(arr, np.float32).reshape(-1)
         self.residual, self.velocity = state["residual"], state["velocity"]
+        self.step = int(np.asarray(arrays["memory_step"])[0]) if "memory_step" in arrays else None
 
     def residual_norm(self):
         if not self.residual:

@@ -49,7 +49,11 @@ def main(argv=None):
               "  export SSDSGD_JOB_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))')",
               file=sys.stderr)
         return 2
-    if role in ("server", "scheduler"):
+    if role == "scheduler":
+        from ssdsgd.scheduler import run_scheduler
+        run_scheduler()
+        return 0
+    if role == "server":
         from ssdsgd.server import run_server
         run_server()
         return 0

@@ -441,3 +441,15 @@ def test_ssh_options_from_settings():
     assert ssh_options('me', '/k', '/cfg', ['A=1', 'B=2']) == ['-F', '/cfg', '-i', '/k', '-l', 'me', '-o', 'A=1',
                                                               '-o', 'B=2']
     assert ssh_options() == []
+
+
+def test_scheduler_loads_the_library_mxnet_itself_loads(monkeypatch, tmp_path):
+    """ssdsgd/scheduler.py finds libmxnet.so without importing mxnet, by MXNet's own lookup (which
+    honours MXNET_LIBRARY_PATH)."""
+    import mxnet.libinfo
+    from ssdsgd.scheduler import mxnet_library_path
+    assert mxnet_library_path() == mxnet.libinfo.find_lib_path()[0]
+    other = tmp_path / "libmxnet.so"
+    other.write_bytes(b"")
+    monkeypatch.setenv("MXNET_LIBRARY_PATH", str(other))
+    assert mxnet_library_path() == str(other)

@@ -230,6 +230,10 @@ SCHEMA = {
                              doc="error feedback and momentum correction hold lr-weighted gradients (EF-SGD's "
                                  "form): a value held back is applied at the lr of the step that computed it; "
                                  "false: at the lr of the step that sends it"),
+        "lookahead": Field(float, 0.0, min=0, max=1,
+                           doc="workers compute gradients at the global weights minus lookahead x what their "
+                               "held-back values will move (own residual x workers, at the next round's lr): "
+                               "error feedback's virtual iterate; 0: off"),
         "fp16_values": Field(bool, False),
         "min_dense_bytes": Field(int, 0, min=0, doc="tensors smaller than this are sent dense"),
         "clip_norm": Field(float, None, nullable=True, gt=0,
@@ -309,30 +313,15 @@ def _sparsifier_names():
     return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
 
 
-def _check_consistency(c):
-    alg, comp = c["algorithm"], c["compression"]
-    if alg["max_staleness"] is not None and alg["max_staleness"] < alg["delay"]:
-        raise ConfigError(
-            f"algorithm.max_staleness: must be >= algorithm.delay ({alg['delay']}), since the local "
-            f"weights are refreshed only every delay steps; got {alg['max_staleness']}")
-    sparsifier = is_sparsifier(comp["type"])
-    if c["train"]["eval_workers"] == "all" and comp["type"] == NATIVE_2BIT:
-        raise ConfigError("train.eval_workers: all sums the workers' counts through the KVStore, and "
-                          "compression.type 2bit would quantise those pushes too; use train.eval_workers: rank0")
-    if c["train"]["eval_workers"] == "all" and alg["type"] == "asgd":
-        raise ConfigError("train.eval_workers: all: asgd workers do not wait for one another, so their shares "
-                          "would be counted on different global weights; use train.eval_workers: rank0")
-    if comp["type"] == NATIVE_2BIT and alg["type"] == "ssd":
-        raise ConfigError("compression.type: 2bit is MXNet's native compression and only works on the "
-                          f"stock KVStore path (algorithm.type ssgd or asgd); use {'/'.join(SPARSIFIERS)} with ssd")
-    if sparsifier and alg["type"] == "asgd":
-        raise ConfigError(f"compression.type: {comp['type']} needs the round-based server "
-                          "(algorithm.type ssd or ssgd); asgd supports none or 2bit")
+def _check_compression(c, sparsifier):
+    """The compression section's keys against each other (and train.epochs)."""
+    comp = c["compression"]
     # Settings that only mean something for a sparse push: (set?, why), per key.
     sparse_only = {
         "fp16_values": (comp["fp16_values"], "only sparse pushes have an fp16 wire format"),
         "clip_norm": (comp["clip_norm"] is not None, "local gradient clipping runs in the sparse encoders"),
         "lr_weighted": (comp["lr_weighted"], "it weights the error-feedback memory of the sparse encoders"),
+        "lookahead": (comp["lookahead"] > 0, "it looks ahead by the error-feedback residual of the sparse encoders"),
         "warmup": (bool(comp["warmup"]), "a density warm-up needs a sparsifier"),
         "downlink": (comp["downlink"] == "sparse", "sparse rebuilds the global weights from the rounds' sparse "
                                                   "updates, so it needs a sparsifier"),
@@ -354,6 +343,9 @@ def _check_consistency(c):
     if comp["lr_weighted"] and not (comp["error_feedback"] or comp["momentum_correction"]):
         raise ConfigError("compression.lr_weighted: weights what error feedback and momentum correction hold "
                           "back; true needs compression.error_feedback or momentum_correction: true")
+    if comp["lookahead"] > 0 and not comp["error_feedback"]:
+        raise ConfigError("compression.lookahead: looks ahead by the error-feedback residual; it needs "
+                          "compression.error_feedback: true")
     if comp["decay_momentum"] and not comp["momentum_correction"]:
         raise ConfigError("compression.decay_momentum: without momentum correction the servers' momentum "
                           "already carries the weight decay; true needs compression.momentum_correction: true")
@@ -363,6 +355,28 @@ def _check_consistency(c):
     if len(comp["warmup"]) >= c["train"]["epochs"]:
         raise ConfigError(f"compression.warmup: {len(comp['warmup'])} warm-up epochs but train.epochs is "
                           f"{c['train']['epochs']}; the run would never reach compression.density")
+
+
+def _check_consistency(c):
+    alg, comp = c["algorithm"], c["compression"]
+    if alg["max_staleness"] is not None and alg["max_staleness"] < alg["delay"]:
+        raise ConfigError(
+            f"algorithm.max_staleness: must be >= algorithm.delay ({alg['delay']}), since the local "
+            f"weights are refreshed only every delay steps; got {alg['max_staleness']}")
+    sparsifier = is_sparsifier(comp["type"])
+    if c["train"]["eval_workers"] == "all" and comp["type"] == NATIVE_2BIT:
+        raise ConfigError("train.eval_workers: all sums the workers' counts through the KVStore, and "
+                          "compression.type 2bit would quantise those pushes too; use train.eval_workers: rank0")
+    if c["train"]["eval_workers"] == "all" and alg["type"] == "asgd":
+        raise ConfigError("train.eval_workers: all: asgd workers do not wait for one another, so their shares "
+                          "would be counted on different global weights; use train.eval_workers: rank0")
+    if comp["type"] == NATIVE_2BIT and alg["type"] == "ssd":
+        raise ConfigError("compression.type: 2bit is MXNet's native compression and only works on the "
+                          f"stock KVStore path (algorithm.type ssgd or asgd); use {'/'.join(SPARSIFIERS)} with ssd")
+    if sparsifier and alg["type"] == "asgd":
+        raise ConfigError(f"compression.type: {comp['type']} needs the round-based server "
+                          "(algorithm.type ssd or ssgd); asgd supports none or 2bit")
+    _check_compression(c, sparsifier)
     cl = c["cluster"]
     if cl["launcher"] == "ssh" and not cl["hostfile"]:
         raise ConfigError("cluster.hostfile: required when cluster.launcher is ssh")

@@ -162,6 +162,7 @@ class RoundClient(Client):
         # plain SGD, or (compression.decay_momentum) keep a momentum for the weight decay only.
         mc = cfg.compression.momentum_correction
         self.decay_only = mc and cfg.compression.decay_momentum
+        self.lookahead = cfg.compression.lookahead   # see _look_ahead
         self.server_momentum = 0.0 if mc and not self.decay_only else cfg.train.momentum
         self.server_delay_momentum = 0.0 if mc and not self.decay_only else self.delay_momentum
         self.buffers = self.encoders = None         # planned in setup() (may need a link probe)
@@ -560,6 +561,7 @@ class RoundClient(Client):
             for bi in range(len(self.buffers)):
                 self._wait_for_version(bi, step + 1, self._ring_for(bi, step))
             wait += time.perf_counter() - t0
+            self._look_ahead(step)
             return self._record(pushed, staleness, wait)
 
         pull_step = (step - self.warmup + 1) % self.k == 0
@@ -586,6 +588,7 @@ class RoundClient(Client):
         if self.memory is not None and self.memory.momentum:
             self.memory.momentum = self.delay_momentum      # momentum correction: the stage's momentum
         pushed = self._push(step)
+        self._look_ahead(step)
         if (step - self.warmup + 1) % self.k == 0:
             if self.strict or self.S <= self.k:
                 # The refresh must carry round `step` itself, or the weights it lands would be too
@@ -601,6 +604,24 @@ class RoundClient(Client):
             self.pending_pull = step
             self.watch = PullWatch(self._inflight())
         return self._record(pushed, staleness, wait)
+
+    def _look_ahead(self, step):
+        """compression.lookahead: move the weights the next gradient is computed on by what the
+        held-back values will do once sent. Error feedback's virtual iterate, the weights minus
+        every worker's residual at the servers' lr, follows plain (momentum) SGD exactly when the
+        gradients are taken there (Stich & Karimireddy's analysis of error feedback); this worker
+        knows only its own residual and stands it in for all N (the factor N of scale = 1/(N*B)
+        cancels). The servers' weights, what is evaluated, are not changed."""
+        if not self.lookahead:
+            return
+        factor = self.lookahead * self.schedule(step + 2) / self.cfg.train.batch_size   # next round's lr
+        for b in self.buffers:
+            behind = self.memory.residual.get(-1 - b.id)
+            for j, (i, off, n) in enumerate(zip(b.params, b.offsets, b.sizes)):
+                res = behind[off:off + n] if behind is not None else self.memory.residual.get(i)
+                if res is not None:
+                    p = self.params[i].data()
+                    p -= mx.nd.array(res.reshape(p.shape), dtype=np.float32) * factor
 
     def _land_pull(self):
         issued = self.pending_pull

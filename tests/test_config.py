@@ -586,6 +586,18 @@ def test_lr_weighted_is_off_by_default_and_needs_a_sparsifier_with_memory():
     assert msg.startswith("compression.lr_weighted") and "error_feedback" in msg, msg
 
 
+def test_lookahead_is_off_by_default_and_checked():
+    assert load_config(SSD, []).compression.lookahead == 0.0
+    assert load_config(SSD, ["compression.type=topk", "compression.lookahead=0.5"]).compression.lookahead == 0.5
+    for bad in ("-0.1", "1.5"):
+        msg = config_error(SSD, ["compression.type=topk", f"compression.lookahead={bad}"])
+        assert msg.startswith("compression.lookahead"), msg
+    msg = config_error(SSD, ["compression.type=none", "compression.lookahead=0.5"])
+    assert msg.startswith("compression.lookahead") and "sparse" in msg, msg
+    msg = config_error(SSD, ["compression.type=topk", "compression.error_feedback=false", "compression.lookahead=1"])
+    assert msg.startswith("compression.lookahead") and "error_feedback" in msg, msg
+
+
 def test_clip_norm_is_off_by_default_and_checked():
     assert load_config(SSD, []).compression.clip_norm is None
     assert load_config(SSD, ["compression.type=topk", "compression.clip_norm=2.5"]).compression.clip_norm == 2.5

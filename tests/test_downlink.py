@@ -270,9 +270,9 @@ def test_strict_sparse_downlink_ends_with_the_dense_downlink_weights(tmp_path):
     1%): refreshing from the replica gives exactly (bit for bit) the global weights of the run that
     pulls dense weights, the warm-up's rounds come through their own ring (no rebuild from the dense
     state at the stage change), and the guard, run at every refresh, finds every replica equal to
-    the servers' weights. A third run without the guard shows the traffic: after the warm-up at
-    most 2.2x the pushed bytes are pulled (the union of 2 workers' indices), with the guard at its
-    default."""
+    the servers' weights. The traffic: after the warm-up at most 2.2x the pushed bytes are pulled
+    (the union of 2 workers' indices); the guard's checksum rides in the ring slots' fixed headers, so
+    checking every round costs no bytes."""
     from jobs import processes_with, run_job
     strict = STRICT + ["compression.warmup=[0.02]"]
     dense = run_job(tmp_path, TOPK, *strict, name="dense")
@@ -303,16 +303,13 @@ def test_strict_sparse_downlink_ends_with_the_dense_downlink_weights(tmp_path):
     print(f"warm-up pulls: {warm_sparse} B sparse, {warm_dense} B dense; a stage-0 ring is {ring_share:.2f} of dense")
     assert ring_share < 0.5 and warm_sparse < 0.6 * warm_dense
 
-    plain = run_job(tmp_path, TOPK, *strict, "compression.downlink=sparse", name="bytes")
-    assert plain.rc == 0, plain.output
-    sp, aw, awd = plain.summary(), plain.summary()["after_warmup"], sd["after_warmup"]
-    assert bits_equal(_params(sp["checkpoint"])[name], wd[name])
+    aw, awd = ss["after_warmup"], sd["after_warmup"]
     push, pull = aw["push_bytes"] / aw["steps"], aw["pull_bytes"] / aw["steps"]
     print(f"after warm-up, per step: pushed {push:.0f} B, pulled {pull:.0f} B sparse "
           f"({pull / push:.2f}x), {awd['pull_bytes'] / awd['steps']:.0f} B dense")
     assert pull <= 2.2 * push, (push, pull)
     assert pull < 0.5 * awd["pull_bytes"] / awd["steps"]
-    for job in (dense, sparse, plain):
+    for job in (dense, sparse):
         assert processes_with(job.marker) == []
 
 

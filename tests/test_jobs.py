@@ -16,9 +16,15 @@ def load_params(path):
     return {k: v.asnumpy() for k, v in mx.nd.load(path).items()}
 
 
+@pytest.fixture(scope="module")
+def ssgd_job(tmp_path_factory):
+    """A 6-epoch SSGD digits job, shared by the tests that check it or compare against it."""
+    return run_job(tmp_path_factory.mktemp("ssgd"), SSGD, "train.epochs=6", name="ssgd")
+
+
 @pytest.mark.timeout(240)
-def test_ssgd_digits_job_trains_and_leaves_no_process(tmp_path):
-    job = run_job(tmp_path, SSGD, "train.epochs=6", name="ssgd")
+def test_ssgd_digits_job_trains_and_leaves_no_process(ssgd_job):
+    job = ssgd_job
     assert job.rc == 0, job.output
     s = job.summary()
     assert s["algorithm"] == "ssgd" and s["num_workers"] == 2 and s["steps"] == 6 * 22
@@ -184,10 +190,10 @@ def test_slow_worker_never_exceeds_staleness_bound(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_ssd_pull_traffic_is_one_kth_of_ssgd(tmp_path):
+def test_ssd_pull_traffic_is_one_kth_of_ssgd(tmp_path, ssgd_job):
     k = 4
-    a = run_job(tmp_path, SSGD, "train.epochs=2", name="ssgd")
-    b = run_job(tmp_path, SSD, "train.epochs=2", "algorithm.warmup_iters=0", f"algorithm.delay={k}",
+    a = ssgd_job
+    b = run_job(tmp_path, SSD, "train.epochs=6", "algorithm.warmup_iters=0", f"algorithm.delay={k}",
                 name="ssd")
     assert a.rc == 0 and b.rc == 0, a.output + b.output
     sa, sb = a.summary(), b.summary()

@@ -42,7 +42,14 @@ def _with(m, path, value):
     return m
 
 
-_DELETE = object()
+class _Delete:
+    """Marks a field to delete (its repr names it, so test ids are the same in every process)."""
+
+    def __repr__(self):
+        return "<deleted>"
+
+
+_DELETE = _Delete()
 
 BAD_MANIFESTS = [
     # (field, value, text the reason must contain)

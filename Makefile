@@ -19,8 +19,11 @@ $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 demo: setup
 	OMP_NUM_THREADS=1 $(PY) scripts/demo.py
 
+# Two test files at a time (pytest-xdist): a job test spends much of its time waiting (start-up
+# barriers, timeouts it provokes), and each file's tests stay together in one process (module
+# fixtures such as the virtual cluster are built once).
 test: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile tests
 
 lint: setup
 	$(PY) -m ruff check .

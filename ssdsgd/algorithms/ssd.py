@@ -617,7 +617,7 @@ class RoundClient(Client):
         factor = self.lookahead * self.schedule(step + 2) / self.cfg.train.batch_size   # next round's lr
         for b in self.buffers:
             behind = self.memory.residual.get(-1 - b.id)
-            for j, (i, off, n) in enumerate(zip(b.params, b.offsets, b.sizes)):
+            for i, off, n in zip(b.params, b.offsets, b.sizes):
                 res = behind[off:off + n] if behind is not None else self.memory.residual.get(i)
                 if res is not None:
                     p = self.params[i].data()

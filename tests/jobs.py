@@ -114,16 +114,17 @@ def hit_role(job, proc, role, task, hit, progress_timeout=90, end_timeout=90):
             proc.wait()
 
 
-def stopped_resumed_and_uninterrupted(tmp_path, config, *sets, stop_steps):
+def stopped_resumed_and_uninterrupted(tmp_path, config, *sets, stop_steps, uninterrupted=None):
     """Three jobs with a checkpoint every epoch: A stops after `stop_steps` steps, B resumes A's
-    checkpoint to the end, C runs to the end without stopping. Returns (a, b, c), each checked to
-    have succeeded, and B checked to have resumed. `sets` must include checkpoint.every_epochs."""
+    checkpoint to the end, C runs to the end without stopping (or is `uninterrupted`, a finished
+    job of the same config and sets). Returns (a, b, c), each checked to have succeeded, and B
+    checked to have resumed. `sets` must include checkpoint.every_epochs."""
     ck = os.path.join(str(tmp_path), "ck")
     a = run_job(tmp_path, config, *sets, f"checkpoint.dir={ck}", f"train.max_steps={stop_steps}", name="A")
     assert a.rc == 0, a.output
     b = run_job(tmp_path, config, *sets, f"checkpoint.dir={ck}", name="B", args=["--resume"])
     assert b.rc == 0, b.output
     assert "resuming from" in b.output
-    c = run_job(tmp_path, config, *sets, f"checkpoint.dir={tmp_path}/ck_c", name="C")
+    c = uninterrupted or run_job(tmp_path, config, *sets, f"checkpoint.dir={tmp_path}/ck_c", name="C")
     assert c.rc == 0, c.output
     return a, b, c

@@ -87,12 +87,15 @@ def test_leftovers_of_interrupted_saves_are_removed_at_start(tmp_path):
 
 
 # ---- real jobs ---------------------------------------------------------------------------------------
+# A job that only has to hold its folders: worker 1 sleeps 0.2 s a step, and synchronous SGD makes
+# worker 0 wait for it, so the holder leaves the cores to the job under test.
+IDLE_HOLDER = {"SSDSGD_TEST_FAULT": "slow:1:0.2"}
 
 @pytest.mark.timeout(240)
 def test_second_job_on_the_same_folders_fails_at_once_naming_the_holder(tmp_path):
     ck = os.path.join(str(tmp_path), "ck")
     proc, job = start_job(tmp_path, SSGD, "train.epochs=500", "log.every_steps=1", f"checkpoint.dir={ck}",
-                          name="first")
+                          name="first", env=IDLE_HOLDER)
     try:
         wait_for_progress(job, proc, timeout=90)
         t0 = time.time()
@@ -120,7 +123,7 @@ def test_second_job_on_the_same_folders_fails_at_once_naming_the_holder(tmp_path
 def test_under_launch_py_rank_0_takes_the_locks(tmp_path):
     """A job started with launch.py (no ssdsgd.run front end) on a folder a running job holds fails,
     with the holder named by rank 0, and leaves the holder's files alone."""
-    proc, job = start_job(tmp_path, SSGD, "train.epochs=500", "log.every_steps=1", name="held")
+    proc, job = start_job(tmp_path, SSGD, "train.epochs=500", "log.every_steps=1", name="held", env=IDLE_HOLDER)
     try:
         wait_for_progress(job, proc, timeout=90)
         cmd = [sys.executable, os.path.join(ROOT, "launch", "launch.py"), "-n", "2", "-s", "1", "--timeout", "120",

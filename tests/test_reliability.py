@@ -57,12 +57,23 @@ def test_hung_worker_is_detected_by_the_stall_timeout(tmp_path):
     assert processes_with(job.marker) == []
 
 
+STRICT_4 = ["train.epochs=4", "algorithm.strict=true", "checkpoint.every_epochs=1"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """Strict SSD-SGD + top-k through 4 epochs with a checkpoint every epoch: where an interrupted and
+    resumed run of the same settings must end."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    return run_job(tmp, SSD_TOPK, *STRICT_4, f"checkpoint.dir={tmp}/ck_c", name="C")
+
+
 @pytest.mark.timeout(300)
-def test_resume_after_epoch_2_matches_uninterrupted_run(tmp_path):
+def test_resume_after_epoch_2_matches_uninterrupted_run(tmp_path, uninterrupted):
     """Strict SSD-SGD + top-k, checkpoint every epoch. Run A stops after epoch 2 (max_steps), run B
     resumes it to epoch 4; run C goes to epoch 4 without stopping. B must end where C ends."""
-    common = ["train.epochs=4", "algorithm.strict=true", "checkpoint.every_epochs=1"]
-    a, b, c = stopped_resumed_and_uninterrupted(tmp_path, SSD_TOPK, *common, stop_steps=44)
+    a, b, c = stopped_resumed_and_uninterrupted(tmp_path, SSD_TOPK, *STRICT_4, stop_steps=44,
+                                                uninterrupted=uninterrupted)
     assert os.path.exists(os.path.join(str(tmp_path), "ck", "epoch-0002", "manifest.json"))
     assert "epoch-0002" in b.output
     assert b.summary()["steps"] == c.summary()["steps"] == 88
@@ -73,10 +84,11 @@ def test_resume_after_epoch_2_matches_uninterrupted_run(tmp_path):
 
 
 @pytest.mark.timeout(400)
-def test_killed_worker_is_restarted_from_the_checkpoint_and_ends_with_the_uninterrupted_weights(tmp_path):
+def test_killed_worker_is_restarted_from_the_checkpoint_and_ends_with_the_uninterrupted_weights(
+        tmp_path, uninterrupted):
     """cluster.max_restarts: 1. Worker 1 is SIGKILLed once the epoch-2 checkpoint exists; the front end
     restarts the job with --resume and it ends exactly where an uninterrupted run ends (strict mode)."""
-    common = ["train.epochs=6", "algorithm.strict=true", "checkpoint.every_epochs=1"]
+    common = STRICT_4
     ck = os.path.join(str(tmp_path), "ck")
     # Worker 1 sleeps 50 ms a step, so an epoch takes over a second: time to kill it mid-run.
     proc, job = start_job(tmp_path, SSD_TOPK, *common, f"checkpoint.dir={ck}", "cluster.max_restarts=1",
@@ -101,9 +113,9 @@ def test_killed_worker_is_restarted_from_the_checkpoint_and_ends_with_the_uninte
     assert out.count("run: restart 1 of 1: the job failed (exit 1); resuming from") == 1, out[-3000:]
     assert "resuming from" in out and "epochs," in out
     assert processes_with(job.marker) == []
-    c = run_job(tmp_path, SSD_TOPK, *common, f"checkpoint.dir={tmp_path}/ck_c", name="C")
+    c = uninterrupted
     assert c.rc == 0, c.output
-    assert job.summary()["steps"] == c.summary()["steps"] == 132
+    assert job.summary()["steps"] == c.summary()["steps"] == 88
     wr, wc = (load_params(j.summary()["checkpoint"]) for j in (job, c))
     for k in wc:
         np.testing.assert_allclose(wr[k], wc[k], rtol=1e-5, atol=1e-6, err_msg=k)

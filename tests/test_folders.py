@@ -91,6 +91,7 @@ def test_leftovers_of_interrupted_saves_are_removed_at_start(tmp_path):
 # worker 0 wait for it, so the holder leaves the cores to the job under test.
 IDLE_HOLDER = {"SSDSGD_TEST_FAULT": "slow:1:0.2"}
 
+
 @pytest.mark.timeout(240)
 def test_second_job_on_the_same_folders_fails_at_once_naming_the_holder(tmp_path):
     ck = os.path.join(str(tmp_path), "ck")

@@ -88,10 +88,9 @@ def test_killed_worker_is_restarted_from_the_checkpoint_and_ends_with_the_uninte
         tmp_path, uninterrupted):
     """cluster.max_restarts: 1. Worker 1 is SIGKILLed once the epoch-2 checkpoint exists; the front end
     restarts the job with --resume and it ends exactly where an uninterrupted run ends (strict mode)."""
-    common = STRICT_4
     ck = os.path.join(str(tmp_path), "ck")
     # Worker 1 sleeps 50 ms a step, so an epoch takes over a second: time to kill it mid-run.
-    proc, job = start_job(tmp_path, SSD_TOPK, *common, f"checkpoint.dir={ck}", "cluster.max_restarts=1",
+    proc, job = start_job(tmp_path, SSD_TOPK, *STRICT_4, f"checkpoint.dir={ck}", "cluster.max_restarts=1",
                           name="R", env={"SSDSGD_TEST_FAULT": "slow:1:0.05"})
     try:
         manifest = os.path.join(ck, "epoch-0002", "manifest.json")

@@ -40,6 +40,15 @@ SUITES = {
 }
 
 
+def relabel(label, overrides):
+    """The label a job is filed under: a compression.density override replaces the top-k variant's
+    1%, so that a run at another density does not read as the shipped 1% config."""
+    density = next((s.split("=", 1)[1] for s in overrides if s.startswith("compression.density=")), None)
+    if density is None or "top-k 1%" not in label:
+        return label
+    return label.replace("top-k 1%", f"top-k {float(density) * 100:g}%")
+
+
 def run(label, config, seed, rate, out, timeout, overrides=()):
     name = job_name(label, seed)
     cmd = job_command(os.path.join(ROOT, config), name, f"{out}/runs",
@@ -177,6 +186,8 @@ def main():
     if args.set:
         # Without this, a folder made with overrides reads as the shipped configs' result.
         title += "; the jobs run here with " + " ".join(f"--set {s}" for s in args.set)
+    chosen = [relabel(label, args.set) for label in chosen]
+    variants = {relabel(label, args.set): config for label, config in variants.items()}
     for seed in args.seeds:
         for label, config in variants.items():
             if label not in chosen:

@@ -454,3 +454,13 @@ def test_hosts_topology_smoke(tmp_path):
     assert mine not in subprocess.run(["ip", "netns", "list"], stdout=subprocess.PIPE, text=True).stdout
     assert not [d for d in os.listdir(vcluster.TMP) if d.startswith(mine)]
     assert processes_with(str(tmp_path)) == []
+
+
+def test_time_to_accuracy_labels_the_density_it_ran_at():
+    """A compression.density override shows in the top-k variant's label; other labels and runs
+    without the override keep theirs."""
+    import time_to_accuracy as tta
+    assert tta.relabel("SSD-SGD + top-k 1%", ["compression.density=0.05", "seed=1"]) == "SSD-SGD + top-k 5%"
+    assert tta.relabel("SSD-SGD + top-k 1%", ["compression.density=0.025"]) == "SSD-SGD + top-k 2.5%"
+    assert tta.relabel("SSD-SGD + top-k 1%", ["train.epochs=18"]) == "SSD-SGD + top-k 1%"
+    assert tta.relabel("SSGD", ["compression.density=0.05"]) == "SSGD"

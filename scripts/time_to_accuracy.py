@@ -43,10 +43,11 @@ SUITES = {
 def relabel(label, overrides):
     """The label a job is filed under: a compression.density override replaces the top-k variant's
     1%, so that a run at another density does not read as the shipped 1% config."""
-    density = next((s.split("=", 1)[1] for s in overrides if s.startswith("compression.density=")), None)
-    if density is None or "top-k 1%" not in label:
+    densities = [s.split("=", 1)[1] for s in overrides if s.startswith("compression.density=")]
+    if not densities or "top-k 1%" not in label:
         return label
-    return label.replace("top-k 1%", f"top-k {float(density) * 100:g}%")
+    # The last override is the one the job runs with.
+    return label.replace("top-k 1%", f"top-k {float(densities[-1]) * 100:g}%")
 
 
 def run(label, config, seed, rate, out, timeout, overrides=()):

@@ -463,4 +463,6 @@ def test_time_to_accuracy_labels_the_density_it_ran_at():
     assert tta.relabel("SSD-SGD + top-k 1%", ["compression.density=0.05", "seed=1"]) == "SSD-SGD + top-k 5%"
     assert tta.relabel("SSD-SGD + top-k 1%", ["compression.density=0.025"]) == "SSD-SGD + top-k 2.5%"
     assert tta.relabel("SSD-SGD + top-k 1%", ["train.epochs=18"]) == "SSD-SGD + top-k 1%"
+    assert tta.relabel("SSD-SGD + top-k 1%", ["compression.density=0.05", "compression.density=0.1"]) \
+        == "SSD-SGD + top-k 10%"
     assert tta.relabel("SSGD", ["compression.density=0.05"]) == "SSGD"

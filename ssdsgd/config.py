@@ -226,6 +226,10 @@ SCHEMA = {
                                   doc="momentum correction: zero the worker's momentum where a value was sent "
                                       "(DGC's momentum factor masking); false: keep it, so the servers apply "
                                       "exactly SSGD's momentum updates, each value delayed until it is sent"),
+        "masking_min_wait": Field(int, 0, min=0,
+                                  doc="momentum masking only where the value sent had been held back this "
+                                      "many steps in a row just before (1: not where it was also sent at "
+                                      "the previous step); 0: everywhere, as DGC masks"),
         "lr_weighted": Field(bool, False,
                              doc="error feedback and momentum correction hold lr-weighted gradients (EF-SGD's "
                                  "form): a value held back is applied at the lr of the step that computed it; "
@@ -337,6 +341,9 @@ def _check_compression(c, sparsifier):
     if comp["clip_norm"] is not None and comp["fusion"] != "ahead":
         raise ConfigError("compression.clip_norm: clips each tensor's gradient, and fusion: behind fuses the "
                           "tensors before the error-feedback memory sees them; use compression.fusion: ahead")
+    if comp["masking_min_wait"] and not (comp["momentum_masking"] and comp["momentum_correction"]):
+        raise ConfigError("compression.masking_min_wait: narrows momentum factor masking; it needs "
+                          "compression.momentum_correction: true and compression.momentum_masking: true")
     if not comp["momentum_masking"] and not comp["momentum_correction"]:
         raise ConfigError("compression.momentum_masking: masks the momentum of DGC's momentum correction; "
                           "false needs compression.momentum_correction: true")

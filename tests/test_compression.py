@@ -15,7 +15,7 @@ from ssdsgd.compression.compressor import RandomK, SampledThreshold, TopK
 from ssdsgd.compression.encoders import SparseEncoder, local_clip_bound, make_encoders, make_stages, tensor_counts
 from ssdsgd.compression.fusion import KEY_HASH, make_plan, plan_cost_model
 from ssdsgd.compression.memory import Memory
-from ssdsgd.config import load_config
+from ssdsgd.config import ConfigError, load_config
 from ssdsgd.rounds import BufferState
 
 TOPK_CONFIG = "configs/demo_digits_ssd_topk.yaml"
@@ -601,6 +601,61 @@ def test_momentum_correction_without_masking_sends_the_momentum_sgd_updates_dela
     acc = masked.accumulate(0, np.ones(4, np.float32))
     masked.update(0, acc, np.array([1]))
     assert masked.velocity[0][1] == 0 and masked.velocity[0][0] == 1     # the default masks
+
+
+def _np_dgc_send_waited(u, v, wait, g, m, k, min_wait):
+    """DGC's momentum correction in numpy with masking only where the value sent had waited at least
+    min_wait steps in a row (wait: per value, steps held back since it was last sent; updated)."""
+    u *= m
+    u += g
+    v += u
+    top = np.argsort(-np.abs(v), kind="stable")[:k]
+    want = np.zeros_like(v)
+    want[top] = v[top]
+    v[top] = 0
+    u[top[wait[top] >= min_wait]] = 0
+    wait += 1
+    wait[top] = 0
+    return want, top
+
+
+def test_masking_min_wait_masks_only_values_that_were_held_back():
+    """compression.masking_min_wait=1: a value sent at two steps in a row keeps its momentum at the
+    second; one that waited is masked as DGC masks. Checked against numpy over 15 steps in which
+    both cases occur (four values are large at every step, so they are sent at every step), and
+    across a state_dict/load_state_dict round trip (a resumed worker)."""
+    m, n, k = 0.9, 200, 10
+    comp = comp_config("compression.density=0.05", "compression.momentum_correction=true",
+                       "compression.masking_min_wait=1")
+    (buf,), (enc,) = make_encoders([(n,)], 1, comp, 0, momentum=m)
+    assert enc.memory.min_wait == 1 and enc.memory.masking is True
+    rng = np.random.default_rng(11)
+    u, v, wait = np.zeros(n), np.zeros(n), np.zeros(n, np.int64)
+    kept = masked = 0
+    for step in range(15):
+        if step == 8:                                          # resume from the saved state
+            saved = enc.memory.state_dict()
+            assert np.array_equal(saved["wait0"], wait)
+            (buf,), (enc,) = make_encoders([(n,)], 1, comp, 0, momentum=m)
+            enc.memory.load_state_dict(saved)
+        g = untied(rng, n)
+        g[:4] *= 20                                            # four values large at every step
+        sent, _, _ = np_decode(enc.encode([mx.nd.array(g)], step).asnumpy(), buf.size, buf.k)
+        was_waiting = wait.copy()
+        want, top = _np_dgc_send_waited(u, v, wait, g, m, k, min_wait=1)
+        np.testing.assert_allclose(sent, want, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
+        np.testing.assert_allclose(enc.memory.velocity[0], u, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
+        if step:
+            kept += int(np.sum(was_waiting[top] == 0))
+            masked += int(np.sum(was_waiting[top] > 0))
+    assert kept > 0 and masked > 0, (kept, masked)
+
+
+def test_masking_min_wait_needs_masking_and_momentum_correction():
+    for settings in (["compression.momentum_correction=true", "compression.momentum_masking=false"],
+                     ["compression.momentum_correction=false"]):
+        with pytest.raises(ConfigError, match="compression.masking_min_wait"):
+            comp_config("compression.masking_min_wait=1", *settings)
 
 
 def test_lr_weighted_memory_applies_each_gradient_at_its_own_lr():

@@ -154,7 +154,8 @@ def make_encoders(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, s
     if not is_sparsifier(comp.type):
         return buffers, [DenseEncoder() for _ in buffers]
     memory = Memory(comp.error_feedback, momentum if comp.momentum_correction else 0.0, clip,
-                    masking=comp.momentum_masking, lr_of=lr_of if comp.lr_weighted else None)
+                    masking=comp.momentum_masking, lr_of=lr_of if comp.lr_weighted else None,
+                    min_wait=comp.masking_min_wait)
     compressor = make_compressor(comp.type, seed)
     return buffers, _sparse_encoders(buffers, compressor, memory, whole, comp)
 

@@ -9,7 +9,10 @@ Momentum correction (DGC): the momentum is accumulated on the worker before spar
 keep their momentum. DGC's momentum factor masking also zeroes u at idx (masking=True, the default):
 a coordinate sent every step then moves by lr*g, without momentum, where SSGD moves it by about
 lr*g/(1 - mu). Without masking, what the servers apply over a run is exactly the momentum SGD updates,
-each coordinate's delayed until it is sent.
+each coordinate's delayed until it is sent. Masking can also be kept to values that waited: with
+min_wait = w > 0, u is zeroed only where the value sent had been held back for at least w steps in a
+row just before (so, with w = 1, not where it was also sent at the previous step). Masking exists to
+stop a delayed value's stale momentum; a value sent every step has none, and keeps SSGD's momentum.
 Local gradient clipping (DGC): with a clip threshold, each tensor's gradient is first scaled to an
 L2 norm of at most `clip` (per tensor, as DGC's reference code clips), before the momentum and the
 residual: a burst in one worker's gradient then cannot fill the residual for many steps. Only the
@@ -26,15 +29,17 @@ import numpy as np
 
 
 class Memory:
-    def __init__(self, error_feedback=True, momentum=0.0, clip=None, masking=True, lr_of=None):
+    def __init__(self, error_feedback=True, momentum=0.0, clip=None, masking=True, lr_of=None, min_wait=0):
         self.error_feedback = error_feedback
         self.momentum = momentum
         self.masking = masking            # momentum correction: zero u where sent (DGC)
+        self.min_wait = min_wait          # ... only where the value had waited this many steps (0: all)
         self.clip = clip                  # L2 bound per tensor on g as passed in (None: no clipping)
         self.lr_of = lr_of                # step -> the lr the servers apply to it (None: unweighted)
         self.step = None                  # the step of the last accumulate (lr weighting)
         self.residual = {}
         self.velocity = {}
+        self.wait = {}                    # min_wait > 0: steps each value has been held back in a row
 
     def accumulate(self, key, g, step=None):
         """The vector to sparsify for this step (g: a 1-D float32 array, left unchanged)."""
@@ -84,26 +89,40 @@ class Memory:
             residual[idx] = 0.0 if lost is None else lost
             self.residual[key] = residual
         if self.momentum and self.masking and not whole:
+            self._mask(key, idx)
+
+    def _mask(self, key, idx):
+        if not self.min_wait:
             self.velocity[key][idx] = 0.0
+            return
+        wait = self.wait.get(key)
+        if wait is None:                  # the first step: nothing has been held back yet
+            wait = self.wait[key] = np.zeros(self.velocity[key].shape, np.int32)
+        waited = idx[wait[idx] >= self.min_wait]
+        self.velocity[key][waited] = 0.0
+        wait += 1
+        wait[idx] = 0
 
     def state_dict(self):
         """The per-tensor state as numpy arrays (copies) named residual<key> and velocity<key> (the
-        names the worker checkpoints have always used)."""
+        names the worker checkpoints have always used), and wait<key> with min_wait."""
         arrays = {f"residual{k}": v.copy() for k, v in self.residual.items()}
         arrays.update({f"velocity{k}": v.copy() for k, v in self.velocity.items()})
+        arrays.update({f"wait{k}": v.copy() for k, v in self.wait.items()})
         if self.step is not None:
             arrays["memory_step"] = np.array([self.step], np.int64)
         return arrays
 
     def load_state_dict(self, arrays):
-        """Replace the state with the residual<key>/velocity<key> entries of `arrays` (other names
-        are ignored, so a whole checkpoint file can be passed)."""
-        state = {"residual": {}, "velocity": {}}
+        """Replace the state with the residual<key>/velocity<key>/wait<key> entries of `arrays` (other
+        names are ignored, so a whole checkpoint file can be passed)."""
+        dtypes = {"residual": np.float32, "velocity": np.float32, "wait": np.int32}
+        state = {kind: {} for kind in dtypes}
         for name, arr in arrays.items():
             for kind, found in state.items():
                 if name.startswith(kind) and name[len(kind):].lstrip("-").isdigit():
-                    found[int(name[len(kind):])] = np.array(arr, np.float32).reshape(-1)
-        self.residual, self.velocity = state["residual"], state["velocity"]
+                    found[int(name[len(kind):])] = np.array(arr, dtypes[kind]).reshape(-1)
+        self.residual, self.velocity, self.wait = state["residual"], state["velocity"], state["wait"]
         self.step = int(np.asarray(arrays["memory_step"])[0]) if "memory_step" in arrays else None
 
     def residual_norm(self):

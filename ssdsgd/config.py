@@ -227,8 +227,8 @@ SCHEMA = {
                                       "(DGC's momentum factor masking); false: keep it, so the servers apply "
                                       "exactly SSGD's momentum updates, each value delayed until it is sent"),
         "masking_min_wait": Field(int, 0, min=0,
-                                  doc="momentum masking only where the value sent had been held back this "
-                                      "many steps in a row just before (1: not where it was also sent at "
+                                  doc="momentum masking only where the value sent had been held back at least "
+                                      "this many steps in a row just before (1: not where it was also sent at "
                                       "the previous step); 0: everywhere, as DGC masks"),
         "lr_weighted": Field(bool, False,
                              doc="error feedback and momentum correction hold lr-weighted gradients (EF-SGD's "

@@ -603,9 +603,11 @@ def test_momentum_correction_without_masking_sends_the_momentum_sgd_updates_dela
     assert masked.velocity[0][1] == 0 and masked.velocity[0][0] == 1     # the default masks
 
 
-def _np_dgc_send_waited(u, v, wait, g, m, k, min_wait):
-    """DGC's momentum correction in numpy with masking only where the value sent had waited at least
-    min_wait steps in a row (wait: per value, steps held back since it was last sent; updated)."""
+def _np_dgc_send_waited(u, v, last_sent, step, g, m, k, min_wait):
+    """DGC's momentum correction in numpy with masking only where the value sent had been held back
+    at least min_wait steps in a row: step - last_sent - 1 steps since it was last sent (last_sent
+    starts at -1, so nothing has waited at step 0). Updates u, v and last_sent; returns what is sent
+    and how long each sent value had waited."""
     u *= m
     u += g
     v += u
@@ -613,42 +615,53 @@ def _np_dgc_send_waited(u, v, wait, g, m, k, min_wait):
     want = np.zeros_like(v)
     want[top] = v[top]
     v[top] = 0
-    u[top[wait[top] >= min_wait]] = 0
-    wait += 1
-    wait[top] = 0
-    return want, top
+    waited = step - last_sent[top] - 1
+    u[top[waited >= min_wait]] = 0
+    last_sent[top] = step
+    return want, waited
 
 
 def test_masking_min_wait_masks_only_values_that_were_held_back():
-    """compression.masking_min_wait=1: a value sent at two steps in a row keeps its momentum at the
-    second; one that waited is masked as DGC masks. Checked against numpy over 15 steps in which
-    both cases occur (four values are large at every step, so they are sent at every step), and
-    across a state_dict/load_state_dict round trip (a resumed worker)."""
+    """compression.masking_min_wait=2: a value sent after waiting 0 or 1 steps keeps its momentum;
+    one that waited 2 or more is masked as DGC masks. Checked against numpy over 20 steps in which
+    sends after 0, 1, 2 and more steps of waiting all occur (four values are large at every step,
+    so they are sent at every step), across a state_dict/load_state_dict round trip (a resumed
+    worker)."""
     m, n, k = 0.9, 200, 10
     comp = comp_config("compression.density=0.05", "compression.momentum_correction=true",
-                       "compression.masking_min_wait=1")
+                       "compression.masking_min_wait=2")
     (buf,), (enc,) = make_encoders([(n,)], 1, comp, 0, momentum=m)
-    assert enc.memory.min_wait == 1 and enc.memory.masking is True
+    assert enc.memory.min_wait == 2 and enc.memory.masking is True
     rng = np.random.default_rng(11)
-    u, v, wait = np.zeros(n), np.zeros(n), np.zeros(n, np.int64)
-    kept = masked = 0
-    for step in range(15):
+    u, v, last_sent = np.zeros(n), np.zeros(n), np.full(n, -1)
+    seen = set()
+    for step in range(20):
         if step == 8:                                          # resume from the saved state
             saved = enc.memory.state_dict()
-            assert np.array_equal(saved["wait0"], wait)
             (buf,), (enc,) = make_encoders([(n,)], 1, comp, 0, momentum=m)
             enc.memory.load_state_dict(saved)
         g = untied(rng, n)
-        g[:4] *= 20                                            # four values large at every step
+        g[:4] *= 20
         sent, _, _ = np_decode(enc.encode([mx.nd.array(g)], step).asnumpy(), buf.size, buf.k)
-        was_waiting = wait.copy()
-        want, top = _np_dgc_send_waited(u, v, wait, g, m, k, min_wait=1)
+        want, waited = _np_dgc_send_waited(u, v, last_sent, step, g, m, k, min_wait=2)
         np.testing.assert_allclose(sent, want, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
         np.testing.assert_allclose(enc.memory.velocity[0], u, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
         if step:
-            kept += int(np.sum(was_waiting[top] == 0))
-            masked += int(np.sum(was_waiting[top] > 0))
-    assert kept > 0 and masked > 0, (kept, masked)
+            seen.update(min(int(w), 3) for w in waited)
+    assert seen == {0, 1, 2, 3}, seen                          # kept (0, 1), masked at the bound (2), beyond
+
+
+def test_masking_min_wait_after_a_step_that_sent_everything():
+    """A step that sends a tensor whole (a density stage of 1, or a gradient quota as large as the
+    tensor) keeps its momentum and leaves no value waiting: the next sparse step masks nothing."""
+    memory = Memory(error_feedback=True, momentum=0.9, min_wait=1)
+    for idx in ([0], [1]):
+        memory.update(0, memory.accumulate(0, np.ones(4, np.float32)), np.array(idx))
+    assert memory.velocity[0][1] == 0                          # index 1 had waited one step
+    memory.update(0, memory.accumulate(0, np.ones(4, np.float32)), np.arange(4), whole=True)
+    assert np.all(memory.velocity[0] > 0)
+    memory.update(0, memory.accumulate(0, np.ones(4, np.float32)), np.array([0, 2]))
+    assert np.all(memory.velocity[0] > 0)                      # both were sent at the step before
 
 
 def test_masking_min_wait_needs_masking_and_momentum_correction():

@@ -88,8 +88,11 @@ class Memory:
             residual = acc.copy()
             residual[idx] = 0.0 if lost is None else lost
             self.residual[key] = residual
-        if self.momentum and self.masking and not whole:
-            self._mask(key, idx)
+        if self.momentum and self.masking:
+            if not whole:
+                self._mask(key, idx)
+            elif key in self.wait:        # every value was sent: none has waited
+                self.wait[key][:] = 0
 
     def _mask(self, key, idx):
         if not self.min_wait:

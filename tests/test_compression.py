@@ -532,10 +532,9 @@ def test_topk_job_pushes_about_density_of_dense_bytes(tmp_path):
 
 # ------------------------------------------------------------------- 11. DGC momentum correction
 
-def _np_dgc_send(u, v, g, m, k, masking=True):
-    """DGC's momentum correction in numpy, updating u and v in place: u = m*u + g; v = v + u; the
-    top-k of |v| are sent, then zeroed in v, and in u too with momentum factor masking. Returns what
-    is sent."""
+def _np_dgc_select(u, v, g, m, k):
+    """u = m*u + g; v = v + u; the top-k of |v| are sent and zeroed in v (u, v updated in place).
+    Returns what is sent and the sent positions."""
     u *= m
     u += g
     v += u
@@ -543,6 +542,13 @@ def _np_dgc_send(u, v, g, m, k, masking=True):
     want = np.zeros_like(v)
     want[top] = v[top]
     v[top] = 0
+    return want, top
+
+
+def _np_dgc_send(u, v, g, m, k, masking=True):
+    """DGC's momentum correction in numpy: _np_dgc_select, then, with momentum factor masking, u is
+    zeroed where values were sent. Returns what is sent."""
+    want, top = _np_dgc_select(u, v, g, m, k)
     if masking:
         u[top] = 0
     return want
@@ -608,13 +614,7 @@ def _np_dgc_send_waited(u, v, last_sent, step, g, m, k, min_wait):
     at least min_wait steps in a row: step - last_sent - 1 steps since it was last sent (last_sent
     starts at -1, so nothing has waited at step 0). Updates u, v and last_sent; returns what is sent
     and how long each sent value had waited."""
-    u *= m
-    u += g
-    v += u
-    top = np.argsort(-np.abs(v), kind="stable")[:k]
-    want = np.zeros_like(v)
-    want[top] = v[top]
-    v[top] = 0
+    want, top = _np_dgc_select(u, v, g, m, k)
     waited = step - last_sent[top] - 1
     u[top[waited >= min_wait]] = 0
     last_sent[top] = step

@@ -13,8 +13,8 @@ each coordinate's delayed until it is sent. Masking can also be kept to values t
 min_wait = w > 0, u is zeroed only where the value sent had been held back for at least w steps in a
 row just before (so, with w = 1, not where it was also sent at the previous step). Masking exists to
 stop a delayed value's stale momentum; a value sent every step has none, and keeps SSGD's momentum.
-(A step here is one push of the tensor. A checkpoint saved without min_wait has no wait counts; a
-run resumed from it with min_wait counts from zero, as at the first step.)
+(A step here is one push of the tensor. The counts are checkpointed; a resume with another min_wait
+is refused, as the compression section is part of the checkpoint's config fingerprint.)
 Local gradient clipping (DGC): with a clip threshold, each tensor's gradient is first scaled to an
 L2 norm of at most `clip` (per tensor, as DGC's reference code clips), before the momentum and the
 residual: a burst in one worker's gradient then cannot fill the residual for many steps. Only the

@@ -77,7 +77,7 @@ def run_mode(args, mode, copies):
     deadline = time.monotonic() + args.timeout
     outputs = []
     try:
-        for copy, proc in enumerate(procs):
+        for proc in procs:
             try:
                 outputs.append(proc.communicate(timeout=max(0.0, deadline - time.monotonic()))[0])
             except subprocess.TimeoutExpired:

@@ -5,9 +5,11 @@ the Fashion-MNIST ResNet-20 configs.
         [--set KEY=VALUE ...] [--variants LABEL ...] [--reuse DIR ...] [--out results/time_to_accuracy]
 
 Each job runs in a fresh network namespace whose loopback is limited to --rate Mbit/s (tc tbf), jobs
-interleaved by seed. Writes evals.csv (variant, seed, epoch, seconds since launch, test accuracy),
-jobs.csv (one row per job, with the namespace's own byte counter), table.md (medians; the time each
-variant needs to reach the SSGD run's final accuracy of the same seed, and its ratio to SSGD's), and
+interleaved by seed. Writes evals.csv (variant, seed, epoch, seconds since launch, training seconds,
+test accuracy), jobs.csv (one row per job, with the namespace's own byte counter), table.md (medians;
+the time each variant needs to reach the SSGD run's final accuracy of the same seed, and its ratio to
+SSGD's, on two clocks: wall seconds since launch, and training seconds, the same minus the time
+training stood still for the per-epoch evaluations, which every variant pays alike per epoch), and
 accuracy-vs-time / accuracy-vs-epoch plots through scripts/plot.py. `--variants` runs only some variants;
 `--reuse DIR ...` then takes the SSGD baseline's jobs from earlier runs' jobs.csv and evals.csv (when SSGD
 is not run; each seed from exactly one folder), and the table names the folders: those figures come from
@@ -68,48 +70,59 @@ def run(label, config, seed, rate, out, timeout, overrides=()):
     if summary is None:
         return job, evals
     job["final_test_acc"] = summary["final_test_acc"]
+    evaluating = 0.0                      # seconds spent in evaluations so far (rank 0's eval_seconds)
     for m in read_metrics(run_dir):
         if "test_acc" in m:
-            evals.append({"variant": label, "seed": seed, "epoch": m["epoch"] + 1,
-                          "seconds": m["time"] - t0, "test_acc": m["test_acc"]})
+            evaluating += m["eval_seconds"]
+            seconds = m["time"] - t0
+            evals.append({"variant": label, "seed": seed, "epoch": m["epoch"] + 1, "seconds": seconds,
+                          "train_seconds": seconds - evaluating, "test_acc": m["test_acc"]})
     return job, evals
 
 
-def time_to(evals, target):
-    hit = [e["seconds"] for e in evals if e["test_acc"] >= target]
-    return min(hit) if hit else None
+def time_to(evals, target, clock="seconds"):
+    """The first time (on `clock`: seconds or train_seconds) an evaluation reached `target`; None if
+    none did or the clock was not recorded."""
+    hit = [e[clock] for e in evals if e["test_acc"] >= target]
+    return None if not hit or None in hit else min(hit)
 
 
 def table(jobs, evals, rate, title, variants):
     lines = [f"{title} at {rate:g} Mbit/s (2 workers, 1 server; medians over seeds; "
-             f"target = the SSGD run's final accuracy of the same seed)", "",
-             "| variant | final acc | job seconds | kernel MB | time to SSGD's final acc (s) | vs SSGD |",
-             "|---|---|---|---|---|---|"]
+             f"target = the SSGD run's final accuracy of the same seed; wall: seconds since launch; "
+             f"training: the same minus the evaluations)", "",
+             "| variant | final acc | job seconds | kernel MB | time to SSGD's final acc, wall (s) | vs SSGD "
+             "| time to SSGD's final acc, training (s) | vs SSGD |",
+             "|---|---|---|---|---|---|---|---|"]
     seeds = sorted({j["seed"] for j in jobs})
     target = {s: next((j.get("final_test_acc") for j in jobs if j["variant"] == "SSGD" and j["seed"] == s
                        and j["rc"] == 0), None) for s in seeds}
-    ssgd_tta = {s: time_to([e for e in evals if e["variant"] == "SSGD" and e["seed"] == s], target[s])
-                for s in seeds if target[s] is not None}
+
+    def of(label, seed):
+        return [e for e in evals if e["variant"] == label and e["seed"] == seed]
     for label in variants:
         tried = [j for j in jobs if j["variant"] == label]
         js = [j for j in tried if j["rc"] == 0]
         if not js:
-            lines.append(f"| {label} | {'failed' if tried else 'not run'} | | | | |")
+            lines.append(f"| {label} | {'failed' if tried else 'not run'} | | | | | | |")
             continue
-        tta, ratio = [], []
-        for j in js:
-            if target.get(j["seed"]) is None:
-                continue
-            t = time_to([e for e in evals if e["variant"] == label and e["seed"] == j["seed"]], target[j["seed"]])
-            if t is not None:
-                tta.append(t)
-                if ssgd_tta.get(j["seed"]):
-                    ratio.append(t / ssgd_tta[j["seed"]])
-        reached = f"{statistics.median(tta):.1f} ({len(tta)}/{len(js)} reached)" if tta else "not reached"
+        cells = []
+        for clock in ("seconds", "train_seconds"):
+            tta, ratio = [], []
+            for j in js:
+                if target.get(j["seed"]) is None:
+                    continue
+                t = time_to(of(label, j["seed"]), target[j["seed"]], clock)
+                base = time_to(of("SSGD", j["seed"]), target[j["seed"]], clock)
+                if t is not None:
+                    tta.append(t)
+                    if base:
+                        ratio.append(t / base)
+            cells.append(f"{statistics.median(tta):.1f} ({len(tta)}/{len(js)} reached)" if tta else "not reached")
+            cells.append(f"{statistics.median(ratio):.2f}x" if ratio else "–")
         lines.append(f"| {label} | {statistics.median(j['final_test_acc'] for j in js):.4f} "
                      f"| {statistics.median(j['seconds'] for j in js):.1f} "
-                     f"| {statistics.median(j['kernel_bytes'] for j in js) / 1e6:.1f} | {reached} "
-                     f"| {f'{statistics.median(ratio):.2f}x' if ratio else '–'} |")
+                     f"| {statistics.median(j['kernel_bytes'] for j in js) / 1e6:.1f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -121,7 +134,9 @@ def read_earlier(directory, variant="SSGD"):
     jobs = [dict(r, seed=int(r["seed"]), rc=int(r["rc"]), seconds=float(r["seconds"]),
                  kernel_bytes=float(r["kernel_bytes"]), final_test_acc=float(r["final_test_acc"] or "nan"))
             for r in rows("jobs.csv")]
+    # train_seconds: absent from folders written before it was recorded.
     evals = [dict(r, seed=int(r["seed"]), epoch=int(r["epoch"]), seconds=float(r["seconds"]),
+                  train_seconds=float(r["train_seconds"]) if r.get("train_seconds") else None,
                   test_acc=float(r["test_acc"])) for r in rows("evals.csv")]
     return jobs, evals
 

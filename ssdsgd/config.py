@@ -239,6 +239,10 @@ SCHEMA = {
                                "held-back values will move (own residual x workers, at the next round's lr): "
                                "error feedback's virtual iterate; 0: off"),
         "fp16_values": Field(bool, False),
+        "index_coding": Field(str, "auto", choices=("auto", "list"),
+                              doc="sparse messages and sparse-downlink rounds on the fp32 wire: auto sends the "
+                                  "indices as a bitmap (size/24 words) where that is smaller than the index list "
+                                  "(above ~4.2% density for a push); list: always k indices"),
         "min_dense_bytes": Field(int, 0, min=0, doc="tensors smaller than this are sent dense"),
         "clip_norm": Field(float, None, nullable=True, gt=0,
                            doc="DGC's local gradient clipping (sparsifiers, fusion ahead): the L2 threshold for "
@@ -323,6 +327,7 @@ def _check_compression(c, sparsifier):
     # Settings that only mean something for a sparse push: (set?, why), per key.
     sparse_only = {
         "fp16_values": (comp["fp16_values"], "only sparse pushes have an fp16 wire format"),
+        "index_coding": (comp["index_coding"] != "auto", "only sparse messages carry indices"),
         "clip_norm": (comp["clip_norm"] is not None, "local gradient clipping runs in the sparse encoders"),
         "lr_weighted": (comp["lr_weighted"], "it weights the error-feedback memory of the sparse encoders"),
         "lookahead": (comp["lookahead"] > 0, "it looks ahead by the error-feedback residual of the sparse encoders"),

@@ -26,7 +26,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from ssdsgd.compression.codec import SparseGrad
+from ssdsgd.compression.codec import SparseGrad, bitmap_words, pack_bitmap, unpack_bitmap
 
 class RoundError(RuntimeError):
     pass
@@ -149,22 +149,30 @@ class BufferState:
 
 # ---- sparse downlink ---------------------------------------------------------------------------
 # A ring of the last `slots` rounds a buffer applied, published by the server in one pullable
-# float32 key: slot (round mod slots) = [round, count, crc_high, crc_low, count indices, (cap - count)
-# unused, count values, (cap - count) unused]. Round -1: an empty slot. Count -1: that round's sum
-# has more than `cap` non-zero entries (or is not representable), so a replica must pull the dense
-# state. crc_high/crc_low: the two 16-bit halves of the CRC-32 of the server's weights after the
-# round (each exact in float32), on every check_every-th round; -1 on the others. The replica checks
-# its own weights against it, so the guard costs 8 bytes a slot instead of a dense pull.
+# float32 key: slot (round mod slots) = [round, count, crc_high, crc_low, indices, values].
+#   index list (default): cap words, the count indices then (cap - count) unused;
+#   bitmap (compression.index_coding: auto, where bitmap_words(size) < cap): the round's selection
+#     mask as codec.pack_bitmap words (count bits set);
+#   values: cap words, the count values in index order, then (cap - count) unused.
+# Round -1: an empty slot. Count -1: that round's sum has more than `cap` non-zero entries (or is
+# not representable), so a replica must pull the dense state. crc_high/crc_low: the two 16-bit
+# halves of the CRC-32 of the server's weights after the round (each exact in float32), on every
+# check_every-th round; -1 on the others. The replica checks its own weights against it, so the
+# guard costs 8 bytes a slot instead of a dense pull.
 RING_HEADER = 4
 RING_EXACT = 1 << 24                  # float32 holds every integer below 2**24 exactly
 
 
-def ring_slot_length(cap):
-    return RING_HEADER + 2 * cap
+def ring_index_words(cap, size=0, bitmap=False):
+    return bitmap_words(size) if bitmap else cap
 
 
-def ring_length(slots, cap):
-    return slots * ring_slot_length(cap)
+def ring_slot_length(cap, size=0, bitmap=False):
+    return RING_HEADER + ring_index_words(cap, size, bitmap) + cap
+
+
+def ring_length(slots, cap, size=0, bitmap=False):
+    return slots * ring_slot_length(cap, size, bitmap)
 
 
 def weights_checksum(weights):
@@ -185,12 +193,14 @@ class DownlinkRing:
     the same float32 array bit for bit, -0.0 and NaN included. check_every > 0: every
     check_every-th round (rounds r with (r + 1) % check_every == 0) carries the weights' checksum."""
 
-    def __init__(self, size, slots, cap, check_every=0):
+    def __init__(self, size, slots, cap, check_every=0, bitmap=False):
         if size >= RING_EXACT:
             raise RoundError(f"a buffer of {size} elements cannot carry its indices as float32")
         self.size, self.slots, self.cap, self.check_every = size, slots, cap, check_every
-        self.slot_len = ring_slot_length(cap)
-        self.array = np.zeros(ring_length(slots, cap), np.float32)
+        self.bitmap = bitmap
+        self.index_words = ring_index_words(cap, size, bitmap)
+        self.slot_len = ring_slot_length(cap, size, bitmap)
+        self.array = np.zeros(ring_length(slots, cap, size, bitmap), np.float32)
         self.array[::self.slot_len] = -1.0
 
     def record(self, rnd, grad_sum, weights=None):
@@ -211,8 +221,12 @@ class DownlinkRing:
             return
         n = idx.size
         slot[1] = n
-        slot[RING_HEADER:RING_HEADER + n] = idx
-        slot[RING_HEADER + self.cap:RING_HEADER + self.cap + n] = grad_sum[idx]
+        values = RING_HEADER + self.index_words
+        if self.bitmap:
+            slot[RING_HEADER:values] = pack_bitmap(idx, self.size)
+        else:
+            slot[RING_HEADER:RING_HEADER + n] = idx
+        slot[values:values + n] = grad_sum[idx]
 
 
 class StagedRings:
@@ -240,9 +254,11 @@ class StagedRings:
             self.changed.add(stage)
 
 
-def read_ring(array, slots, cap):
-    """A pulled ring -> {round: RingRound, or None where the slot says the round needs a dense pull}."""
-    slot_len = ring_slot_length(cap)
+def read_ring(array, slots, cap, size=0, bitmap=False):
+    """A pulled ring -> {round: RingRound, or None where the slot says the round needs a dense pull}.
+    size and bitmap: the buffer's size and the ring's index coding (DownlinkRing's)."""
+    slot_len = ring_slot_length(cap, size, bitmap)
+    values = RING_HEADER + ring_index_words(cap, size, bitmap)
     if array.shape != (slots * slot_len,):
         raise RoundError(f"ring of {array.shape[0]} values, expected {slots} slots of {slot_len}")
     out = {}
@@ -255,6 +271,14 @@ def read_ring(array, slots, cap):
             out[rnd] = None
             continue
         checksum = None if slot[2] < 0 else (int(slot[2]) << 16) | int(slot[3])
-        out[rnd] = RingRound(slot[RING_HEADER:RING_HEADER + n].astype(np.int64),
-                             slot[RING_HEADER + cap:RING_HEADER + cap + n].astype(np.float32), checksum)
+        if bitmap:
+            try:
+                idx = unpack_bitmap(slot[RING_HEADER:values], size)
+            except ValueError as e:
+                raise RoundError(f"ring slot of round {rnd}: {e}") from None
+            if idx.size != n:
+                raise RoundError(f"ring slot of round {rnd} marks {idx.size} indices, its count says {n}")
+        else:
+            idx = slot[RING_HEADER:RING_HEADER + n].astype(np.int64)
+        out[rnd] = RingRound(idx, slot[values:values + n].astype(np.float32), checksum)
     return out

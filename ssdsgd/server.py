@@ -52,7 +52,8 @@ class RoundService:
             # One mailbox per density stage (compression.warmup), the steady state last.
             for stage, box in enumerate(buf["mailboxes"]):
                 self.roles[box["key"]] = (b, "mailbox", stage)
-                formats.append(MailboxFormat(box["codec"], buf["size"], box.get("k"), box.get("fp16", False)))
+                formats.append(MailboxFormat(box["codec"], buf["size"], box.get("k"), box.get("fp16", False),
+                                             box.get("bitmap", False)))
             self.states[b] = BufferState(buf["size"], plan["num_workers"], plan["batch_size"],
                                          plan["momentum"], plan["wd"], schedule, formats,
                                          plan.get("delay_momentum"), plan.get("warmup", 0),
@@ -67,7 +68,8 @@ class RoundService:
                 for stage, ring in enumerate(down["rings"]):
                     if ring is not None:
                         self.roles[ring["key"]] = (b, "ring", stage)
-                        ring = DownlinkRing(buf["size"], down["slots"], ring["cap"], down.get("check_every", 0))
+                        ring = DownlinkRing(buf["size"], down["slots"], ring["cap"], down.get("check_every", 0),
+                                            ring.get("bitmap", False))
                     rings.append(ring)
                 self.roles[down["mom_key"]] = (b, "mom", None)
                 self.states[b].ring = StagedRings(rings, down["first_rounds"])

@@ -319,6 +319,7 @@ def _end_epoch(run, counters, epoch, step, epoch_seconds):
     rank, shared = run.kv.rank, run.tally is not None
     if rank != 0 and not shared:
         return
+    t_eval = time.perf_counter()
     bn_batches = None
     if cfg.train.eval_bn_batches:
         bn_batches = itertools.islice(run.data.train.epoch(epoch), cfg.train.eval_bn_batches)
@@ -333,7 +334,10 @@ def _end_epoch(run, counters, epoch, step, epoch_seconds):
         correct, images = run.tally.wait_sum(run.data.test.num_samples)
     acc = correct / max(1, images)
     counters.add_eval(epoch, acc, pulled)
-    run.log.write(epoch=epoch, step=step, epoch_seconds=epoch_seconds, **{f"{counters.tag}_acc": acc})
+    # eval_seconds: how long training stood still for this evaluation (with eval_workers: all, until
+    # every worker's share was in), so a time-to-accuracy clock can leave evaluation out.
+    run.log.write(epoch=epoch, step=step, epoch_seconds=epoch_seconds, eval_seconds=time.perf_counter() - t_eval,
+                  **{f"{counters.tag}_acc": acc})
     print(f"epoch {epoch} {run.data.eval_set} accuracy {acc:.4f} ({epoch_seconds:.1f} s)", flush=True)
 
 

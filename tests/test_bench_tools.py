@@ -243,6 +243,66 @@ def test_time_to_accuracy_reuses_only_the_ssgd_baseline(tmp_path):
     assert tta.time_to(got_evals, 0.85) == 90.0
 
 
+def test_time_to_accuracy_reads_both_clocks_and_tables_them(tmp_path, monkeypatch):
+    """run(): training seconds are the wall seconds minus every evaluation so far (rank 0's
+    eval_seconds); table(): time to SSGD's final accuracy and the ratio on both clocks, against
+    hand-computed figures. A folder written before train_seconds existed reads as None, and its
+    training-clock time is unknown rather than the wall time."""
+    import json
+    import time_to_accuracy as tta
+    from results_io import write_csv
+
+    def metrics(run_dir, evals):          # (wall seconds after launch, eval seconds, accuracy) per epoch
+        os.makedirs(run_dir)
+        with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
+            f.write(json.dumps({"epoch": 0, "step": 1, "loss": 1.0, "rank": 0, "time": 1000.0}) + "\n")
+            for epoch, (t, ev, acc) in enumerate(evals):
+                f.write(json.dumps({"epoch": epoch, "step": epoch + 1, "epoch_seconds": 1.0, "eval_seconds": ev,
+                                    "test_acc": acc, "rank": 0, "time": 1000.0 + t}) + "\n")
+
+    class FakeNamespace:               # no link limit: the commands run as they are
+        def __init__(self, rate_mbit):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def argv(self, cmd):
+            return cmd
+
+        def counters(self):
+            return {"tx_bytes": 0}
+
+    runs = {"SSGD": [(100.0, 10.0, 0.80), (200.0, 10.0, 0.90), (300.0, 10.0, 0.90)],
+            "topk": [(40.0, 9.0, 0.85), (80.0, 9.0, 0.91)]}
+    monkeypatch.setattr(tta, "Namespace", FakeNamespace)
+    monkeypatch.setattr(tta.time, "time", lambda: 1000.0)
+    monkeypatch.setattr(tta, "run_captured", lambda argv: type("P", (), {"returncode": 0})())
+    jobs, evals = [], []
+    for label, ev in runs.items():
+        run_dir = str(tmp_path / "runs" / tta.job_name(label, 0))
+        metrics(run_dir, ev)
+        monkeypatch.setattr(tta, "job_summary", lambda proc, d, ev=ev: {"final_test_acc": ev[-1][2]})
+        job, got = tta.run(label, "c.yaml", 0, 20.0, str(tmp_path), 60)
+        jobs.append(job)
+        evals += got
+    assert [(e["seconds"], e["train_seconds"]) for e in evals] == [
+        (100.0, 90.0), (200.0, 180.0), (300.0, 270.0), (40.0, 31.0), (80.0, 62.0)]
+    text = tta.table(jobs, evals, 20.0, "T", ["SSGD", "topk"])
+    # SSGD's final 0.90 is first reached at epoch 2: 200 s wall, 180 s training; top-k at its epoch 2.
+    assert "| SSGD | 0.9000 | 0.0 | 0.0 | 200.0 (1/1 reached) | 1.00x | 180.0 (1/1 reached) | 1.00x |" in text
+    assert "| topk | 0.9100 | 0.0 | 0.0 | 80.0 (1/1 reached) | 0.40x | 62.0 (1/1 reached) | 0.34x |" in text
+    old = [dict(e, train_seconds=None) for e in evals]
+    old_ssgd = [e for e in old if e["variant"] == "SSGD"]
+    assert tta.time_to(old_ssgd, 0.9) == 200.0 and tta.time_to(old_ssgd, 0.9, "train_seconds") is None
+    write_csv(str(tmp_path / "jobs.csv"), jobs)
+    write_csv(str(tmp_path / "evals.csv"), old)
+    assert [e["train_seconds"] for e in tta.read_earlier(str(tmp_path))[1]] == [None, None, None]
+
+
 def test_time_to_accuracy_reuses_baselines_from_several_folders(tmp_path):
     """--reuse A B: each seed's SSGD job from the one folder that has it; a seed in two folders or in
     none is an error that names it."""

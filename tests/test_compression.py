@@ -28,9 +28,20 @@ def comp_config(*overrides):
                        ["compression.buffers=one"] + list(overrides)).compression
 
 
-def np_decode(payload, size, k):
-    """Independent reference decoder: first k entries are indices, next k values; repeats add."""
+def np_decode(payload, size, k, bitmap=False):
+    """Independent reference decoder: first k entries are indices, next k values; repeats add.
+    bitmap: first ceil(size / 24) entries are 24-bit words of the selection mask (most significant
+    bit first), then the k values in increasing index order."""
     payload = np.asarray(payload, np.float64)
+    if bitmap:
+        words = (size + 23) // 24
+        assert payload.shape == (words + k,)
+        idx = [24 * w + bit for w, word in enumerate(payload[:words].tolist())
+               for bit in range(24) if (int(word) >> (23 - bit)) & 1]
+        assert all(word == int(word) for word in payload[:words].tolist()), "bitmap words must be integers"
+        idx = np.array(idx, np.int64)
+        assert idx.size == k and (idx.size == 0 or idx.max() < size)
+        return np.bincount(idx, weights=payload[words:], minlength=size), idx, payload[words:]
     assert payload.shape == (2 * k,)
     idx = payload[:k]
     assert np.all(idx == np.round(idx)), "indices must be exact integers"
@@ -200,7 +211,7 @@ def test_error_feedback_loses_nothing(compressor):
         for i, g in enumerate(grads):
             total_g[i] += g.reshape(-1)
         payload = enc.encode([mx.nd.array(grads[i]) for i in buf.params], step).asnumpy()
-        dense, idx, _ = np_decode(payload, buf.size, buf.k)
+        dense, idx, _ = np_decode(payload, buf.size, buf.k, buf.bitmap)
         # exactly k_i distinct indices inside each tensor's range
         for o, n, c in zip(buf.offsets, buf.sizes, buf.counts):
             mine = idx[(idx >= o) & (idx < o + n)]
@@ -224,7 +235,7 @@ def test_without_error_feedback_each_step_sends_its_own_topk():
     for step in range(10):
         grads = [untied(rng, int(np.prod(s))).reshape(s) for s in SHAPES3]
         payload = enc.encode([mx.nd.array(grads[i]) for i in buf.params], step).asnumpy()
-        dense, idx, vals = np_decode(payload, buf.size, buf.k)
+        dense, idx, vals = np_decode(payload, buf.size, buf.k, buf.bitmap)
         for p, o, n, c in zip(buf.params, buf.offsets, buf.sizes, buf.counts):
             g = grads[p].reshape(-1)
             mine = idx[(idx >= o) & (idx < o + n)] - o
@@ -270,7 +281,7 @@ def test_ahead_fusion_sends_every_tensor_its_own_k():
              for i, s in enumerate(BIG_SMALL)]
     payload = enc.encode([mx.nd.array(grads[i]) for i in buf.params], 0).asnumpy()
     assert payload.shape == (buf.mailbox_len - 2,) == (2 * 102,)
-    dense, idx, _ = np_decode(payload, buf.size, buf.k)
+    dense, idx, _ = np_decode(payload, buf.size, buf.k, buf.bitmap)
     for p, o, n in zip(buf.params, buf.offsets, buf.sizes):
         mine = idx[(idx >= o) & (idx < o + n)]
         assert mine.size == want_counts[p] >= 1, f"tensor {p}"
@@ -291,7 +302,7 @@ def test_behind_fusion_lets_the_big_tensor_take_every_slot():
              for i, s in enumerate(BIG_SMALL)]
     payload = enc.encode([mx.nd.array(grads[i]) for i in buf.params], 0).asnumpy()
     assert payload.shape == (2 * 102,)
-    dense, idx, _ = np_decode(payload, buf.size, buf.k)
+    dense, idx, _ = np_decode(payload, buf.size, buf.k, buf.bitmap)
     fused = np.concatenate([grads[p].reshape(-1) for p in buf.params])
     assert set(idx.tolist()) == np_topk_set(fused, 102)          # one top-k over the fused buffer
     for p, o, n in zip(buf.params, buf.offsets, buf.sizes):
@@ -315,7 +326,7 @@ def test_tensors_below_min_dense_bytes_are_sent_whole():
     for step in range(3):
         grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
         payload = enc.encode([mx.nd.array(grads[i]) for i in buf.params], step).asnumpy()
-        dense, idx, _ = np_decode(payload, buf.size, buf.k)
+        dense, idx, _ = np_decode(payload, buf.size, buf.k, buf.bitmap)
         for p, o, n in zip(buf.params, buf.offsets, buf.sizes):
             mine = idx[(idx >= o) & (idx < o + n)]
             if whole[p]:
@@ -460,7 +471,7 @@ def test_encoder_messages_decode_on_the_server_to_the_sent_topk():
     encs = [make_encoders(shapes, 1, comp, rank) for rank in range(2)]
     (buf,) = encs[0][0]
     lr, batch = (lambda t: 0.05), 4                           # noqa: E731
-    state = BufferState(buf.size, 2, batch, 0.0, 0.0, lr, [MailboxFormat("sparse", buf.size, buf.k)])
+    state = BufferState(buf.size, 2, batch, 0.0, 0.0, lr, [MailboxFormat("sparse", buf.size, buf.k, bitmap=buf.bitmap)])
     state.bind(np.zeros(buf.size, np.float32))
     rng = np.random.default_rng(12)
     w = np.zeros(buf.size)
@@ -573,7 +584,7 @@ def test_momentum_correction_against_numpy_dgc(small, min_dense_bytes):
     for step in range(12):
         grads = [untied(rng, 200), rng.standard_normal(small).astype(np.float32)]
         payload = enc.encode([mx.nd.array(grads[p]) for p in buf.params], step).asnumpy()
-        dense, _, _ = np_decode(payload, buf.size, buf.k)
+        dense, _, _ = np_decode(payload, buf.size, buf.k, buf.bitmap)
         sent = _split(buf, dense)
         want = _np_dgc_send(u[0], v, grads[0], m, 10)
         np.testing.assert_allclose(sent[0], want, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
@@ -596,7 +607,7 @@ def test_momentum_correction_without_masking_sends_the_momentum_sgd_updates_dela
     for step in range(12):
         g = untied(rng, 200)
         payload = enc.encode([mx.nd.array(g)], step).asnumpy()
-        sent, _, _ = np_decode(payload, buf.size, buf.k)
+        sent, _, _ = np_decode(payload, buf.size, buf.k, buf.bitmap)
         want = _np_dgc_send(u, v, g, m, 10, masking=False)
         np.testing.assert_allclose(sent, want, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
         u_ref = m * u_ref + g
@@ -642,7 +653,7 @@ def test_masking_min_wait_masks_only_values_that_were_held_back():
             enc.memory.load_state_dict(saved)
         g = untied(rng, n)
         g[:4] *= 20
-        sent, _, _ = np_decode(enc.encode([mx.nd.array(g)], step).asnumpy(), buf.size, buf.k)
+        sent, _, _ = np_decode(enc.encode([mx.nd.array(g)], step).asnumpy(), buf.size, buf.k, buf.bitmap)
         want, waited = _np_dgc_send_waited(u, v, last_sent, step, g, m, k, min_wait=2)
         np.testing.assert_allclose(sent, want, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
         np.testing.assert_allclose(enc.memory.velocity[0], u, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
@@ -691,8 +702,8 @@ def test_lr_weighted_memory_applies_each_gradient_at_its_own_lr():
     applied, applied_plain = np.zeros(n), np.zeros(n)
     for step in range(len(lrs) - 1):
         g = untied(rng, n)
-        sent, _, _ = np_decode(enc.encode([mx.nd.array(g)], step).asnumpy(), buf.size, buf.k)
-        sent_plain, _, _ = np_decode(plain.encode([mx.nd.array(g)], step).asnumpy(), buf.size, buf.k)
+        sent, _, _ = np_decode(enc.encode([mx.nd.array(g)], step).asnumpy(), buf.size, buf.k, buf.bitmap)
+        sent_plain, _, _ = np_decode(plain.encode([mx.nd.array(g)], step).asnumpy(), buf.size, buf.k, buf.bitmap)
         applied += lrs[step] * sent
         applied_plain += lrs[step] * sent_plain
         mom = m * mom + lrs[step] * g
@@ -742,7 +753,7 @@ def test_local_clipping_with_momentum_correction_against_numpy():
         grads = [untied(rng, 200) * 4 * (1 + step % 4),
                  untied(rng, 50) * (0.1 if step % 2 == 0 else 3.0)]
         payload = enc.encode([mx.nd.array(grads[p]) for p in buf.params], step).asnumpy()
-        sent = _split(buf, np_decode(payload, buf.size, buf.k)[0])
+        sent = _split(buf, np_decode(payload, buf.size, buf.k, buf.bitmap)[0])
         for p in (0, 1):
             g = grads[p].astype(np.float64)
             norm = np.linalg.norm(g)
@@ -768,7 +779,7 @@ def test_clipping_reaches_warmup_stages_and_tensors_sent_whole():
         enc.memory.residual.clear()
         grads = [untied(rng, 200) * 10, np.full(5, 10.0, np.float32)]
         payload = enc.encode([mx.nd.array(grads[p]) for p in buf.params], 0).asnumpy()
-        sent = _split(buf, np_decode(payload, buf.size, buf.k)[0])
+        sent = _split(buf, np_decode(payload, buf.size, buf.k, buf.bitmap)[0])
         np.testing.assert_allclose(np.linalg.norm(sent[1]), bound, rtol=1e-5)     # whole, clipped
         np.testing.assert_allclose(sent[1], bound / np.sqrt(5), rtol=1e-5)
         # The sparse tensor: what was sent plus what was kept is the clipped gradient.

@@ -246,8 +246,8 @@ def test_checksum_guard_names_the_version_and_the_buffer():
     replica.weights[0] += np.float32(1)
     play(range(5, 7))
     ring_buf = mx.nd.array(server.ring.array)
-    client = SimpleNamespace(buffers=[SimpleNamespace(weight_key=3)], replicas=[replica],
-                             downlink=[{"rings": [{"key": 9, "cap": workers * k}], "slots": slots}],
+    client = SimpleNamespace(buffers=[SimpleNamespace(weight_key=3, size=size)], replicas=[replica],
+                             downlink=[{"rings": [{"key": 9, "cap": workers * k, "bitmap": False}], "slots": slots}],
                              ring_bufs=[[ring_buf]], pulled_ring=[0], stats={})
     with pytest.raises(RuntimeError, match=r"downlink: buffer 0 \(keys 3/9\): .* version 6 differs"):
         RoundClient._land_ring(client, 0)

@@ -47,7 +47,7 @@ def test_a_registered_compressor_is_configured_built_and_sent(maxk):
     rng = np.random.default_rng(0)
     grads = [rng.permutation(np.prod(s)).astype(np.float32).reshape(s) for s in shapes]
     msg = enc.message([mx.nd.array(grads[p]) for p in buf.params], 7, 0)
-    rnd, rank, got = MailboxFormat("sparse", buf.size, buf.k).parse(msg.asnumpy())
+    rnd, rank, got = MailboxFormat("sparse", buf.size, buf.k, bitmap=buf.bitmap).parse(msg.asnumpy())
     assert (rnd, rank) == (7, 0)
     want = np.zeros(buf.size, np.float32)
     for p, off, count in zip(buf.params, buf.offsets, buf.counts):

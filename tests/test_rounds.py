@@ -645,7 +645,8 @@ def test_plan_sparse_counts():
     assert b.counts == [counts[i] for i in b.params]
     assert b.k == sum(counts)
     assert b.mailbox_len == 2 + 2 * sum(counts)
-    assert b.to_dict()["mailboxes"] == [{"key": b.mailbox_key, "codec": "sparse", "k": sum(counts), "fp16": False}]
+    assert b.to_dict()["mailboxes"] == [{"key": b.mailbox_key, "codec": "sparse", "k": sum(counts), "fp16": False,
+                                         "bitmap": False}]
 
 
 def test_plan_unknown_mode():

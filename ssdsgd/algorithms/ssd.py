@@ -38,7 +38,7 @@ from ssdsgd.algorithms import ROUNDS
 from ssdsgd.algorithms.base import Client, StepRecord
 from ssdsgd.checkpoint import CheckpointError
 from ssdsgd.commands import num_servers
-from ssdsgd.compression.codec import MAX_ROUND_FP16
+from ssdsgd.compression.codec import MAX_ROUND_FP16, use_bitmap
 from ssdsgd.compression.encoders import flatten, local_clip_bound, make_stages, time_encoding
 from ssdsgd.compression.fusion import KeyAllocator
 from ssdsgd.compression.registry import is_sparsifier
@@ -263,12 +263,14 @@ class RoundClient(Client):
             rings = []
             for stage, (bufs, _) in enumerate(self.stages):
                 cap = min(kv.num_workers * bufs[bi].k, b.size)
-                ring_bytes, dense_bytes = 4 * ring_length(slots, cap), 4 * (b.size + 1)
+                bitmap = use_bitmap(b.size, cap, self.cfg.compression.index_coding)   # the ring is fp32
+                ring_bytes, dense_bytes = 4 * ring_length(slots, cap, b.size, bitmap), 4 * (b.size + 1)
                 sparse = ring_bytes < dense_bytes
                 decisions.append({"buffer": bi, "stage": stage, "downlink": "sparse" if sparse else "dense",
-                                  "slots": slots, "slot_bytes": 4 * ring_slot_length(cap), "ring_bytes": ring_bytes,
-                                  "dense_bytes": dense_bytes})
-                rings.append({"key": keys.on(b.server), "cap": cap} if sparse else None)
+                                  "slots": slots, "slot_bytes": 4 * ring_slot_length(cap, b.size, bitmap),
+                                  "ring_bytes": ring_bytes, "dense_bytes": dense_bytes,
+                                  "indices": "bitmap" if bitmap else "list"})
+                rings.append({"key": keys.on(b.server), "cap": cap, "bitmap": bitmap} if sparse else None)
             if not any(rings):
                 continue
             self.downlink[bi] = {"rings": rings, "first_rounds": first_rounds, "mom_key": keys.on(b.server),
@@ -277,7 +279,8 @@ class RoundClient(Client):
                 b.size, kv.num_workers, train.batch_size, self.server_momentum, train.wd,
                 LRSchedule.from_dict(self.schedule.to_dict()), [], self.server_delay_momentum, self.warmup,
                 self.decay_only)
-            self.ring_bufs[bi] = [mx.nd.zeros(ring_length(slots, r["cap"])) if r else None for r in rings]
+            self.ring_bufs[bi] = [mx.nd.zeros(ring_length(slots, r["cap"], b.size, r["bitmap"])) if r else None
+                                  for r in rings]
         self.stats["downlink"] = decisions
         self.stats["downlink_resyncs"] = 0
         self.stats["downlink_checks"] = 0
@@ -285,8 +288,8 @@ class RoundClient(Client):
             for d in decisions:
                 stage = f", density stage {d['stage']}" if len(self.stages) > 1 else ""
                 print(f"downlink: buffer {d['buffer']}{stage}: {d['downlink']} (ring of {d['slots']} rounds, "
-                      f"{d['ring_bytes']} bytes a pull, against {d['dense_bytes']} for the dense weights)",
-                      flush=True)
+                      f"{d['ring_bytes']} bytes a pull with an index {d['indices']}, against "
+                      f"{d['dense_bytes']} for the dense weights)", flush=True)
 
     def plan_record(self):
         """What the checkpoint manifest records of the servers' layout (ssdsgd/checkpoint.py)."""
@@ -338,7 +341,7 @@ class RoundClient(Client):
             if down:
                 for ring in filter(None, down["rings"]):
                     keys.append(ring["key"])
-                    vals.append(mx.nd.zeros(ring_length(down["slots"], ring["cap"])))
+                    vals.append(mx.nd.zeros(ring_length(down["slots"], ring["cap"], b.size, ring["bitmap"])))
                 keys.append(down["mom_key"])
                 vals.append(mx.nd.zeros(b.size + 1))
         kv.init(keys, vals)               # rank 0's values count; ends with a barrier
@@ -349,7 +352,8 @@ class RoundClient(Client):
                 kv.push(b.clock_key, mx.nd.zeros(1))
                 if down:
                     for ring in filter(None, down["rings"]):
-                        kv.push(ring["key"], mx.nd.zeros(ring_length(down["slots"], ring["cap"])))
+                        kv.push(ring["key"], mx.nd.zeros(ring_length(down["slots"], ring["cap"], b.size,
+                                                                     ring["bitmap"])))
                     kv.push(down["mom_key"], mx.nd.zeros(b.size + 1))
             mx.nd.waitall()
             if resume_dir:
@@ -481,7 +485,8 @@ class RoundClient(Client):
         checksum (every downlink_check_every-th) are checked on the way (rounds.catch_up)."""
         b, down, rep, stage = self.buffers[bi], self.downlink[bi], self.replicas[bi], self.pulled_ring[bi]
         ring = down["rings"][stage]
-        rounds = read_ring(self.ring_bufs[bi][stage].asnumpy(), down["slots"], ring["cap"])   # waits
+        rounds = read_ring(self.ring_bufs[bi][stage].asnumpy(), down["slots"], ring["cap"], b.size,
+                           ring["bitmap"])                                                  # waits
         try:
             caught_up = rep.catch_up(rounds)
         except ReplicaMismatch as e:

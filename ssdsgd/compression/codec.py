@@ -10,6 +10,12 @@ fp32 wire (default), float32 message:
   sparse  `k` indices then `k` values. The indices are offsets inside the buffer; buffers are capped
           at 2**24 elements so every index is an exact float32 integer. 8 bytes per sent value, as
           an int32 + fp32 format would take.
+  sparse, bitmap index coding (compression.index_coding: auto, when it is the smaller form: `k`
+          above 1/24 of the buffer, about 4.2% density): ceil(size / 24) bitmap words, then the `k`
+          values in increasing index order. Word w holds bits 24w .. 24w + 23 of the buffer's
+          selection mask as an integer below 2**24 (exact in float32), most significant bit first.
+          4 bytes per sent value plus size / 6 bytes per message, whatever k is. Needs distinct
+          indices (every registered sparsifier selects without repeats).
 fp16 wire (compression.fp16_values), float16 message, sparse only:
   header  [round // 2048, round % 2048, rank]
   sparse  `k` high index digits, `k` low index digits (index = high * 2048 + low), `k` values.
@@ -29,6 +35,7 @@ import threading
 
 import numpy as np
 
+BITMAP_BITS = 24                       # bits of the selection mask per float32 word (exact below 2**24)
 DIGIT = 2048                           # fp16 represents every integer in [0, 2048] exactly
 MAX_BUFFER_ELEMENTS = 1 << 24          # float32 represents every integer below 2**24 exactly
 MAX_BUFFER_ELEMENTS_FP16 = DIGIT * DIGIT
@@ -54,18 +61,59 @@ def _sparse_parts(fp16):
     return 3 if fp16 else 2
 
 
-def payload_length(codec, size, k=None, fp16=False):
+def bitmap_words(size):
+    """float32 words of a selection mask over `size` elements."""
+    return -(-size // BITMAP_BITS)
+
+
+def use_bitmap(size, k, index_coding="auto", fp16=False):
+    """Does a sparse message of k of `size` values carry its indices as a bitmap? Under
+    compression.index_coding: auto when the bitmap is smaller than the k-index list (fp32 wire
+    only: the fp16 wire keeps its index digits); `list`: never."""
+    if index_coding not in ("auto", "list"):
+        raise ValueError(f"unknown index coding {index_coding!r}")
+    return index_coding == "auto" and not fp16 and bitmap_words(size) < k
+
+
+def payload_length(codec, size, k=None, fp16=False, bitmap=False):
     if codec == "dense":
         return size
+    if bitmap:
+        return bitmap_words(size) + k
     return _sparse_parts(fp16) * k
 
 
-def message_length(codec, size, k=None, fp16=False):
-    return header_length(fp16) + payload_length(codec, size, k, fp16)
+def message_length(codec, size, k=None, fp16=False, bitmap=False):
+    return header_length(fp16) + payload_length(codec, size, k, fp16, bitmap)
 
 
-def message_bytes(codec, size, k=None, fp16=False):
-    return np.dtype(wire_dtype(fp16)).itemsize * message_length(codec, size, k, fp16)
+def message_bytes(codec, size, k=None, fp16=False, bitmap=False):
+    return np.dtype(wire_dtype(fp16)).itemsize * message_length(codec, size, k, fp16, bitmap)
+
+
+def pack_bitmap(idx, size):
+    """The selection mask of the distinct indices `idx` (< size) as float32 words of 24 bits."""
+    bits = np.zeros(bitmap_words(size) * BITMAP_BITS, np.uint8)
+    bits[idx] = 1
+    octets = np.packbits(bits).reshape(-1, 3).astype(np.uint32)
+    return ((octets[:, 0] << 16) | (octets[:, 1] << 8) | octets[:, 2]).astype(np.float32)
+
+
+def unpack_bitmap(words, size):
+    """The indices (int64, increasing) a pack_bitmap mask over `size` elements marks. ValueError
+    for a mask that pack_bitmap cannot have made (a word that is not an integer in [0, 2**24), a
+    bit at or beyond `size`)."""
+    words = np.asarray(words)
+    if words.shape != (bitmap_words(size),):
+        raise ValueError(f"bitmap of {words.shape[0]} words, expected {bitmap_words(size)} for {size} elements")
+    ints = words.astype(np.int64)
+    if (ints != words).any() or (ints < 0).any() or (ints >= 1 << BITMAP_BITS).any():
+        raise ValueError("bitmap word is not an integer in [0, 2**24)")
+    octets = np.stack([ints >> 16, (ints >> 8) & 255, ints & 255], axis=1).astype(np.uint8)
+    idx = np.flatnonzero(np.unpackbits(octets.ravel()))
+    if idx.size and idx[-1] >= size:
+        raise ValueError(f"bitmap marks index {idx[-1]}, beyond the buffer's {size} elements")
+    return idx
 
 
 def encode_header(step, rank, fp16=False):
@@ -78,10 +126,18 @@ def encode_header(step, rank, fp16=False):
     return mx.nd.array([step, rank])
 
 
-def encode_sparse(idx, val, fp16=False):
-    """A sparse payload (numpy, float32): [idx, val], or for the fp16 wire [idx high, idx low, val]."""
+def encode_sparse(idx, val, fp16=False, bitmap_size=None):
+    """A sparse payload (numpy, float32): [idx, val], or for the fp16 wire [idx high, idx low, val],
+    or with bitmap_size (the buffer's size) [bitmap words, val in increasing index order]."""
     idx = np.asarray(idx, np.int64)
     val = np.asarray(val, np.float32)
+    if bitmap_size is not None:
+        order = np.argsort(idx, kind="stable")
+        idx, val = idx[order], val[order]
+        if idx.size > 1 and (idx[1:] == idx[:-1]).any():
+            raise ValueError("bitmap index coding needs distinct indices, and the selection repeats one; "
+                             "set compression.index_coding: list")
+        return np.concatenate([pack_bitmap(idx, bitmap_size), val])
     if fp16:
         high = idx // DIGIT
         return np.concatenate([high.astype(np.float32), (idx - high * DIGIT).astype(np.float32), val])
@@ -142,7 +198,7 @@ class SparseGrad:
         return dense
 
 
-def make_decoder(codec, size, k=None, fp16=False):
+def make_decoder(codec, size, k=None, fp16=False, bitmap=False):
     """payload (1-D numpy) -> one worker's float32 gradient contribution: the dense array itself
     for the dense codec, a SparseGrad for the sparse one."""
     if codec == "dense":
@@ -154,6 +210,19 @@ def make_decoder(codec, size, k=None, fp16=False):
                 raise ValueError(f"dense payload has {payload.shape[0]} values, expected {size}")
             return payload
         return decode
+    if bitmap and (codec != "sparse" or fp16):
+        raise ValueError("bitmap index coding is for sparse payloads on the fp32 wire only")
+    if codec == "sparse" and bitmap:
+        words = bitmap_words(size)
+
+        def decode_bitmap(payload):
+            if payload.shape != (words + k,):
+                raise ValueError(f"sparse bitmap payload has {payload.shape[0]} values, expected {words + k}")
+            idx = unpack_bitmap(payload[:words], size)
+            if idx.size != k:
+                raise ValueError(f"sparse bitmap payload marks {idx.size} indices for {k} values")
+            return SparseGrad(size, idx, payload[words:].astype(np.float32, copy=False))
+        return decode_bitmap
     if codec == "sparse":
         parts = _sparse_parts(fp16)
 
@@ -183,12 +252,12 @@ class MailboxFormat:
     """One mailbox key's message layout: parse() gives (round, rank, gradient contribution), the
     contribution a float32 array (dense codec) or a SparseGrad (sparse codec), see make_decoder."""
 
-    def __init__(self, codec, size, k=None, fp16=False):
+    def __init__(self, codec, size, k=None, fp16=False, bitmap=False):
         self.fp16 = fp16
         self.dtype = np.dtype(wire_dtype(fp16)).type
         self.header = header_length(fp16)
-        self.length = message_length(codec, size, k, fp16)
-        self.decode = make_decoder(codec, size, k, fp16)
+        self.length = message_length(codec, size, k, fp16, bitmap)
+        self.decode = make_decoder(codec, size, k, fp16, bitmap)
 
     def parse(self, message):
         # The fp16 wire crosses the network as float16; MXNet's server may widen a float16 push to

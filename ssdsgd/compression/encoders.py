@@ -7,7 +7,7 @@ SparseEncoder, fusion 'ahead' (SAFusion): every tensor is sparsified on its own 
 SparseEncoder, fusion 'behind' (OMGS / SyncEA baseline): the buffer is fused first and one top-k
   with the same total k runs over it, so large tensors can take every slot (min_dense_bytes does
   not apply: there are no tensors any more, only the fused buffer).
-The wire format itself (header, index digits, dtype) is codec.py's.
+The wire format itself (header, index list, digits or bitmap, dtype) is codec.py's.
 With compression.fp16_values the message is float16; the values are clipped to the fp16
 range and rounded before error feedback, so the residual keeps what the wire format dropped.
 With a compression.warmup, make_stages builds one set of encoders per density stage; they share
@@ -76,7 +76,8 @@ class SparseEncoder:
                      for j, acc in enumerate(accs)]
             idx = np.concatenate([i + off for (i, _), off in zip(parts, self.offsets)])
             val = np.concatenate([v for _, v in parts])
-        return mx.nd.array(encode_sparse(idx, val, self.fp16), dtype=np.float32)
+        bitmap_size = b.size if b.bitmap else None
+        return mx.nd.array(encode_sparse(idx, val, self.fp16, bitmap_size), dtype=np.float32)
 
     def message(self, grads, step, rank):
         return encode_message(step, rank, self.encode(grads, step), self.fp16)

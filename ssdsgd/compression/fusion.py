@@ -12,7 +12,7 @@ clock keys are chosen to land on the same server.
 """
 from dataclasses import dataclass, replace
 
-from ssdsgd.compression.codec import max_buffer_elements, message_bytes, message_length, wire_dtype
+from ssdsgd.compression.codec import max_buffer_elements, message_bytes, message_length, use_bitmap, wire_dtype
 from ssdsgd.compression.registry import is_sparsifier
 
 KEY_HASH = 9973  # ps-lite key placement in MXNet's KVStoreDist
@@ -31,6 +31,7 @@ class Buffer:
     clock_key: int = -1
     codec: str = "dense"
     fp16: bool = False            # fp16 wire format (compression.fp16_values, sparse only)
+    index_coding: str = "list"    # compression.index_coding (sparse only): auto | list
 
     @property
     def size(self):
@@ -41,19 +42,25 @@ class Buffer:
         return sum(self.counts)
 
     @property
+    def bitmap(self):
+        """Does this buffer's message carry its indices as a bitmap (codec.use_bitmap)?"""
+        return self.codec == "sparse" and use_bitmap(self.size, self.k, self.index_coding, self.fp16)
+
+    @property
     def mailbox_len(self):
-        return message_length(self.codec, self.size, self.k, self.fp16)
+        return message_length(self.codec, self.size, self.k, self.fp16, self.bitmap)
 
     @property
     def mailbox_bytes(self):
-        return message_bytes(self.codec, self.size, self.k, self.fp16)
+        return message_bytes(self.codec, self.size, self.k, self.fp16, self.bitmap)
 
     @property
     def mailbox_dtype(self):
         return wire_dtype(self.fp16)
 
     def mailbox(self):
-        return {"key": self.mailbox_key, "codec": self.codec, "k": self.k, "fp16": self.fp16}
+        return {"key": self.mailbox_key, "codec": self.codec, "k": self.k, "fp16": self.fp16,
+                "bitmap": self.bitmap}
 
     def to_dict(self, stages=None):
         """What the server needs; `stages`: this buffer in every density stage, steady state last."""
@@ -135,7 +142,7 @@ def warmup_stages(buffers, stage_counts, num_servers):
              for b in buffers] for counts in stage_counts]
 
 
-def plan_cost_model(sizes, counts, sparse, alpha, beta, backward, fp16=False):
+def plan_cost_model(sizes, counts, sparse, alpha, beta, backward, fp16=False, index_coding="list"):
     """Groups (positions in backward order) minimising when the last buffer's push ends.
 
     Model (SAFusion's, with the constants measured at job start instead of fitted offline):
@@ -163,7 +170,8 @@ def plan_cost_model(sizes, counts, sparse, alpha, beta, backward, fp16=False):
             values += counts_bwd[j]
             if elements > cap:
                 break
-            send = alpha + beta * message_bytes(codec, elements, values, fp16)
+            bitmap = sparse and use_bitmap(elements, values, index_coding, fp16)
+            send = alpha + beta * message_bytes(codec, elements, values, fp16, bitmap)
             end = max(ready[i - 1], best[j]) + send
             if end < best[i]:
                 best[i], cut[i] = end, j
@@ -175,7 +183,7 @@ def plan_cost_model(sizes, counts, sparse, alpha, beta, backward, fp16=False):
 
 
 def make_plan(shapes, num_servers, *, mode="one", buffer_bytes=4 << 20, counts=None, codec="dense",
-              groups=None, fp16=False):
+              groups=None, fp16=False, index_coding="list"):
     """shapes: parameter shapes in forward order. counts: values sent per parameter (None = dense).
 
     mode 'one': one buffer per server (the whole model when S = 1); 'fixed': buffers of at most
@@ -213,7 +221,8 @@ def make_plan(shapes, num_servers, *, mode="one", buffer_bytes=4 << 20, counts=N
             offsets.append(off)
             off += n
         buffers.append(Buffer(id=b, params=params, offsets=offsets, sizes=psizes,
-                              counts=[counts[i] for i in params], codec=codec, fp16=fp16))
+                              counts=[counts[i] for i in params], codec=codec, fp16=fp16,
+                              index_coding=index_coding))
     assign_keys(buffers, num_servers)
     return buffers
 
@@ -238,13 +247,15 @@ def plan_for_config(shapes, num_servers, comp, cost=None):
         counts = sizes
     codec = "sparse" if sparse else "dense"
     fp16 = sparse and comp.fp16_values
+    coding = comp.index_coding
     if comp.buffers == "cost_model":
         if cost is None:
             raise ValueError("compression.buffers: cost_model needs the startup probe's measurements")
-        groups = plan_cost_model(sizes, counts, sparse, **cost, fp16=fp16)
-        return make_plan(shapes, num_servers, groups=groups, counts=counts, codec=codec, fp16=fp16)
+        groups = plan_cost_model(sizes, counts, sparse, **cost, fp16=fp16, index_coding=coding)
+        return make_plan(shapes, num_servers, groups=groups, counts=counts, codec=codec, fp16=fp16,
+                         index_coding=coding)
     return make_plan(shapes, num_servers, mode=comp.buffers, buffer_bytes=comp.buffer_bytes,
-                     counts=counts, codec=codec, fp16=fp16)
+                     counts=counts, codec=codec, fp16=fp16, index_coding=coding)
 
 
 def _numel(shape):

@@ -5,11 +5,15 @@ the Fashion-MNIST ResNet-20 configs.
         [--set KEY=VALUE ...] [--variants LABEL ...] [--reuse DIR ...] [--out results/time_to_accuracy]
 
 Each job runs in a fresh network namespace whose loopback is limited to --rate Mbit/s (tc tbf), jobs
-interleaved by seed. Writes evals.csv (variant, seed, epoch, seconds since launch, training seconds,
-test accuracy), jobs.csv (one row per job, with the namespace's own byte counter), table.md (medians;
-the time each variant needs to reach the SSGD run's final accuracy of the same seed, and its ratio to
-SSGD's, on two clocks: wall seconds since launch, and training seconds, the same minus the time
-training stood still for the per-epoch evaluations, which every variant pays alike per epoch), and
+interleaved by seed. Writes evals.csv (variant, seed, epoch, seconds since launch, train_seconds, test
+accuracy), jobs.csv (one row per job, with the namespace's own byte counter), table.md (medians; the
+time each variant needs to reach the SSGD run's final accuracy of the same seed, and its ratio to
+SSGD's, on two clocks: wall seconds since launch, and train_seconds, the same minus rank 0's
+eval_seconds so far, i.e. minus the time training stood still for the per-epoch evaluations, which
+every variant pays alike per epoch; start-up stays in. That holds where an evaluation stops every
+worker: synchronous variants, and SSD-SGD with train.eval_workers: all, as the Fashion-MNIST runs use;
+with rank 0 evaluating alone under an asynchronous variant the others go on training, so the clock
+would undercount. Not summary.json's train_seconds, the sum of the epochs' training seconds), and
 accuracy-vs-time / accuracy-vs-epoch plots through scripts/plot.py. `--variants` runs only some variants;
 `--reuse DIR ...` then takes the SSGD baseline's jobs from earlier runs' jobs.csv and evals.csv (when SSGD
 is not run; each seed from exactly one folder), and the table names the folders: those figures come from
@@ -73,18 +77,26 @@ def run(label, config, seed, rate, out, timeout, overrides=()):
     evaluating = 0.0                      # seconds spent in evaluations so far (rank 0's eval_seconds)
     for m in read_metrics(run_dir):
         if "test_acc" in m:
-            evaluating += m["eval_seconds"]
+            # A run without eval_seconds (written by older code) has no training clock.
+            evaluating = None if evaluating is None or "eval_seconds" not in m else evaluating + m["eval_seconds"]
             seconds = m["time"] - t0
             evals.append({"variant": label, "seed": seed, "epoch": m["epoch"] + 1, "seconds": seconds,
-                          "train_seconds": seconds - evaluating, "test_acc": m["test_acc"]})
+                          "train_seconds": None if evaluating is None else seconds - evaluating,
+                          "test_acc": m["test_acc"]})
     return job, evals
 
 
 def time_to(evals, target, clock="seconds"):
     """The first time (on `clock`: seconds or train_seconds) an evaluation reached `target`; None if
-    none did or the clock was not recorded."""
+    none did. UnknownClock if the clock was not recorded."""
+    if any(e[clock] is None for e in evals):
+        raise UnknownClock(clock)
     hit = [e[clock] for e in evals if e["test_acc"] >= target]
-    return None if not hit or None in hit else min(hit)
+    return min(hit) if hit else None
+
+
+class UnknownClock(ValueError):
+    """The evaluations of a job have no figure on this clock (train_seconds before eval_seconds was logged)."""
 
 
 def table(jobs, evals, rate, title, variants):
@@ -108,16 +120,23 @@ def table(jobs, evals, rate, title, variants):
             continue
         cells = []
         for clock in ("seconds", "train_seconds"):
-            tta, ratio = [], []
+            tta, ratio, unknown = [], [], False
             for j in js:
                 if target.get(j["seed"]) is None:
                     continue
-                t = time_to(of(label, j["seed"]), target[j["seed"]], clock)
-                base = time_to(of("SSGD", j["seed"]), target[j["seed"]], clock)
+                try:
+                    t = time_to(of(label, j["seed"]), target[j["seed"]], clock)
+                    base = time_to(of("SSGD", j["seed"]), target[j["seed"]], clock)
+                except UnknownClock:
+                    unknown = True
+                    continue
                 if t is not None:
                     tta.append(t)
                     if base:
                         ratio.append(t / base)
+            if unknown:             # a run from before eval_seconds was logged: no training clock
+                cells += ["n/a (no eval_seconds)", "–"]
+                continue
             cells.append(f"{statistics.median(tta):.1f} ({len(tta)}/{len(js)} reached)" if tta else "not reached")
             cells.append(f"{statistics.median(ratio):.2f}x" if ratio else "–")
         lines.append(f"| {label} | {statistics.median(j['final_test_acc'] for j in js):.4f} "

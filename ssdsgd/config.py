@@ -242,7 +242,8 @@ SCHEMA = {
         "index_coding": Field(str, "auto", choices=("auto", "list"),
                               doc="sparse messages and sparse-downlink rounds on the fp32 wire: auto sends the "
                                   "indices as a bitmap (size/24 words) where that is smaller than the index list "
-                                  "(above ~4.2% density for a push); list: always k indices"),
+                                  "(above ~4.2% density for a push; not the fp16 wire, whose pushes keep their "
+                                  "index digits); list: always k indices"),
         "min_dense_bytes": Field(int, 0, min=0, doc="tensors smaller than this are sent dense"),
         "clip_norm": Field(float, None, nullable=True, gt=0,
                            doc="DGC's local gradient clipping (sparsifiers, fusion ahead): the L2 threshold for "

@@ -4,7 +4,8 @@ One `BufferState` per fused buffer that lives on this server. Workers push one m
 buffer per step: [round, rank, payload...], laid out as ssdsgd.compression.codec describes (one
 format per density stage of the compression warm-up, each with its own mailbox key). The payload is
 decoded and added into that round's accumulator: a dense payload with one array add, a sparse one
-scattered in at its indices, so a sparse message costs O(k), not O(size). Once all N workers'
+scattered in at its indices, so a sparse message costs O(k), not O(size) (with the bitmap index
+coding, O(size / 24) for the bitmap, which it carries only where that is below k). Once all N workers'
 contributions for a round are in, and every earlier round has been applied, the round is applied:
 
     G_t = sum_i g_i;   v <- mu*v - eta_g(t) * (G_t/(N*B) + lambda*w);   w <- w + v
@@ -164,6 +165,8 @@ RING_EXACT = 1 << 24                  # float32 holds every integer below 2**24 
 
 
 def ring_index_words(cap, size=0, bitmap=False):
+    if bitmap and size <= 0:
+        raise RoundError("a bitmap ring slot needs the buffer's size")
     return bitmap_words(size) if bitmap else cap
 
 
@@ -254,9 +257,10 @@ class StagedRings:
             self.changed.add(stage)
 
 
-def read_ring(array, slots, cap, size=0, bitmap=False):
+def read_ring(array, slots, cap, size=0, bitmap=False, from_round=0):
     """A pulled ring -> {round: RingRound, or None where the slot says the round needs a dense pull}.
-    size and bitmap: the buffer's size and the ring's index coding (DownlinkRing's)."""
+    size and bitmap: the buffer's size and the ring's index coding (DownlinkRing's). Rounds before
+    from_round (a replica's version: already applied) are left out undecoded."""
     slot_len = ring_slot_length(cap, size, bitmap)
     values = RING_HEADER + ring_index_words(cap, size, bitmap)
     if array.shape != (slots * slot_len,):
@@ -265,7 +269,7 @@ def read_ring(array, slots, cap, size=0, bitmap=False):
     for s in range(slots):
         slot = array[s * slot_len:(s + 1) * slot_len]
         rnd, n = int(slot[0]), int(slot[1])
-        if rnd < 0:
+        if rnd < max(0, from_round):
             continue
         if n < 0:
             out[rnd] = None

@@ -334,8 +334,10 @@ def _end_epoch(run, counters, epoch, step, epoch_seconds):
         correct, images = run.tally.wait_sum(run.data.test.num_samples)
     acc = correct / max(1, images)
     counters.add_eval(epoch, acc, pulled)
-    # eval_seconds: how long training stood still for this evaluation (with eval_workers: all, until
-    # every worker's share was in), so a time-to-accuracy clock can leave evaluation out.
+    # eval_seconds: how long rank 0 spent on this evaluation (with eval_workers: all, until every
+    # worker's share was in), so a time-to-accuracy clock can leave evaluation out. Training stands
+    # still that long where every worker evaluates or waits for rank 0 (eval_workers: all, or a
+    # synchronous variant); see scripts/time_to_accuracy.py.
     run.log.write(epoch=epoch, step=step, epoch_seconds=epoch_seconds, eval_seconds=time.perf_counter() - t_eval,
                   **{f"{counters.tag}_acc": acc})
     print(f"epoch {epoch} {run.data.eval_set} accuracy {acc:.4f} ({epoch_seconds:.1f} s)", flush=True)

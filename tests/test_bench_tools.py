@@ -295,11 +295,24 @@ def test_time_to_accuracy_reads_both_clocks_and_tables_them(tmp_path, monkeypatc
     # SSGD's final 0.90 is first reached at epoch 2: 200 s wall, 180 s training; top-k at its epoch 2.
     assert "| SSGD | 0.9000 | 0.0 | 0.0 | 200.0 (1/1 reached) | 1.00x | 180.0 (1/1 reached) | 1.00x |" in text
     assert "| topk | 0.9100 | 0.0 | 0.0 | 80.0 (1/1 reached) | 0.40x | 62.0 (1/1 reached) | 0.34x |" in text
-    old = [dict(e, train_seconds=None) for e in evals]
-    old_ssgd = [e for e in old if e["variant"] == "SSGD"]
-    assert tta.time_to(old_ssgd, 0.9) == 200.0 and tta.time_to(old_ssgd, 0.9, "train_seconds") is None
+    assert tta.time_to([e for e in evals if e["variant"] == "topk"], 0.95) is None     # never reached
+    # A run whose metrics lack eval_seconds (older code) has no training clock: "n/a", not "not reached".
+    late = str(tmp_path / "late")
+    metrics(os.path.join(late, "runs", tta.job_name("topk", 0)), runs["topk"])
+    path = os.path.join(late, "runs", tta.job_name("topk", 0), "metrics.jsonl")
+    lines = [json.loads(line) for line in open(path)]
+    with open(path, "w") as f:
+        f.writelines(json.dumps({k: v for k, v in m.items() if k != "eval_seconds"}) + "\n" for m in lines)
+    job, got = tta.run("topk", "c.yaml", 0, 20.0, late, 60)
+    assert [(e["seconds"], e["train_seconds"]) for e in got] == [(40.0, None), (80.0, None)]
+    with pytest.raises(tta.UnknownClock):
+        tta.time_to(got, 0.9, "train_seconds")
+    assert tta.time_to(got, 0.9) == 80.0
+    text = tta.table(jobs[:1] + [job], evals[:3] + got, 20.0, "T", ["SSGD", "topk"])
+    assert "| topk | 0.9100 | 0.0 | 0.0 | 80.0 (1/1 reached) | 0.40x | n/a (no eval_seconds) | – |" in text
+    # The same through the CSV files --reuse reads (empty cells for the missing clock).
     write_csv(str(tmp_path / "jobs.csv"), jobs)
-    write_csv(str(tmp_path / "evals.csv"), old)
+    write_csv(str(tmp_path / "evals.csv"), [dict(e, train_seconds=None) for e in evals])
     assert [e["train_seconds"] for e in tta.read_earlier(str(tmp_path))[1]] == [None, None, None]
 
 
@@ -526,3 +539,22 @@ def test_time_to_accuracy_labels_the_density_it_ran_at():
     assert tta.relabel("SSD-SGD + top-k 1%", ["compression.density=0.05", "compression.density=0.1"]) \
         == "SSD-SGD + top-k 10%"
     assert tta.relabel("SSGD", ["compression.density=0.05"]) == "SSGD"
+
+
+def test_wire_bytes_compares_each_variant_with_its_own_reference():
+    """Each row's differences are against the variant VARIANTS names for it (hand-computed here);
+    a reference that failed leaves the differences empty rather than comparing with another row."""
+    import wire_bytes as wb
+    variants = {"a": ([], None), "b": ([], "a"), "c": ([], None), "d": ([], "c"), "e": ([], "x")}
+
+    def row(v, push, pull, kernel, rc=0):
+        return {"variant": v, "rc": rc, "final_test_acc": 0.5, "push_bytes_all_workers": push,
+                "pull_bytes_all_workers": pull, "kernel_bytes": kernel}
+    rows = [row("a", 1e6, 2e6, 10e6), row("b", 0.5e6, 2e6, 9.4e6), row("c", 3e6, 6e6, 20e6),
+            row("d", 2e6, 4e6, 17e6), row("x", 0, 0, 0, rc=1), row("e", 1e6, 1e6, 1e6)]
+    lines = wb.table(rows, dict(variants, x=([], None))).splitlines()
+    assert lines[3] == "| b | 0.5000 | 0.500 | 2.000 | 9.400 | a | -0.500 | -0.600 |"
+    assert lines[5] == "| d | 0.5000 | 2.000 | 4.000 | 17.000 | c | -3.000 | -3.000 |"
+    assert lines[6] == "| x | failed | | | | | | |"
+    assert lines[7] == "| e | 0.5000 | 1.000 | 1.000 | 1.000 | – | – | – |"
+    assert lines[2].endswith("| – | – | – |")

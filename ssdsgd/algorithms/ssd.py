@@ -242,8 +242,9 @@ class RoundClient(Client):
     def _plan_downlink(self):
         """compression.downlink: sparse. Per buffer and density stage, the server keeps the last R
         rounds' aggregated updates in a ring key: R = S (at least k; 1 for synchronous SGD, which
-        pulls every round), each slot [round, count, N*k_b indices, N*k_b values] with k_b the values
-        one worker sends per step in that stage. A stage's rounds are pulled from its ring only if
+        pulls every round), each slot [round, count, checksum, N*k_b indices or the round's bitmap
+        (compression.index_coding, whichever is smaller), N*k_b values] with k_b the values one worker
+        sends per step in that stage (rounds.DownlinkRing). A stage's rounds are pulled from its ring only if
         one ring pull is smaller than one dense pull; the decisions are logged once (rank 0) and
         kept in the run's stats."""
         n = len(self.buffers)
@@ -486,7 +487,7 @@ class RoundClient(Client):
         b, down, rep, stage = self.buffers[bi], self.downlink[bi], self.replicas[bi], self.pulled_ring[bi]
         ring = down["rings"][stage]
         rounds = read_ring(self.ring_bufs[bi][stage].asnumpy(), down["slots"], ring["cap"], b.size,
-                           ring["bitmap"])                                                  # waits
+                           ring["bitmap"], from_round=rep.version)                          # waits
         try:
             caught_up = rep.catch_up(rounds)
         except ReplicaMismatch as e:

@@ -26,7 +26,8 @@ fp16 wire (compression.fp16_values), float16 message, sparse only:
 
 On the server a dense payload decodes to the float32 array itself and a sparse payload to a
 `SparseGrad` (the distinct indices and their float32 sums), which `SparseGrad.add_to` scatter-adds
-into the round's accumulator: decoding and adding one message cost O(k), not O(buffer size).
+into the round's accumulator: decoding and adding one message cost O(k), not O(buffer size) (a
+bitmap message O(size / 24 + k), and it is chosen only where size / 24 < k).
 
 mxnet is imported inside the encoding functions only: the server imports this module before it may
 import mxnet (see ssdsgd.server.run_server).
@@ -106,8 +107,10 @@ def unpack_bitmap(words, size):
     words = np.asarray(words)
     if words.shape != (bitmap_words(size),):
         raise ValueError(f"bitmap of {words.shape[0]} words, expected {bitmap_words(size)} for {size} elements")
+    if not np.isfinite(words).all() or (words < 0).any() or (words >= 1 << BITMAP_BITS).any():
+        raise ValueError("bitmap word is not an integer in [0, 2**24)")
     ints = words.astype(np.int64)
-    if (ints != words).any() or (ints < 0).any() or (ints >= 1 << BITMAP_BITS).any():
+    if (ints != words).any():
         raise ValueError("bitmap word is not an integer in [0, 2**24)")
     octets = np.stack([ints >> 16, (ints >> 8) & 255, ints & 255], axis=1).astype(np.uint8)
     idx = np.flatnonzero(np.unpackbits(octets.ravel()))
@@ -131,6 +134,8 @@ def encode_sparse(idx, val, fp16=False, bitmap_size=None):
     or with bitmap_size (the buffer's size) [bitmap words, val in increasing index order]."""
     idx = np.asarray(idx, np.int64)
     val = np.asarray(val, np.float32)
+    if bitmap_size is not None and fp16:
+        raise ValueError("bitmap index coding is for the fp32 wire only")
     if bitmap_size is not None:
         order = np.argsort(idx, kind="stable")
         idx, val = idx[order], val[order]
@@ -201,6 +206,8 @@ class SparseGrad:
 def make_decoder(codec, size, k=None, fp16=False, bitmap=False):
     """payload (1-D numpy) -> one worker's float32 gradient contribution: the dense array itself
     for the dense codec, a SparseGrad for the sparse one."""
+    if bitmap and (codec != "sparse" or fp16):
+        raise ValueError("bitmap index coding is for sparse payloads on the fp32 wire only")
     if codec == "dense":
         if fp16:
             raise ValueError("the fp16 wire format carries sparse payloads only")
@@ -210,8 +217,6 @@ def make_decoder(codec, size, k=None, fp16=False, bitmap=False):
                 raise ValueError(f"dense payload has {payload.shape[0]} values, expected {size}")
             return payload
         return decode
-    if bitmap and (codec != "sparse" or fp16):
-        raise ValueError("bitmap index coding is for sparse payloads on the fp32 wire only")
     if codec == "sparse" and bitmap:
         words = bitmap_words(size)
 

@@ -31,7 +31,9 @@ class Buffer:
     clock_key: int = -1
     codec: str = "dense"
     fp16: bool = False            # fp16 wire format (compression.fp16_values, sparse only)
-    index_coding: str = "list"    # compression.index_coding (sparse only): auto | list
+    # compression.index_coding (sparse only): auto | list. "list" here and in make_plan, so a plan made
+    # without a config keeps the plain layout; plan_for_config passes the config's (default auto).
+    index_coding: str = "list"
 
     @property
     def size(self):

@@ -27,7 +27,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from ssdsgd.compression.codec import SparseGrad, bitmap_words, pack_bitmap, unpack_bitmap
+from ssdsgd.compression.codec import SparseGrad, bitmap_indices, bitmap_words, pack_bitmap
 
 class RoundError(RuntimeError):
     pass
@@ -277,11 +277,9 @@ def read_ring(array, slots, cap, size=0, bitmap=False, from_round=0):
         checksum = None if slot[2] < 0 else (int(slot[2]) << 16) | int(slot[3])
         if bitmap:
             try:
-                idx = unpack_bitmap(slot[RING_HEADER:values], size)
+                idx = bitmap_indices(slot[RING_HEADER:values], size, n)
             except ValueError as e:
                 raise RoundError(f"ring slot of round {rnd}: {e}") from None
-            if idx.size != n:
-                raise RoundError(f"ring slot of round {rnd} marks {idx.size} indices, its count says {n}")
         else:
             idx = slot[RING_HEADER:RING_HEADER + n].astype(np.int64)
         out[rnd] = RingRound(idx, slot[values:values + n].astype(np.float32), checksum)

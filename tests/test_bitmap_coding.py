@@ -166,7 +166,7 @@ def test_bitmap_ring_keeps_negative_zero_and_nan_and_names_a_corrupt_slot():
     assert bits_equal(back, g)
     bad = ring.array.copy()
     bad[1] = 2                                            # the count no longer matches the mask
-    with pytest.raises(RoundError, match="round 0 marks 3 indices, its count says 2"):
+    with pytest.raises(RoundError, match="ring slot of round 0: bitmap marks 3 indices for 2 values"):
         read_ring(bad, 1, 8, 30, True)
     bad = ring.array.copy()
     bad[4] = 0.5

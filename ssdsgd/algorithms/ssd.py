@@ -136,6 +136,12 @@ def _describe_plan(sizes):
     return f"{len(sizes)} buffers of {', '.join(map(str, sizes[:12]))}{'...' if len(sizes) > 12 else ''} elements"
 
 
+def ring_zeros(size, down, ring):
+    """Zeros the length of a sparse-downlink ring key (`down`: a buffer's downlink plan, `ring`: one
+    stage's ring in it): its init and bind values, and the worker's pull target."""
+    return mx.nd.zeros(ring_length(down["slots"], ring["cap"], size, ring["bitmap"]))
+
+
 class RoundClient(Client):
     kind = ROUNDS
 
@@ -280,8 +286,7 @@ class RoundClient(Client):
                 b.size, kv.num_workers, train.batch_size, self.server_momentum, train.wd,
                 LRSchedule.from_dict(self.schedule.to_dict()), [], self.server_delay_momentum, self.warmup,
                 self.decay_only)
-            self.ring_bufs[bi] = [mx.nd.zeros(ring_length(slots, r["cap"], b.size, r["bitmap"])) if r else None
-                                  for r in rings]
+            self.ring_bufs[bi] = [ring_zeros(b.size, self.downlink[bi], r) if r else None for r in rings]
         self.stats["downlink"] = decisions
         self.stats["downlink_resyncs"] = 0
         self.stats["downlink_checks"] = 0
@@ -342,7 +347,7 @@ class RoundClient(Client):
             if down:
                 for ring in filter(None, down["rings"]):
                     keys.append(ring["key"])
-                    vals.append(mx.nd.zeros(ring_length(down["slots"], ring["cap"], b.size, ring["bitmap"])))
+                    vals.append(ring_zeros(b.size, down, ring))
                 keys.append(down["mom_key"])
                 vals.append(mx.nd.zeros(b.size + 1))
         kv.init(keys, vals)               # rank 0's values count; ends with a barrier
@@ -353,8 +358,7 @@ class RoundClient(Client):
                 kv.push(b.clock_key, mx.nd.zeros(1))
                 if down:
                     for ring in filter(None, down["rings"]):
-                        kv.push(ring["key"], mx.nd.zeros(ring_length(down["slots"], ring["cap"], b.size,
-                                                                     ring["bitmap"])))
+                        kv.push(ring["key"], ring_zeros(b.size, down, ring))
                     kv.push(down["mom_key"], mx.nd.zeros(b.size + 1))
             mx.nd.waitall()
             if resume_dir:

@@ -107,15 +107,22 @@ def unpack_bitmap(words, size):
     words = np.asarray(words)
     if words.shape != (bitmap_words(size),):
         raise ValueError(f"bitmap of {words.shape[0]} words, expected {bitmap_words(size)} for {size} elements")
-    if not np.isfinite(words).all() or (words < 0).any() or (words >= 1 << BITMAP_BITS).any():
+    # Range first, so that no NaN or inf reaches the integer cast.
+    if not (np.isfinite(words) & (words >= 0) & (words < 1 << BITMAP_BITS)).all() or (words % 1).any():
         raise ValueError("bitmap word is not an integer in [0, 2**24)")
     ints = words.astype(np.int64)
-    if (ints != words).any():
-        raise ValueError("bitmap word is not an integer in [0, 2**24)")
     octets = np.stack([ints >> 16, (ints >> 8) & 255, ints & 255], axis=1).astype(np.uint8)
     idx = np.flatnonzero(np.unpackbits(octets.ravel()))
     if idx.size and idx[-1] >= size:
         raise ValueError(f"bitmap marks index {idx[-1]}, beyond the buffer's {size} elements")
+    return idx
+
+
+def bitmap_indices(words, size, count):
+    """unpack_bitmap, and the mask must mark exactly `count` indices (the values that follow it)."""
+    idx = unpack_bitmap(words, size)
+    if idx.size != count:
+        raise ValueError(f"bitmap marks {idx.size} indices for {count} values")
     return idx
 
 
@@ -217,15 +224,13 @@ def make_decoder(codec, size, k=None, fp16=False, bitmap=False):
                 raise ValueError(f"dense payload has {payload.shape[0]} values, expected {size}")
             return payload
         return decode
-    if codec == "sparse" and bitmap:
+    if bitmap:
         words = bitmap_words(size)
 
         def decode_bitmap(payload):
             if payload.shape != (words + k,):
                 raise ValueError(f"sparse bitmap payload has {payload.shape[0]} values, expected {words + k}")
-            idx = unpack_bitmap(payload[:words], size)
-            if idx.size != k:
-                raise ValueError(f"sparse bitmap payload marks {idx.size} indices for {k} values")
+            idx = bitmap_indices(payload[:words], size, k)
             return SparseGrad(size, idx, payload[words:].astype(np.float32, copy=False))
         return decode_bitmap
     if codec == "sparse":

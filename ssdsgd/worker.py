@@ -48,6 +48,12 @@ def build_net(cfg, num_classes, image_shape):
     return net, params
 
 
+def build_eval_net(cfg, net):
+    """What evaluates: the hybridized net itself, or a static-graph twin of the imperative one."""
+    from ssdsgd.models import inference_graph
+    return net if cfg.model.hybridize else inference_graph(net)
+
+
 def count_correct(net, test_set, batch_size, part=0, parts=1):
     """(correct predictions, images) over the test set's batches part, part + parts, ..."""
     import mxnet as mx
@@ -215,6 +221,7 @@ def _start_run(cfg, resume, overwrite):
         total_steps = min(total_steps, cfg.train.max_steps)
 
     net, params = build_net(cfg, data.num_classes, data.image_shape)
+    eval_net = build_eval_net(cfg, net)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
     resume_dir, start_epoch, step, saved, manifest = None, 0, 0, None, None
@@ -234,7 +241,8 @@ def _start_run(cfg, resume, overwrite):
     if saved is not None:
         client.load_state(*saved)
     tally = EvalTally(kv) if cfg.train.eval_workers == "all" else None
-    run = _Run(cfg=cfg, kv=kv, out_dir=out_dir, log=log, data=data, net=net, params=params, loss_fn=loss_fn,
+    run = _Run(cfg=cfg, kv=kv, out_dir=out_dir, log=log, data=data, net=net, eval_net=eval_net, params=params,
+               loss_fn=loss_fn,
                schedule=schedule, client=client, total_steps=total_steps, start_epoch=start_epoch, step=step,
                faults=FaultPlan(rank), tally=tally)
     if rank == 0:
@@ -325,7 +333,8 @@ def _end_epoch(run, counters, epoch, step, epoch_seconds):
         bn_batches = itertools.islice(run.data.train.epoch(epoch), cfg.train.eval_bn_batches)
     part, parts = (rank, run.kv.num_workers) if shared else (0, 1)
     (correct, images), pulled = _evaluate_global(run.net, run.params, run.client, run.data.test,
-                                                 cfg.train.batch_size, step, bn_batches, part, parts)
+                                                 cfg.train.batch_size, step, bn_batches, part, parts,
+                                                 eval_net=run.eval_net)
     if shared:
         run.log.write(epoch=epoch, step=step, eval_share={"correct": correct, "images": images})
         run.tally.push(correct, images)
@@ -470,18 +479,22 @@ def _with_weights(params, weights, fn):
             s.copyto(p.data())
 
 
-def _evaluate_global(net, params, client, test_set, batch_size, steps_done, bn_batches=None, part=0, parts=1):
+def _evaluate_global(net, params, client, test_set, batch_size, steps_done, bn_batches=None, part=0, parts=1,
+                     eval_net=None):
     """((correct, images), bytes pulled) of the global weights on the test set's share `part` of
     `parts` (count_correct). bn_batches: training batches on which to recompute the BatchNorm
-    statistics for those weights first (None: use this worker's running statistics)."""
+    statistics for those weights first (None: use this worker's running statistics). eval_net: what
+    runs the test batches (build_eval_net: net, or its static-graph twin sharing net's parameters);
+    default net. The statistics are always recomputed through net, which can record a backward pass."""
     weights, pulled = client.global_weights(steps_done)
+    eval_net = net if eval_net is None else eval_net
 
     def run():
         if bn_batches is None:
-            return count_correct(net, test_set, batch_size, part, parts)
+            return count_correct(eval_net, test_set, batch_size, part, parts)
         with _bn_stats_restored(net):
             recompute_bn_stats(net, bn_batches)
-            return count_correct(net, test_set, batch_size, part, parts)
+            return count_correct(eval_net, test_set, batch_size, part, parts)
     return _with_weights(params, weights, run), pulled
 
 

@@ -1,0 +1,113 @@
+"""The static-graph twin that evaluates an imperative model (models.inference_graph, worker.build_eval_net):
+its outputs against a numpy forward of the network's current weights and statistics, however those
+change, and a real job whose reported accuracy is recomputed here from its saved weights."""
+import os
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd, gluon
+
+from jobs import processes_with, run_job
+from ssdsgd.models import inference_graph
+from test_bn_stats import _RecordingTestSet, _StubClient, bn_stats, make_batches, make_net, np_inference
+from ssdsgd.worker import _bn_stats_restored, _evaluate_global, recompute_bn_stats
+
+
+def assert_graph_is_numpy_forward(graph, net, x):
+    want = np_inference(net, x.asnumpy().astype(np.float64), bn_stats(net))
+    np.testing.assert_allclose(graph(x).asnumpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_graph_follows_every_change_of_the_shared_parameters():
+    net = make_net(hybridize=False)
+    graph = inference_graph(net)
+    # the very same Parameter objects (no copies of the weights)
+    assert {id(p) for p in graph.collect_params().values()} == {id(p) for p in net.collect_params().values()}
+    batches = make_batches()
+    x = batches[0][0]
+    assert_graph_is_numpy_forward(graph, net, x)
+    before = graph(x).asnumpy()
+    # SGD steps on the imperative net write the weights in place (and its BatchNorm statistics)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.5})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    for data, label in batches:
+        with autograd.record():
+            loss = loss_fn(net(data), label)
+        loss.backward()
+        trainer.step(len(data))
+    assert_graph_is_numpy_forward(graph, net, x)
+    assert not np.allclose(graph(x).asnumpy(), before, atol=1e-3)
+    # set_data, as a checkpoint load does, and statistics recomputed then restored
+    net[3].weight.set_data(net[3].weight.data() * -1.5)
+    assert_graph_is_numpy_forward(graph, net, x)
+    with _bn_stats_restored(net):
+        recompute_bn_stats(net, batches)
+        assert_graph_is_numpy_forward(graph, net, x)
+    assert_graph_is_numpy_forward(graph, net, x)
+    # a batch of another size (the test set's last batch) through the static-shape graph
+    assert_graph_is_numpy_forward(graph, net, mx.nd.concat(x, x[:1], dim=0))
+
+
+@pytest.mark.parametrize("with_bn_batches", [True, False])
+def test_evaluate_global_runs_the_batches_through_eval_net(with_bn_batches):
+    """_evaluate_global with an imperative net and its graph: statistics recomputed through the net
+    for the global weights, predictions from the graph, local weights and statistics back after."""
+    net = make_net(hybridize=False)
+    graph = inference_graph(net)
+    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
+    rng = np.random.RandomState(3)
+    global_w = [mx.nd.array(p.data().asnumpy() + 0.3 * rng.standard_normal(p.shape)) for p in params]
+    local_w = [p.data().asnumpy().copy() for p in params]
+    original = bn_stats(net)
+    batches = make_batches()
+    x = batches[2][0]
+    saved = [p.data().copy() for p in params]
+    for p, w in zip(params, global_w):
+        w.copyto(p.data())
+    with _bn_stats_restored(net):
+        if with_bn_batches:
+            recompute_bn_stats(net, batches)
+        want = np_inference(net, x.asnumpy().astype(np.float64), bn_stats(net)).argmax(axis=1)
+    for p, s in zip(params, saved):
+        s.copyto(p.data())
+    label = mx.nd.array(np.where(np.arange(len(want)) % 2 == 0, want, (want + 1) % 5))   # half right
+
+    class CountingGraph:
+        calls = 0
+
+        def __call__(self, data):
+            CountingGraph.calls += 1
+            return graph(data)
+    test_set = _RecordingTestSet(net, x, label)
+    (correct, images), _ = _evaluate_global(net, params, _StubClient(global_w), test_set, len(want), 5,
+                                            iter(batches) if with_bn_batches else None, eval_net=CountingGraph())
+    assert CountingGraph.calls == 1
+    assert (correct, images) == (len(want) // 2, len(want))
+    for p, w in zip(params, local_w):
+        np.testing.assert_array_equal(p.data().asnumpy(), w)
+    for (gm, gv), (om, ov) in zip(bn_stats(net), original):
+        np.testing.assert_array_equal(gm, om)
+        np.testing.assert_array_equal(gv, ov)
+
+
+@pytest.mark.timeout(240)
+def test_imperative_job_reports_the_accuracy_of_its_saved_weights(tmp_path):
+    """A real SSD-SGD job with model.hybridize: false evaluates through the graph. Its final accuracy
+    (rank 0: the global weights with rank 0's statistics, which final.params holds) must be that of
+    final.params run through the imperative network here, on the same test set."""
+    from ssdsgd.config import load_config
+    from ssdsgd.data import build_data
+    from ssdsgd.worker import build_net, count_correct
+    job = run_job(tmp_path, "configs/demo_digits_ssd.yaml", "train.epochs=2", "model.hybridize=false",
+                  name="imperative")
+    assert job.rc == 0, job.output
+    assert processes_with(job.marker) == []
+    cfg = load_config(os.path.join(job.run_dir, "config.yaml"))
+    data = build_data("digits", batch_size=cfg.train.batch_size, rank=0, num_workers=2, seed=cfg.seed)
+    net, _ = build_net(cfg, data.num_classes, data.image_shape)
+    assert not cfg.model.hybridize and not net._active
+    net.load_parameters(job.summary()["checkpoint"])
+    correct, images = count_correct(net, data.test, cfg.train.batch_size)
+    assert images == 360
+    assert job.summary()["final_test_acc"] == correct / images

@@ -1,8 +1,11 @@
 """Microbenchmark of one worker's compute per step: forward and backward of a model on one batch,
-imperative against hybridized (`model.hybridize`), on this machine's CPU.
+imperative against hybridized (`model.hybridize`), on this machine's CPU; with --task eval, the
+inference forward pass of an evaluation batch instead, imperative against the static graph.
 
 Why: on some CPUs MXNet 1.9.1's hybridized graph (static_alloc, as the worker hybridizes it) trains
 slower than the imperative model, and a job's epoch time follows. This tells which mode to use here.
+An imperative model (`model.hybridize: false`) is still evaluated through a static graph that shares
+its parameters (ssdsgd.models.inference_graph); --task eval measures what that saves.
 
 Each mode runs in a fresh process (`--copies 2` runs two at once, as the two workers of a job on
 2 cores do), builds and initialises the model as ssdsgd.worker does, takes --warmup untimed steps,
@@ -10,7 +13,7 @@ then times --steps steps of record, forward, loss, backward and waitall. Reporte
 time per mode and its ratio to the imperative median.
 
     OMP_NUM_THREADS=1 python scripts/bench_step.py [--model cifar_resnet20_v1] [--batch 128] \
-        [--copies 1 2] [--out results/bench_step]
+        [--copies 1 2] [--task train|eval] [--out results/bench_step]
 """
 import argparse
 import json
@@ -26,24 +29,31 @@ from results_io import stop_on_sigterm, write_csv, write_text
 MODES = ("imperative", "hybridized")
 
 
-def child(mode, model, batch, shape, warmup, steps):
-    """Time `steps` training steps in this process; print one JSON list of seconds."""
+def child(mode, task, model, batch, shape, warmup, steps):
+    """Time `steps` training steps (task train) or evaluation batches (task eval: forward, argmax) in
+    this process; print one JSON list of seconds."""
     from types import SimpleNamespace
 
     import mxnet as mx
     from mxnet import autograd
-    from ssdsgd.worker import build_net
-    cfg = SimpleNamespace(seed=0, model=SimpleNamespace(name=model, hybridize=mode == "hybridized"))
+    from ssdsgd.worker import build_eval_net, build_net
+    hybridize = mode == "hybridized" and task == "train"
+    cfg = SimpleNamespace(seed=0, model=SimpleNamespace(name=model, hybridize=hybridize))
     net, _ = build_net(cfg, 10, shape)
+    # task eval: the imperative net itself, or the static graph the worker evaluates it through
+    infer = build_eval_net(cfg, net) if mode == "hybridized" else net
     loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
     x = mx.nd.random.uniform(shape=(batch,) + shape)
     y = mx.nd.array([i % 10 for i in range(batch)])
     times = []
     for i in range(warmup + steps):
         t = time.perf_counter()
-        with autograd.record():
-            loss = loss_fn(net(x), y)
-        loss.backward()
+        if task == "train":
+            with autograd.record():
+                loss = loss_fn(net(x), y)
+            loss.backward()
+        else:
+            infer(x).argmax(axis=1)
         mx.nd.waitall()
         if i >= warmup:
             times.append(time.perf_counter() - t)
@@ -69,7 +79,7 @@ def cpu_name():
 
 
 def run_mode(args, mode, copies):
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--model", args.model,
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--task", args.task, "--model", args.model,
            "--batch", str(args.batch), "--shape", args.shape, "--warmup", str(args.warmup),
            "--steps", str(args.steps)]
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
@@ -98,10 +108,13 @@ def run_mode(args, mode, copies):
 
 
 def table(rows, args):
-    lines = [f"Forward + backward of {args.model}, batch {args.batch}, input {args.shape}, "
+    what = ("Forward + backward" if args.task == "train" else
+            "Evaluation (inference forward and argmax; hybridized = the static-graph twin)")
+    unit, units = ("step", "steps") if args.task == "train" else ("batch", "batches")
+    lines = [f"{what} of {args.model}, batch {args.batch}, input {args.shape}, "
              f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '1')}, CPU: {cpu_name()}; "
-             f"median over {args.steps} timed steps per process after {args.warmup} untimed", "",
-             "| processes at once | mode | median s/step | vs imperative |", "|---|---|---|---|"]
+             f"median over {args.steps} timed {units} per process after {args.warmup} untimed", "",
+             f"| processes at once | mode | median s/{unit} | vs imperative |", "|---|---|---|---|"]
     for copies in args.copies:
         medians = {m: statistics.median(r["seconds"] for r in rows if r["mode"] == m and r["copies"] == copies)
                    for m in MODES}
@@ -121,6 +134,8 @@ def main(argv=None):
     ap.add_argument("--copies", type=int, nargs="+", default=[1, 2],
                     help="how many benchmark processes run at once (one measurement per value)")
     ap.add_argument("--timeout", type=float, default=900, help="per measurement, seconds")
+    ap.add_argument("--task", choices=("train", "eval"), default="train",
+                    help="time training steps, or evaluation batches (imperative vs the static graph)")
     ap.add_argument("--out", default="results/bench_step")
     ap.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -135,7 +150,7 @@ def main(argv=None):
         if value < least:
             ap.error(f"{flag}: must be at least {least}, got {value}")
     if args.child:
-        child(args.child, args.model, args.batch, shape, args.warmup, args.steps)
+        child(args.child, args.task, args.model, args.batch, shape, args.warmup, args.steps)
         return 0
     stop_on_sigterm()
     rows = []

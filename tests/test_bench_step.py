@@ -20,7 +20,7 @@ def test_table_reports_median_per_mode_and_ratio_to_imperative():
     for copies, imperative, hybridized in [(1, [0.5, 1.6, 0.6], [1.0, 2.8, 1.2]), (2, [0.8, 0.8], [0.4, 0.6])]:
         rows += [{"mode": "imperative", "copies": copies, "seconds": s} for s in imperative]
         rows += [{"mode": "hybridized", "copies": copies, "seconds": s} for s in hybridized]
-    args = argparse.Namespace(model="m", batch=4, shape="3,8,8", steps=3, warmup=1, copies=[1, 2])
+    args = argparse.Namespace(model="m", batch=4, shape="3,8,8", steps=3, warmup=1, copies=[1, 2], task="train")
     lines = bench_step.table(rows, args).splitlines()
     assert "| 1 | imperative | 0.600 | 1.00x |" in lines
     assert "| 1 | hybridized | 1.200 | 2.00x |" in lines
@@ -28,11 +28,12 @@ def test_table_reports_median_per_mode_and_ratio_to_imperative():
     assert "| 2 | hybridized | 0.500 | 0.62x |" in lines
 
 
-def test_tiny_run_writes_every_timed_step(tmp_path):
+@pytest.mark.parametrize("task", ["train", "eval"])
+def test_tiny_run_writes_every_timed_step(tmp_path, task):
     out = tmp_path / "bench"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, SCRIPT, "--model", "small_cnn", "--batch", "4", "--shape", "3,8,8",
-                           "--warmup", "1", "--steps", "2", "--copies", "1", "2", "--out", str(out)],
+                           "--warmup", "1", "--steps", "2", "--copies", "1", "2", "--task", task, "--out", str(out)],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     with open(out / "steps.csv") as f:
@@ -43,7 +44,9 @@ def test_tiny_run_writes_every_timed_step(tmp_path):
                                                         for c in ("1", "2")}
     assert {r["copy"] for r in rows if r["copies"] == "2"} == {"0", "1"}
     assert all(float(r["seconds"]) > 0 for r in rows)
-    assert (out / "table.md").read_text().count("| 2 |") == 2
+    text = (out / "table.md").read_text()
+    assert text.count("| 2 |") == 2
+    assert text.startswith("Forward + backward" if task == "train" else "Evaluation")
 
 
 @pytest.mark.parametrize("flags, named", [(["--shape", "3,x"], "'3,x'"), (["--shape", "32,32"], "'32,32'"),

@@ -23,6 +23,7 @@ in `pending` until they can be applied in order.
 """
 import bisect
 import zlib
+from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -164,18 +165,37 @@ RING_HEADER = 4
 RING_EXACT = 1 << 24                  # float32 holds every integer below 2**24 exactly
 
 
-def ring_index_words(cap, size=0, bitmap=False):
-    if bitmap and size <= 0:
-        raise RoundError("a bitmap ring slot needs the buffer's size")
-    return bitmap_words(size) if bitmap else cap
+@dataclass(frozen=True)
+class RingLayout:
+    """The shape of one ring key: `slots` slots of [RING_HEADER words, the index words, `cap` values]
+    for a buffer of `size` elements; `bitmap`: the index words are the round's selection bitmap
+    (codec.pack_bitmap words), else an index list of `cap` words. The server (DownlinkRing) and the
+    workers (read_ring, the length of their pull buffer) build it from the same plan entry."""
+    slots: int
+    cap: int
+    size: int
+    bitmap: bool = False
 
+    def __post_init__(self):
+        if self.bitmap and self.size <= 0:
+            raise RoundError("a bitmap ring slot needs the buffer's size")
 
-def ring_slot_length(cap, size=0, bitmap=False):
-    return RING_HEADER + ring_index_words(cap, size, bitmap) + cap
+    @property
+    def index_words(self):
+        return bitmap_words(self.size) if self.bitmap else self.cap
 
+    @property
+    def values_at(self):
+        """Where a slot's values start."""
+        return RING_HEADER + self.index_words
 
-def ring_length(slots, cap, size=0, bitmap=False):
-    return slots * ring_slot_length(cap, size, bitmap)
+    @property
+    def slot_length(self):
+        return self.values_at + self.cap
+
+    @property
+    def length(self):
+        return self.slots * self.slot_length
 
 
 def weights_checksum(weights):
@@ -196,20 +216,18 @@ class DownlinkRing:
     the same float32 array bit for bit, -0.0 and NaN included. check_every > 0: every
     check_every-th round (rounds r with (r + 1) % check_every == 0) carries the weights' checksum."""
 
-    def __init__(self, size, slots, cap, check_every=0, bitmap=False):
-        if size >= RING_EXACT:
-            raise RoundError(f"a buffer of {size} elements cannot carry its indices as float32")
-        self.size, self.slots, self.cap, self.check_every = size, slots, cap, check_every
-        self.bitmap = bitmap
-        self.index_words = ring_index_words(cap, size, bitmap)
-        self.slot_len = ring_slot_length(cap, size, bitmap)
-        self.array = np.zeros(ring_length(slots, cap, size, bitmap), np.float32)
-        self.array[::self.slot_len] = -1.0
+    def __init__(self, layout, check_every=0):
+        if layout.size >= RING_EXACT:
+            raise RoundError(f"a buffer of {layout.size} elements cannot carry its indices as float32")
+        self.layout, self.check_every = layout, check_every
+        self.array = np.zeros(layout.length, np.float32)
+        self.array[::layout.slot_length] = -1.0
 
     def record(self, rnd, grad_sum, weights=None):
         """Publish round `rnd`'s sum; `weights`: the server's weights after it (for the checksum)."""
-        s = (rnd % self.slots) * self.slot_len
-        slot = self.array[s:s + self.slot_len]
+        lay = self.layout
+        s = (rnd % lay.slots) * lay.slot_length
+        slot = self.array[s:s + lay.slot_length]
         idx = np.flatnonzero(grad_sum.view(np.uint32))
         if rnd >= RING_EXACT:
             slot[0] = -1.0            # the round number itself would not be exact: an empty slot
@@ -219,17 +237,16 @@ class DownlinkRing:
         if weights is not None and self.check_every and (rnd + 1) % self.check_every == 0:
             crc = weights_checksum(weights)
             slot[2:4] = crc >> 16, crc & 0xFFFF
-        if idx.size > self.cap:
+        if idx.size > lay.cap:
             slot[1] = -1.0
             return
         n = idx.size
         slot[1] = n
-        values = RING_HEADER + self.index_words
-        if self.bitmap:
-            slot[RING_HEADER:values] = pack_bitmap(idx, self.size)
+        if lay.bitmap:
+            slot[RING_HEADER:lay.values_at] = pack_bitmap(idx, lay.size)
         else:
             slot[RING_HEADER:RING_HEADER + n] = idx
-        slot[values:values + n] = grad_sum[idx]
+        slot[lay.values_at:lay.values_at + n] = grad_sum[idx]
 
 
 class StagedRings:
@@ -257,16 +274,15 @@ class StagedRings:
             self.changed.add(stage)
 
 
-def read_ring(array, slots, cap, size=0, bitmap=False, from_round=0):
-    """A pulled ring -> {round: RingRound, or None where the slot says the round needs a dense pull}.
-    size and bitmap: the buffer's size and the ring's index coding (DownlinkRing's). Rounds before
-    from_round (a replica's version: already applied) are left out undecoded."""
-    slot_len = ring_slot_length(cap, size, bitmap)
-    values = RING_HEADER + ring_index_words(cap, size, bitmap)
-    if array.shape != (slots * slot_len,):
-        raise RoundError(f"ring of {array.shape[0]} values, expected {slots} slots of {slot_len}")
+def read_ring(array, layout, from_round=0):
+    """A pulled ring of this RingLayout (the DownlinkRing's) -> {round: RingRound, or None where the
+    slot says the round needs a dense pull}. Rounds before from_round (a replica's version: already
+    applied) are left out undecoded."""
+    slot_len, values = layout.slot_length, layout.values_at
+    if array.shape != (layout.length,):
+        raise RoundError(f"ring of {array.shape[0]} values, expected {layout.slots} slots of {slot_len}")
     out = {}
-    for s in range(slots):
+    for s in range(layout.slots):
         slot = array[s * slot_len:(s + 1) * slot_len]
         rnd, n = int(slot[0]), int(slot[1])
         if rnd < max(0, from_round):
@@ -275,9 +291,9 @@ def read_ring(array, slots, cap, size=0, bitmap=False, from_round=0):
             out[rnd] = None
             continue
         checksum = None if slot[2] < 0 else (int(slot[2]) << 16) | int(slot[3])
-        if bitmap:
+        if layout.bitmap:
             try:
-                idx = bitmap_indices(slot[RING_HEADER:values], size, n)
+                idx = bitmap_indices(slot[RING_HEADER:values], layout.size, n)
             except ValueError as e:
                 raise RoundError(f"ring slot of round {rnd}: {e}") from None
         else:

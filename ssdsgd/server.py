@@ -24,7 +24,7 @@ from ssdsgd.env import ROLE_ENV, SECRET_ENV
 from ssdsgd.eval_tally import TALLY_KEY
 from ssdsgd.launcher import RANK_MARK
 from ssdsgd.remote import MARK
-from ssdsgd.rounds import BufferState, DownlinkRing, StagedRings
+from ssdsgd.rounds import BufferState, DownlinkRing, RingLayout, StagedRings
 from ssdsgd.schedule import LRSchedule
 
 
@@ -68,8 +68,8 @@ class RoundService:
                 for stage, ring in enumerate(down["rings"]):
                     if ring is not None:
                         self.roles[ring["key"]] = (b, "ring", stage)
-                        ring = DownlinkRing(buf["size"], down["slots"], ring["cap"], down.get("check_every", 0),
-                                            ring.get("bitmap", False))
+                        layout = RingLayout(down["slots"], ring["cap"], buf["size"], ring.get("bitmap", False))
+                        ring = DownlinkRing(layout, down.get("check_every", 0))
                     rings.append(ring)
                 self.roles[down["mom_key"]] = (b, "mom", None)
                 self.states[b].ring = StagedRings(rings, down["first_rounds"])

@@ -10,7 +10,7 @@ import pytest
 from ssdsgd.compression.codec import (BITMAP_BITS, MailboxFormat, bitmap_words, encode_sparse, make_decoder,
                                       message_length, pack_bitmap, unpack_bitmap, use_bitmap)
 from ssdsgd.compression.fusion import make_plan, warmup_stages
-from ssdsgd.rounds import BufferState, DownlinkRing, RoundError, read_ring, ring_length
+from ssdsgd.rounds import BufferState, DownlinkRing, RingLayout, RoundError, read_ring
 from ssdsgd.schedule import LRSchedule
 
 
@@ -73,7 +73,7 @@ def test_bitmap_only_where_it_is_smaller():
     with pytest.raises(ValueError, match="fp32 wire only"):
         encode_sparse(np.array([1, 2]), np.ones(2, np.float32), fp16=True, bitmap_size=240)
     with pytest.raises(RoundError, match="needs the buffer's size"):
-        ring_length(1, 20, bitmap=True)
+        RingLayout(1, 20, 0, bitmap=True)
 
 
 def test_a_bitmap_message_decodes_to_the_index_list_message_bit_for_bit():
@@ -124,7 +124,7 @@ def test_plan_chooses_the_coding_per_buffer_and_per_density_stage():
 def _ring_pair(size, cap, bitmap_ring):
     sched = LRSchedule("cosine", base_lr=0.3, total_updates=50)
     server = BufferState(size, 2, 8, 0.9, 1e-4, sched, [MailboxFormat("sparse", size, cap // 2)])
-    server.ring = DownlinkRing(size, 3, cap, check_every=4, bitmap=bitmap_ring)
+    server.ring = DownlinkRing(RingLayout(3, cap, size, bitmap_ring), check_every=4)
     replica = BufferState(size, 2, 8, 0.9, 1e-4, LRSchedule("cosine", base_lr=0.3, total_updates=50), [])
     w0 = np.random.default_rng(1).standard_normal(size).astype(np.float32)
     server.bind(w0)
@@ -136,8 +136,8 @@ def test_bitmap_ring_keeps_the_replica_bit_identical_and_is_smaller():
     size, k = 500, 60                                     # cap 120 > 21 words: bitmap pays
     rng = np.random.default_rng(5)
     states = {coding: _ring_pair(size, 2 * k, coding) for coding in (False, True)}
-    assert states[True][0].ring.array.size == ring_length(3, 2 * k, size, True) == 3 * (4 + 21 + 120)
-    assert states[False][0].ring.array.size == ring_length(3, 2 * k) == 3 * (4 + 240)
+    assert states[True][0].ring.array.size == RingLayout(3, 2 * k, size, True).length == 3 * (4 + 21 + 120)
+    assert states[False][0].ring.array.size == RingLayout(3, 2 * k, size).length == 3 * (4 + 240)
     for rnd in range(30):
         msgs = [np.concatenate([[rnd, rank], rng.choice(size, k, replace=False),
                                 rng.standard_normal(k)]).astype(np.float32) for rank in range(2)]
@@ -145,33 +145,33 @@ def test_bitmap_ring_keeps_the_replica_bit_identical_and_is_smaller():
             for m in msgs:
                 server.receive(m)
             if rnd % 2:
-                assert replica.catch_up(read_ring(server.ring.array.copy(), 3, 2 * k, size, bitmap_ring))
+                assert replica.catch_up(read_ring(server.ring.array.copy(), RingLayout(3, 2 * k, size, bitmap_ring)))
                 assert bits_equal(replica.weights, server.weights)
     server = states[True][0]
-    assert sorted(read_ring(server.ring.array, 3, 2 * k, size, True)) == [27, 28, 29]
-    assert sorted(read_ring(server.ring.array, 3, 2 * k, size, True, from_round=29)) == [29]
+    assert sorted(read_ring(server.ring.array, RingLayout(3, 2 * k, size, True))) == [27, 28, 29]
+    assert sorted(read_ring(server.ring.array, RingLayout(3, 2 * k, size, True), from_round=29)) == [29]
     (s_list, r_list), (s_bit, r_bit) = states[False], states[True]
     assert bits_equal(s_bit.weights, s_list.weights) and bits_equal(r_bit.weights, r_list.weights)
     assert r_bit.checks == r_list.checks > 0
 
 
 def test_bitmap_ring_keeps_negative_zero_and_nan_and_names_a_corrupt_slot():
-    ring = DownlinkRing(30, 1, 8, bitmap=True)
+    ring = DownlinkRing(RingLayout(1, 8, 30, bitmap=True))
     g = np.zeros(30, np.float32)
     g[[1, 5, 29]] = [-0.0, np.nan, 2.5]
     ring.record(0, g)
-    (idx, vals, _), = read_ring(ring.array, 1, 8, 30, True).values()
+    (idx, vals, _), = read_ring(ring.array, ring.layout).values()
     back = np.zeros(30, np.float32)
     back[idx] = vals
     assert bits_equal(back, g)
     bad = ring.array.copy()
     bad[1] = 2                                            # the count no longer matches the mask
     with pytest.raises(RoundError, match="ring slot of round 0: bitmap marks 3 indices for 2 values"):
-        read_ring(bad, 1, 8, 30, True)
+        read_ring(bad, ring.layout)
     bad = ring.array.copy()
     bad[4] = 0.5
     with pytest.raises(RoundError, match="round 0: bitmap word is not an integer"):
-        read_ring(bad, 1, 8, 30, True)
+        read_ring(bad, ring.layout)
 
 
 def test_config_index_coding_needs_a_sparsifier():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ssdsgd.compression.codec import MailboxFormat
-from ssdsgd.rounds import BufferState, DownlinkRing, RoundError, StagedRings, read_ring, ring_length
+from ssdsgd.rounds import BufferState, DownlinkRing, RingLayout, RoundError, StagedRings, read_ring
 from ssdsgd.schedule import LRSchedule
 
 B = 8
@@ -27,7 +27,7 @@ def make_pair(size, workers, k, rounds, momentum, delay_momentum, wd, slots, war
     fmt = [MailboxFormat("sparse", size, k)]
     server = BufferState(size, workers, B, momentum, wd, schedule(rounds), fmt, delay_momentum, warmup, decay_only)
     replica = BufferState(size, workers, B, momentum, wd, schedule(rounds), [], delay_momentum, warmup, decay_only)
-    server.ring = DownlinkRing(size, slots, workers * k)
+    server.ring = DownlinkRing(RingLayout(slots, workers * k, size))
     w0 = np.random.default_rng(1).standard_normal(size).astype(np.float32)
     server.bind(w0)
     replica.bind(w0)
@@ -64,7 +64,7 @@ def test_replica_stays_bit_identical(seed, momentum, delay_momentum, wd, decay_o
     for rnd, rank, msg in order:
         server.receive(msg)
         if server.version >= next_pull:
-            ring = read_ring(server.ring.array.copy(), slots, workers * k)
+            ring = read_ring(server.ring.array.copy(), server.ring.layout)
             assert replica.catch_up(ring)
             assert replica.version == server.version
             assert bits_equal(replica.weights, server.weights)
@@ -81,7 +81,7 @@ def test_missed_rounds_and_dense_slots_ask_for_a_dense_pull():
     for rnd in range(3):
         for rank in range(workers):
             server.receive(sparse_message(rnd, rank, rng.integers(0, size, k), rng.standard_normal(k)))
-    ring = read_ring(server.ring.array, slots, workers * k)
+    ring = read_ring(server.ring.array, server.ring.layout)
     assert sorted(ring) == [1, 2]
     assert not replica.catch_up(ring)              # round 0 has left the ring
     assert replica.version == 0
@@ -89,27 +89,27 @@ def test_missed_rounds_and_dense_slots_ask_for_a_dense_pull():
     replica.bind(server.weights, server.version)
     replica.mom = server.mom.copy()
     server.ring.record(server.version, np.ones(size, np.float32))
-    ring = read_ring(server.ring.array, slots, workers * k)
+    ring = read_ring(server.ring.array, server.ring.layout)
     assert ring[3] is None and not replica.catch_up(ring)
     assert replica.version == 3
 
 
 def test_record_keeps_negative_zero_and_nan():
-    ring = DownlinkRing(6, 1, 4)
+    ring = DownlinkRing(RingLayout(1, 4, 6))
     g = np.array([0.0, -0.0, 1.5, np.nan, 0.0, 2.0], np.float32)
     ring.record(0, g)
-    (idx, vals, _), = read_ring(ring.array, 1, 4).values()
+    (idx, vals, _), = read_ring(ring.array, ring.layout).values()
     back = np.zeros(6, np.float32)
     back[idx] = vals
     assert bits_equal(back, g)
 
 
 def test_read_ring_checks_length_and_empty_slots():
-    ring = DownlinkRing(10, 3, 2)
-    assert ring.array.shape == (ring_length(3, 2),)
-    assert read_ring(ring.array, 3, 2) == {}
+    ring = DownlinkRing(RingLayout(3, 2, 10))
+    assert ring.array.shape == (RingLayout(3, 2, 10).length,) == (3 * (4 + 2 + 2),)
+    assert read_ring(ring.array, ring.layout) == {}
     with pytest.raises(RoundError):
-        read_ring(ring.array[:-1], 3, 2)
+        read_ring(ring.array[:-1], ring.layout)
 
 
 
@@ -123,7 +123,7 @@ def test_staged_rings_route_each_round_to_its_density_stage():
     fmts = [MailboxFormat("sparse", size, k0), MailboxFormat("sparse", size, k1)]
     server = BufferState(size, workers, B, 0.9, 1e-4, schedule(10), fmts, 0.5, 2)
     replica = BufferState(size, workers, B, 0.9, 1e-4, schedule(10), [], 0.5, 2)
-    rings = [DownlinkRing(size, slots, workers * k0), DownlinkRing(size, slots, workers * k1)]
+    rings = [DownlinkRing(RingLayout(slots, workers * k0, size)), DownlinkRing(RingLayout(slots, workers * k1, size))]
     server.ring = StagedRings(rings, [0, first])
     lagging = BufferState(size, workers, B, 0.9, 1e-4, schedule(10), [], 0.5, 2)
     w0 = np.random.default_rng(2).standard_normal(size).astype(np.float32)
@@ -135,7 +135,7 @@ def test_staged_rings_route_each_round_to_its_density_stage():
         for rank in range(workers):
             idx = rng.choice(size, k, replace=False)
             server.receive(sparse_message(rnd, rank, idx, rng.standard_normal(k)), stage)
-        ring = read_ring(rings[stage].array.copy(), slots, workers * (k0, k1)[stage])
+        ring = read_ring(rings[stage].array.copy(), rings[stage].layout)
         assert max(ring) == rnd
         if stage == 0:
             assert len(ring[rnd].indices) > workers * k1     # would not fit stage 1's slots
@@ -143,13 +143,13 @@ def test_staged_rings_route_each_round_to_its_density_stage():
         assert bits_equal(replica.weights, server.weights) and bits_equal(replica.mom, server.mom)
         if rnd < first - 1:
             assert lagging.catch_up(ring)                  # lagging stops pulling before round 3
-    late = read_ring(rings[1].array.copy(), slots, workers * k1)
+    late = read_ring(rings[1].array.copy(), rings[1].layout)
     assert sorted(late) == [8, 9] and not lagging.catch_up(late) and lagging.version == first - 1
     # Stage 0's ring kept its last rounds; nothing of stage 1 was written into it.
-    assert sorted(read_ring(rings[0].array, slots, workers * k0)) == [2, 3]
-    quiet = StagedRings([None, DownlinkRing(size, slots, 4)], [0, 5])
+    assert sorted(read_ring(rings[0].array, rings[0].layout)) == [2, 3]
+    quiet = StagedRings([None, DownlinkRing(RingLayout(slots, 4, size))], [0, 5])
     quiet.record(3, np.ones(size, np.float32))
-    assert read_ring(quiet.rings[1].array, slots, 4) == {}
+    assert read_ring(quiet.rings[1].array, quiet.rings[1].layout) == {}
     with pytest.raises(RoundError, match="stages starting at rounds"):
         StagedRings(rings, [0])
     with pytest.raises(RoundError, match="stages starting at rounds"):
@@ -171,8 +171,8 @@ def test_round_service_publishes_each_stage_ring_in_its_own_key():
                                       "first_rounds": [0, 2], "mom_key": 6, "slots": 1, "check_every": 0}}]}
     svc = RoundService(plan, mx.nd)
     stored = {key: mx.nd.zeros(n) for key, n in ((0, size + 1), (1, 1), (6, size + 1),
-                                                  (4, ring_length(1, workers * ks[0])),
-                                                  (5, ring_length(1, workers * ks[1])))}
+                                                  (4, RingLayout(1, workers * ks[0], size).length),
+                                                  (5, RingLayout(1, workers * ks[1], size).length))}
     for key in (0, 1, 6, 4):
         svc.push(key, mx.nd.zeros(stored[key].shape), stored[key])
     msg = sparse_message(0, 0, np.arange(ks[0]), np.ones(ks[0]))
@@ -187,13 +187,13 @@ def test_round_service_publishes_each_stage_ring_in_its_own_key():
             idx, vals = rng.choice(size, k, replace=False), rng.standard_normal(k).astype(np.float32)
             sums[idx] += vals
             svc.push(2 + stage, mx.nd.array(sparse_message(rnd, rank, idx, vals)), mx.nd.zeros(2 + 2 * k))
-        (got_rnd, (idx, vals, _)), = read_ring(stored[4 + stage].asnumpy(), 1, workers * k).items()
+        (got_rnd, (idx, vals, _)), = read_ring(stored[4 + stage].asnumpy(), RingLayout(1, workers * k, size)).items()
         back = np.zeros(size, np.float32)
         back[idx] = vals
         assert got_rnd == rnd and bits_equal(back, sums)
         assert stored[6].asnumpy()[-1] == rnd + 1
         assert svc.states[0].ring.changed == set()        # published, so nothing is left to copy
-    assert sorted(read_ring(stored[4].asnumpy(), 1, workers * ks[0])) == [1]
+    assert sorted(read_ring(stored[4].asnumpy(), RingLayout(1, workers * ks[0], size))) == [1]
 
 
 def test_config_downlink_needs_a_sparsifier():
@@ -230,7 +230,7 @@ def test_checksum_guard_names_the_version_and_the_buffer():
         for rnd in rounds:
             for rank in range(workers):
                 server.receive(sparse_message(rnd, rank, rng.integers(0, size, k), rng.standard_normal(k)))
-        return read_ring(server.ring.array.copy(), slots, workers * k)
+        return read_ring(server.ring.array.copy(), server.ring.layout)
 
     ring = play(range(3))
     assert [ring[r].checksum is not None for r in range(3)] == [False, True, False]   # (r + 1) % 2 == 0

@@ -45,7 +45,7 @@ from ssdsgd.compression.registry import is_sparsifier
 from ssdsgd.env import BIGARRAY_BOUND_ENV
 from ssdsgd.faults import cost_scale
 from ssdsgd.glu import GLU, GlobalMomentum, LocalSGD
-from ssdsgd.rounds import BufferState, ReplicaMismatch, read_ring, ring_length, ring_slot_length
+from ssdsgd.rounds import BufferState, ReplicaMismatch, RingLayout, read_ring
 from ssdsgd.schedule import LRSchedule
 
 class PullWatch:
@@ -136,10 +136,16 @@ def _describe_plan(sizes):
     return f"{len(sizes)} buffers of {', '.join(map(str, sizes[:12]))}{'...' if len(sizes) > 12 else ''} elements"
 
 
+def ring_layout(size, down, ring):
+    """The RingLayout of a buffer's ring key (`down`: the buffer's downlink plan, `ring`: one density
+    stage's ring in it), as the server builds it from the same plan."""
+    return RingLayout(down["slots"], ring["cap"], size, ring["bitmap"])
+
+
 def ring_zeros(size, down, ring):
-    """Zeros the length of a sparse-downlink ring key (`down`: a buffer's downlink plan, `ring`: one
-    stage's ring in it): its init and bind values, and the worker's pull target."""
-    return mx.nd.zeros(ring_length(down["slots"], ring["cap"], size, ring["bitmap"]))
+    """Zeros the length of a sparse-downlink ring key: its init and bind values, and the worker's
+    pull target."""
+    return mx.nd.zeros(ring_layout(size, down, ring).length)
 
 
 class RoundClient(Client):
@@ -271,10 +277,11 @@ class RoundClient(Client):
             for stage, (bufs, _) in enumerate(self.stages):
                 cap = min(kv.num_workers * bufs[bi].k, b.size)
                 bitmap = use_bitmap(b.size, cap, self.cfg.compression.index_coding)   # the ring is fp32
-                ring_bytes, dense_bytes = 4 * ring_length(slots, cap, b.size, bitmap), 4 * (b.size + 1)
+                layout = RingLayout(slots, cap, b.size, bitmap)
+                ring_bytes, dense_bytes = 4 * layout.length, 4 * (b.size + 1)
                 sparse = ring_bytes < dense_bytes
                 decisions.append({"buffer": bi, "stage": stage, "downlink": "sparse" if sparse else "dense",
-                                  "slots": slots, "slot_bytes": 4 * ring_slot_length(cap, b.size, bitmap),
+                                  "slots": slots, "slot_bytes": 4 * layout.slot_length,
                                   "ring_bytes": ring_bytes, "dense_bytes": dense_bytes,
                                   "indices": "bitmap" if bitmap else "list"})
                 rings.append({"key": keys.on(b.server), "cap": cap, "bitmap": bitmap} if sparse else None)
@@ -490,8 +497,8 @@ class RoundClient(Client):
         checksum (every downlink_check_every-th) are checked on the way (rounds.catch_up)."""
         b, down, rep, stage = self.buffers[bi], self.downlink[bi], self.replicas[bi], self.pulled_ring[bi]
         ring = down["rings"][stage]
-        rounds = read_ring(self.ring_bufs[bi][stage].asnumpy(), down["slots"], ring["cap"], b.size,
-                           ring["bitmap"], from_round=rep.version)                          # waits
+        rounds = read_ring(self.ring_bufs[bi][stage].asnumpy(), ring_layout(b.size, down, ring),
+                           from_round=rep.version)                                          # waits
         try:
             caught_up = rep.catch_up(rounds)
         except ReplicaMismatch as e:

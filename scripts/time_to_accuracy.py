@@ -2,7 +2,8 @@
 the Fashion-MNIST ResNet-20 configs.
 
     sudo python scripts/time_to_accuracy.py [--suite digits|fmnist] [--rate 20] [--seeds 0 1 2]
-        [--set KEY=VALUE ...] [--variants LABEL ...] [--reuse DIR ...] [--out results/time_to_accuracy]
+        [--set KEY=VALUE ...] [--set-for LABEL KEY=VALUE ...] [--variants LABEL ...] [--reuse DIR ...]
+        [--out results/time_to_accuracy]
 
 Each job runs in a fresh network namespace whose loopback is limited to --rate Mbit/s (tc tbf), jobs
 interleaved by seed. Writes evals.csv (variant, seed, epoch, seconds since launch, train_seconds, test
@@ -14,7 +15,10 @@ every variant pays alike per epoch; start-up stays in. That holds where an evalu
 worker: synchronous variants, and SSD-SGD with train.eval_workers: all, as the Fashion-MNIST runs use;
 with rank 0 evaluating alone under an asynchronous variant the others go on training, so the clock
 would undercount. Not summary.json's train_seconds, the sum of the epochs' training seconds), and
-accuracy-vs-time / accuracy-vs-epoch plots through scripts/plot.py. `--variants` runs only some variants;
+accuracy-vs-time / accuracy-vs-epoch plots through scripts/plot.py. `--set` overrides every job's
+config, `--set-for LABEL KEY=VALUE` only that variant's (a longer schedule or another density for top-k),
+so that one invocation runs differently configured variants interleaved by seed, each seed's pair on
+the machine at about the same time. `--variants` runs only some variants;
 `--reuse DIR ...` then takes the SSGD baseline's jobs from earlier runs' jobs.csv and evals.csv (when SSGD
 is not run; each seed from exactly one folder), and the table names the folders: those figures come from
 other runs of the machine.
@@ -54,6 +58,19 @@ def relabel(label, overrides):
         return label
     # The last override is the one the job runs with.
     return label.replace("top-k 1%", f"top-k {float(densities[-1]) * 100:g}%")
+
+
+def plan_jobs(seeds, variants, chosen, common, per_variant):
+    """The jobs in the order they run, [(seed, label, config, overrides)]: by seed, then by the
+    suite's variant order. common: --set for every job; per_variant: {suite label: --set-for
+    overrides}, applied after the common ones. The label is relabel()'s for the job's own overrides."""
+    jobs = []
+    for seed in seeds:
+        for label, config in variants.items():
+            if label in chosen:
+                overrides = list(common) + list(per_variant.get(label, ()))
+                jobs.append((seed, relabel(label, overrides), config, overrides))
+    return jobs
 
 
 def run(label, config, seed, rate, out, timeout, overrides=()):
@@ -190,6 +207,8 @@ def main():
     ap.add_argument("--suite", choices=sorted(SUITES), default="digits")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config override for every job (repeatable)")
+    ap.add_argument("--set-for", action="append", nargs=2, default=[], metavar=("LABEL", "KEY=VALUE"),
+                    help="config override for one variant's jobs, after --set (repeatable)")
     ap.add_argument("--timeout", type=float, default=900, help="per job, seconds")
     ap.add_argument("--out", default="results/time_to_accuracy")
     ap.add_argument("--variants", nargs="+", help="labels to run (default: all of the suite's)")
@@ -209,6 +228,12 @@ def main():
         print(f"error: unknown variant(s) {unknown}; the {args.suite} suite has {list(variants)}", file=sys.stderr)
         return 2
     chosen = args.variants or list(variants)
+    per_variant = {}
+    for label, override in args.set_for:
+        if label not in chosen:
+            print(f"error: --set-for {label!r}: not a variant this run runs ({', '.join(chosen)})", file=sys.stderr)
+            return 2
+        per_variant.setdefault(label, []).append(override)
     jobs, evals = [], []
     if args.reuse and "SSGD" not in chosen:
         try:
@@ -218,24 +243,23 @@ def main():
             return 2
         names = " and ".join(os.path.relpath(os.path.abspath(d), ROOT) for d in args.reuse)
         title += f" (SSGD from the earlier run{'s' if len(args.reuse) > 1 else ''} in {names})"
-    if args.set:
+    if args.set or per_variant:
         # Without this, a folder made with overrides reads as the shipped configs' result.
-        title += "; the jobs run here with " + " ".join(f"--set {s}" for s in args.set)
-    chosen = [relabel(label, args.set) for label in chosen]
-    variants = {relabel(label, args.set): config for label, config in variants.items()}
-    for seed in args.seeds:
-        for label, config in variants.items():
-            if label not in chosen:
-                continue
-            print(f"[seed {seed}] {label} at {args.rate:g} Mbit/s", flush=True)
-            job, ev = run(label, config, seed, args.rate, out, args.timeout, args.set)
-            jobs.append(job)
-            evals += ev
-            print(f"  exit {job['rc']}, {job['seconds']:.1f} s, {job['kernel_bytes'] / 1e6:.1f} MB on the link",
-                  flush=True)
+        title += "; the jobs run here with " + " ".join(
+            [f"--set {s}" for s in args.set] +
+            [f"--set-for '{label}' {s}" for label, sets in per_variant.items() for s in sets])
+    planned = plan_jobs(args.seeds, variants, chosen, args.set, per_variant)
+    for seed, label, config, overrides in planned:
+        print(f"[seed {seed}] {label} at {args.rate:g} Mbit/s", flush=True)
+        job, ev = run(label, config, seed, args.rate, out, args.timeout, overrides)
+        jobs.append(job)
+        evals += ev
+        print(f"  exit {job['rc']}, {job['seconds']:.1f} s, {job['kernel_bytes'] / 1e6:.1f} MB on the link",
+              flush=True)
     write_csv(os.path.join(out, "jobs.csv"), jobs)
     write_csv(os.path.join(out, "evals.csv"), evals)
-    text = table(jobs, evals, args.rate, title, variants)
+    rows = [relabel(label, list(args.set) + per_variant.get(label, [])) for label in variants]
+    text = table(jobs, evals, args.rate, title, rows)
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(text + "\n")
     print(text)

@@ -558,3 +558,27 @@ def test_wire_bytes_compares_each_variant_with_its_own_reference():
     assert lines[6] == "| x | failed | | | | | | |"
     assert lines[7] == "| e | 0.5000 | 1.000 | 1.000 | 1.000 | – | – | – |"
     assert lines[2].endswith("| – | – | – |")
+
+
+def test_time_to_accuracy_plans_per_variant_overrides_interleaved_by_seed():
+    """--set for every job, --set-for only for its variant (after --set, so it wins); jobs by seed,
+    then in the suite's order; each job's label shows the density it runs at."""
+    import time_to_accuracy as tta
+    _, variants = tta.SUITES["fmnist"]
+    topk = "SSD-SGD + top-k 1%"
+    plan = tta.plan_jobs([0, 1], variants, ["SSGD", topk], ["model.hybridize=false", "compression.density=0.05"],
+                         {topk: ["train.epochs=18", "compression.density=0.1"]})
+    assert [(seed, label) for seed, label, _, _ in plan] == [
+        (0, "SSGD"), (0, "SSD-SGD + top-k 10%"), (1, "SSGD"), (1, "SSD-SGD + top-k 10%")]
+    assert plan[0][2:] == (variants["SSGD"], ["model.hybridize=false", "compression.density=0.05"])
+    assert plan[1][2:] == (variants[topk], ["model.hybridize=false", "compression.density=0.05",
+                                            "train.epochs=18", "compression.density=0.1"])
+    assert tta.plan_jobs([3], variants, [topk], [], {}) == [(3, topk, variants[topk], [])]
+
+
+def test_time_to_accuracy_refuses_set_for_a_variant_it_does_not_run(tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "time_to_accuracy.py"), "--suite", "fmnist",
+                           "--variants", "SSGD", "--set-for", "SSD-SGD", "train.epochs=3", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--set-for 'SSD-SGD': not a variant this run runs (SSGD)" in proc.stderr

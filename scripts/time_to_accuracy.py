@@ -60,15 +60,20 @@ def relabel(label, overrides):
     return label.replace("top-k 1%", f"top-k {float(densities[-1]) * 100:g}%")
 
 
+def variant_overrides(label, common, per_variant):
+    """A variant's config overrides: --set for every job (common), then its own --set-for ones
+    (per_variant: {suite label: overrides}), which therefore win."""
+    return list(common) + list(per_variant.get(label, ()))
+
+
 def plan_jobs(seeds, variants, chosen, common, per_variant):
     """The jobs in the order they run, [(seed, label, config, overrides)]: by seed, then by the
-    suite's variant order. common: --set for every job; per_variant: {suite label: --set-for
-    overrides}, applied after the common ones. The label is relabel()'s for the job's own overrides."""
+    suite's variant order. The label is relabel()'s for the job's own overrides."""
     jobs = []
     for seed in seeds:
         for label, config in variants.items():
             if label in chosen:
-                overrides = list(common) + list(per_variant.get(label, ()))
+                overrides = variant_overrides(label, common, per_variant)
                 jobs.append((seed, relabel(label, overrides), config, overrides))
     return jobs
 
@@ -215,13 +220,7 @@ def main():
     ap.add_argument("--reuse", metavar="DIR", nargs="+",
                     help="take the SSGD baseline from these earlier output folders (each seed from one)")
     args = ap.parse_args()
-    try:
-        check_tools()
-    except NetnsError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    out = os.path.abspath(args.out)
-    os.makedirs(out, exist_ok=True)
+    # The command line first: a mistake there is reported as such, before any root-only check.
     title, variants = SUITES[args.suite]
     unknown = sorted(set(args.variants or ()) - set(variants))
     if unknown:
@@ -234,6 +233,13 @@ def main():
             print(f"error: --set-for {label!r}: not a variant this run runs ({', '.join(chosen)})", file=sys.stderr)
             return 2
         per_variant.setdefault(label, []).append(override)
+    try:
+        check_tools()
+    except NetnsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
     jobs, evals = [], []
     if args.reuse and "SSGD" not in chosen:
         try:
@@ -258,7 +264,7 @@ def main():
               flush=True)
     write_csv(os.path.join(out, "jobs.csv"), jobs)
     write_csv(os.path.join(out, "evals.csv"), evals)
-    rows = [relabel(label, list(args.set) + per_variant.get(label, [])) for label in variants]
+    rows = [relabel(label, variant_overrides(label, args.set, per_variant)) for label in variants]
     text = table(jobs, evals, args.rate, title, rows)
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(text + "\n")

@@ -180,6 +180,13 @@ class RingLayout:
         if self.bitmap and self.size <= 0:
             raise RoundError("a bitmap ring slot needs the buffer's size")
 
+    @classmethod
+    def of_plan(cls, size, down, ring):
+        """The layout of a buffer's ring key from its downlink plan (`down`: the buffer's entry,
+        `ring`: one density stage's ring in it), as the server and the workers both build it. A plan
+        written before the bitmap coding existed has no "bitmap": index lists."""
+        return cls(down["slots"], ring["cap"], size, ring.get("bitmap", False))
+
     @property
     def index_words(self):
         return bitmap_words(self.size) if self.bitmap else self.cap

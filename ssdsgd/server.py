@@ -68,8 +68,7 @@ class RoundService:
                 for stage, ring in enumerate(down["rings"]):
                     if ring is not None:
                         self.roles[ring["key"]] = (b, "ring", stage)
-                        layout = RingLayout(down["slots"], ring["cap"], buf["size"], ring.get("bitmap", False))
-                        ring = DownlinkRing(layout, down.get("check_every", 0))
+                        ring = DownlinkRing(RingLayout.of_plan(buf["size"], down, ring), down.get("check_every", 0))
                     rings.append(ring)
                 self.roles[down["mom_key"]] = (b, "mom", None)
                 self.states[b].ring = StagedRings(rings, down["first_rounds"])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from mxnet import autograd, gluon
 
-from jobs import processes_with, run_job
+from jobs import ROOT, processes_with, run_job
 from ssdsgd.models import inference_graph
 from test_bn_stats import _RecordingTestSet, _StubClient, bn_stats, make_batches, make_net, np_inference
 from ssdsgd.worker import _bn_stats_restored, _evaluate_global, recompute_bn_stats
@@ -68,21 +68,25 @@ def test_evaluate_global_runs_the_batches_through_eval_net(with_bn_batches):
     with _bn_stats_restored(net):
         if with_bn_batches:
             recompute_bn_stats(net, batches)
-        want = np_inference(net, x.asnumpy().astype(np.float64), bn_stats(net)).argmax(axis=1)
+        want_logits = np_inference(net, x.asnumpy().astype(np.float64), bn_stats(net))
+    want = want_logits.argmax(axis=1)
     for p, s in zip(params, saved):
         s.copyto(p.data())
     label = mx.nd.array(np.where(np.arange(len(want)) % 2 == 0, want, (want + 1) % 5))   # half right
 
-    class CountingGraph:
-        calls = 0
+    class RecordingGraph:
+        outputs = []
 
         def __call__(self, data):
-            CountingGraph.calls += 1
-            return graph(data)
+            out = graph(data)
+            RecordingGraph.outputs.append(out.asnumpy())
+            return out
     test_set = _RecordingTestSet(net, x, label)
     (correct, images), _ = _evaluate_global(net, params, _StubClient(global_w), test_set, len(want), 5,
-                                            iter(batches) if with_bn_batches else None, eval_net=CountingGraph())
-    assert CountingGraph.calls == 1
+                                            iter(batches) if with_bn_batches else None, eval_net=RecordingGraph())
+    # the graph ran the batch on the global weights (and, with bn_batches, their recomputed statistics)
+    assert len(RecordingGraph.outputs) == 1
+    np.testing.assert_allclose(RecordingGraph.outputs[0], want_logits, rtol=1e-4, atol=1e-4)
     assert (correct, images) == (len(want) // 2, len(want))
     for p, w in zip(params, local_w):
         np.testing.assert_array_equal(p.data().asnumpy(), w)
@@ -111,3 +115,28 @@ def test_imperative_job_reports_the_accuracy_of_its_saved_weights(tmp_path):
     correct, images = count_correct(net, data.test, cfg.train.batch_size)
     assert images == 360
     assert job.summary()["final_test_acc"] == correct / images
+
+
+def test_end_epoch_evaluates_through_the_runs_eval_net(monkeypatch):
+    """The loop's evaluation hands _evaluate_global the run's eval_net (the graph), not its net."""
+    from types import SimpleNamespace
+
+    from ssdsgd import worker
+    from ssdsgd.config import load_config
+    cfg = load_config(os.path.join(ROOT, "configs", "demo_digits_ssd.yaml"), ["model.hybridize=false"])
+    seen = {}
+
+    def fake_evaluate(net, params, client, test_set, batch_size, steps_done, bn_batches=None, part=0, parts=1,
+                      eval_net=None):
+        seen.update(net=net, eval_net=eval_net, steps_done=steps_done)
+        return (3, 4), 0
+    monkeypatch.setattr(worker, "_evaluate_global", fake_evaluate)
+    net, graph = object(), object()
+    run = SimpleNamespace(cfg=cfg, kv=SimpleNamespace(rank=0, num_workers=2), tally=None, net=net, eval_net=graph,
+                          total_steps=10,
+                          params=[], client=None, data=SimpleNamespace(test=None, eval_set="test"),
+                          log=SimpleNamespace(write=lambda **kw: None))
+    counters = worker.Counters(0, "test", 0.0)
+    worker._end_epoch(run, counters, cfg.train.epochs - 1, 10, 1.0)
+    assert seen == {"net": net, "eval_net": graph, "steps_done": 10}
+    assert counters.final_acc == 0.75

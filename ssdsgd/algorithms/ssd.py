@@ -136,16 +136,10 @@ def _describe_plan(sizes):
     return f"{len(sizes)} buffers of {', '.join(map(str, sizes[:12]))}{'...' if len(sizes) > 12 else ''} elements"
 
 
-def ring_layout(size, down, ring):
-    """The RingLayout of a buffer's ring key (`down`: the buffer's downlink plan, `ring`: one density
-    stage's ring in it), as the server builds it from the same plan."""
-    return RingLayout(down["slots"], ring["cap"], size, ring["bitmap"])
-
-
 def ring_zeros(size, down, ring):
-    """Zeros the length of a sparse-downlink ring key: its init and bind values, and the worker's
-    pull target."""
-    return mx.nd.zeros(ring_layout(size, down, ring).length)
+    """Zeros the length of a sparse-downlink ring key (`down`: a buffer's downlink plan, `ring`: one
+    stage's ring in it): its init and bind values, and the worker's pull target."""
+    return mx.nd.zeros(RingLayout.of_plan(size, down, ring).length)
 
 
 class RoundClient(Client):
@@ -497,7 +491,7 @@ class RoundClient(Client):
         checksum (every downlink_check_every-th) are checked on the way (rounds.catch_up)."""
         b, down, rep, stage = self.buffers[bi], self.downlink[bi], self.replicas[bi], self.pulled_ring[bi]
         ring = down["rings"][stage]
-        rounds = read_ring(self.ring_bufs[bi][stage].asnumpy(), ring_layout(b.size, down, ring),
+        rounds = read_ring(self.ring_bufs[bi][stage].asnumpy(), RingLayout.of_plan(b.size, down, ring),
                            from_round=rep.version)                                          # waits
         try:
             caught_up = rep.catch_up(rounds)

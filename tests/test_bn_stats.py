@@ -227,6 +227,15 @@ class _StubClient:
         return [w.copy() for w in self.weights], 123
 
 
+def global_and_local_weights(net):
+    """(trainable params, 'global' weights 0.3 sd away from the local ones, copies of the local ones)."""
+    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
+    rng = np.random.RandomState(3)
+    global_w = [mx.nd.array(p.data().asnumpy() + 0.3 * rng.standard_normal(p.shape)) for p in params]
+    local_w = [p.data().asnumpy().copy() for p in params]
+    return params, global_w, local_w
+
+
 class _RecordingTestSet:
     """Yields one batch; records the net's weights and BN statistics at evaluation time."""
 
@@ -243,10 +252,7 @@ class _RecordingTestSet:
 @pytest.mark.parametrize("with_bn_batches", [True, False])
 def test_evaluate_global_recomputes_for_the_global_weights_then_restores(with_bn_batches):
     net = make_net(hybridize=True)
-    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
-    rng = np.random.RandomState(3)
-    global_w = [mx.nd.array(p.data().asnumpy() + 0.3 * rng.standard_normal(p.shape)) for p in params]
-    local_w = [p.data().asnumpy().copy() for p in params]
+    params, global_w, local_w = global_and_local_weights(net)
     original = bn_stats(net)
     batches = make_batches()
     # the statistics the GLOBAL weights produce (not the local ones)

@@ -10,7 +10,8 @@ from mxnet import autograd, gluon
 
 from jobs import ROOT, processes_with, run_job
 from ssdsgd.models import inference_graph
-from test_bn_stats import _RecordingTestSet, _StubClient, bn_stats, make_batches, make_net, np_inference
+from test_bn_stats import (_RecordingTestSet, _StubClient, bn_stats, global_and_local_weights, make_batches,
+                           make_net, np_inference)
 from ssdsgd.worker import _bn_stats_restored, _evaluate_global, recompute_bn_stats
 
 
@@ -55,14 +56,10 @@ def test_evaluate_global_runs_the_batches_through_eval_net(with_bn_batches):
     for the global weights, predictions from the graph, local weights and statistics back after."""
     net = make_net(hybridize=False)
     graph = inference_graph(net)
-    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
-    rng = np.random.RandomState(3)
-    global_w = [mx.nd.array(p.data().asnumpy() + 0.3 * rng.standard_normal(p.shape)) for p in params]
-    local_w = [p.data().asnumpy().copy() for p in params]
+    params, global_w, local_w = global_and_local_weights(net)
     original = bn_stats(net)
     batches = make_batches()
     x = batches[2][0]
-    saved = [p.data().copy() for p in params]
     for p, w in zip(params, global_w):
         w.copyto(p.data())
     with _bn_stats_restored(net):
@@ -70,8 +67,8 @@ def test_evaluate_global_runs_the_batches_through_eval_net(with_bn_batches):
             recompute_bn_stats(net, batches)
         want_logits = np_inference(net, x.asnumpy().astype(np.float64), bn_stats(net))
     want = want_logits.argmax(axis=1)
-    for p, s in zip(params, saved):
-        s.copyto(p.data())
+    for p, w in zip(params, local_w):
+        p.data()[:] = w
     label = mx.nd.array(np.where(np.arange(len(want)) % 2 == 0, want, (want + 1) % 5))   # half right
 
     class RecordingGraph:

@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -77,6 +78,9 @@ class Counters:
         self.push_bytes = self.pull_bytes = self.eval_pull_bytes = 0
         self.skipped_steps = 0
         self.wait_seconds = self.train_seconds = 0.0
+        # Where the steps' time went: the forward and backward pass (until the non-finite check has
+        # synchronised it), and the client's after_backward (its waits for the servers included).
+        self.compute_seconds = self.client_seconds = 0.0
         self.after_warmup = {"steps": 0, "push_bytes": 0, "pull_bytes": 0}
         self.staleness = []
         self.best_acc, self.final_acc, self.history = 0.0, 0.0, []
@@ -84,10 +88,12 @@ class Counters:
 
     def new_window(self, t):
         """Start the counts of the steps up to the next log line, at time t."""
-        self.window = {"t": t, "images": 0, "push": 0, "pull": 0, "n": 0}
+        self.window = {"t": t, "images": 0, "push": 0, "pull": 0, "n": 0, "compute": 0.0, "client": 0.0}
 
-    def add_step(self, step, rec, images):
-        """Count step `step`, whose StepRecord is rec."""
+    def add_step(self, step, rec, images, times):
+        """Count step `step`, whose StepRecord is rec and StepTimes `times`."""
+        self.compute_seconds += times.compute
+        self.client_seconds += times.client
         self.push_bytes += rec.push_bytes
         self.pull_bytes += rec.pull_bytes
         if step >= self.warmup_steps:
@@ -102,6 +108,8 @@ class Counters:
         w["images"] += images
         w["push"] += rec.push_bytes
         w["pull"] += rec.pull_bytes
+        w["compute"] += times.compute
+        w["client"] += times.client
         w["n"] += 1
 
     def add_eval(self, epoch, acc, pulled):
@@ -115,6 +123,7 @@ class Counters:
         return {"rank": rank, "host": socket.gethostname(), "steps": steps, "images": images,
                 "train_seconds": self.train_seconds, "push_bytes": self.push_bytes,
                 "pull_bytes": self.pull_bytes, "wait_seconds": self.wait_seconds,
+                "compute_seconds": self.compute_seconds, "client_seconds": self.client_seconds,
                 "skipped_steps": self.skipped_steps, "max_staleness": max(stal) if stal else None,
                 "mean_staleness": float(np.mean(stal)) if stal else None}
 
@@ -173,8 +182,8 @@ def run_worker(cfg, resume=False, overwrite=False):
         for data_batch, label in run.data.train.epoch(epoch):
             if step >= total_steps:
                 break
-            loss, rec = _train_step(run, counters, step, data_batch, label)
-            counters.add_step(step, rec, bsz)
+            loss, rec, times = _train_step(run, counters, step, data_batch, label)
+            counters.add_step(step, rec, bsz, times)
             step += 1
             _touch(heartbeat)
             if step % cfg.log.every_steps == 0 or step == total_steps:
@@ -281,18 +290,27 @@ def _print_start(run, steps_per_epoch):
           f"{sum(p.data().size for p in run.params)} parameters", flush=True)
 
 
+class StepTimes(NamedTuple):
+    compute: float       # seconds of forward, backward and the non-finite check (which waits for them)
+    client: float        # seconds in the client's after_backward: its host work and its waits
+
+
 def _train_step(run, counters, step, data_batch, label):
-    """Forward, backward, the non-finite check, then the client's push and pull: (loss, StepRecord)."""
+    """Forward, backward, the non-finite check, then the client's push and pull:
+    (loss, StepRecord, StepTimes)."""
     from mxnet import autograd
     run.faults.at_step(step, run.kv)
     data_batch = run.faults.batch(step, data_batch)
+    start = time.perf_counter()
     with autograd.record():
         loss = run.loss_fn(run.net(data_batch), label)
     loss.backward()
     if not _finite(loss, run.params):
         _handle_nonfinite(run.cfg.train.nonfinite, loss, run.params, step, run.kv.rank, run.log)
         counters.skipped_steps += 1
-    return loss, run.client.after_backward(step)
+    computed = time.perf_counter()
+    rec = run.client.after_backward(step)
+    return loss, rec, StepTimes(computed - start, time.perf_counter() - computed)
 
 
 def _log_steps(run, counters, epoch, step, loss, rec):
@@ -304,6 +322,7 @@ def _log_steps(run, counters, epoch, step, loss, rec):
     ips = w["images"] / max(1e-9, now - w["t"])
     run.log.write(epoch=epoch, step=step, loss=mean_loss, images_per_sec=ips,
                   push_bytes=w["push"] / w["n"], pull_bytes=w["pull"] / w["n"],
+                  compute_seconds=w["compute"] / w["n"], client_seconds=w["client"] / w["n"],
                   staleness=rec.staleness, wait_seconds=rec.wait_seconds,
                   lr=run.schedule(step), residual_norm=run.client.residual_norm())
     if run.kv.rank == 0:

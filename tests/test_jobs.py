@@ -187,6 +187,13 @@ def test_slow_worker_never_exceeds_staleness_bound(tmp_path):
         assert steps and max(m["staleness"] for m in steps) <= 3
     waited = sum(w["wait_seconds"] for w in s["workers"])
     assert waited > 0.5          # 88 steps x 30 ms of straggling had to be absorbed by waiting
+    # Where the steps went: the waits are inside the client's share, and both shares inside the
+    # epochs' training time (the straggler sleeps before its step, outside both).
+    for w in s["workers"]:
+        assert 0 < w["compute_seconds"] and w["wait_seconds"] <= w["client_seconds"]
+        assert w["compute_seconds"] + w["client_seconds"] <= w["train_seconds"]
+    logged = [m for m in job.metrics(0) if "compute_seconds" in m]
+    assert logged and all(m["compute_seconds"] > 0 and m["client_seconds"] > 0 for m in logged)
 
 
 @pytest.mark.timeout(300)

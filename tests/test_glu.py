@@ -3,7 +3,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from ssdsgd.glu import GLU
+from ssdsgd.flatviews import FlatViews
+from ssdsgd.glu import GLU, GlobalMomentum, LocalSGD
 from ssdsgd.schedule import LRSchedule
 
 RESCALE = 1.0 / 8
@@ -132,7 +133,6 @@ def test_lr_mult_and_wd_mult_are_honoured():
 
 # ------------------------------------------------------------------ GlobalMomentum and LocalSGD
 
-from ssdsgd.glu import GlobalMomentum, LocalSGD  # noqa: E402
 
 MU = 0.9
 
@@ -448,3 +448,109 @@ def test_lookahead_moves_the_weights_by_the_residual_at_the_next_rounds_lr(fusio
     client._look_ahead(8)
     for p, a in zip(params, after):
         assert np.array_equal(p.data().asnumpy(), a)
+
+
+# ------------------------------------------------------------------ whole-buffer forms, bit for bit
+
+MANY_SHAPES = [(4, 3, 3, 3), (4,), (1,), (10, 8)] * 17          # 68 parameters: more than one fused call
+
+
+def _optimizers():
+    common = dict(learning_rate=0.3, wd=WD, rescale_grad=RESCALE, lr_scheduler=make_schedule())
+    return [("global_momentum", lambda: GlobalMomentum(momentum=0.9, **common)),
+            ("glu", lambda: GLU(c=0.5, **common)),
+            ("sgd", lambda: LocalSGD(momentum=0.0, **common))]
+
+
+@pytest.mark.parametrize("name, make", _optimizers())
+def test_update_all_is_update_per_parameter_bit_for_bit(name, make):
+    """update_all over 68 parameters (GlobalMomentum: fused, 60 per call) gives the very bits of
+    update called per parameter, over steps of a changing learning rate, and counts the same."""
+    rng = np.random.default_rng(5)
+    start = [rng.standard_normal(s).astype(np.float32) for s in MANY_SHAPES]
+    one, fused = make(), make()
+    w_one, w_fused = [mx.nd.array(w) for w in start], [mx.nd.array(w) for w in start]
+    s_one = [one.create_state(i, w) for i, w in enumerate(w_one)]
+    s_fused = [fused.create_state(i, w) for i, w in enumerate(w_fused)]
+    for _ in range(5):
+        grads = [mx.nd.array(rng.standard_normal(s) * 3) for s in MANY_SHAPES]
+        for i, (w, g, s) in enumerate(zip(w_one, grads, s_one)):
+            one.update(i, w, g, s)
+        fused.update_all(w_fused, grads, s_fused)
+    for a, b in zip(w_one + [s for s in s_one if s is not None], w_fused + [s for s in s_fused if s is not None]):
+        np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
+    assert fused._index_update_count == one._index_update_count == {i: 5 for i in range(len(MANY_SHAPES))}
+    assert fused.num_update == one.num_update == 5
+    assert not np.array_equal(w_fused[0].asnumpy(), start[0])
+
+
+@pytest.mark.parametrize("name, make", _optimizers())
+@pytest.mark.parametrize("rounds", [0, 1, 3])
+def test_refresh_buffer_is_refresh_per_parameter_bit_for_bit(name, make, rounds):
+    """refresh_buffer over a buffer's pieces gives the states refresh gives per parameter."""
+    rng = np.random.default_rng(6)
+    opt = make()
+    weights = [mx.nd.array(rng.standard_normal(s)) for s in MANY_SHAPES]
+    states_one = [opt.create_state(i, w) for i, w in enumerate(weights)]
+    for s in states_one:                                   # a state that is not the initial one
+        if s is not None:
+            s[:] = mx.nd.array(rng.standard_normal(s.shape))
+    states_buf = [None if s is None else s.copy() for s in states_one]
+    params = FlatViews(weights)
+    new = params.buffer()
+    new.array[:] = rng.standard_normal(params.size).astype(np.float32)
+    params.copy_from(new)                                   # the client loads the weights first
+    before = [None if s is None else s.asnumpy() for s in states_one]
+    for i, w in enumerate(weights):
+        type(opt).refresh(states_one[i], w, rounds)
+    views = opt.state_views(states_buf)
+    assert (views is None) == (name == "sgd")
+    if views is not None:
+        type(opt).refresh_buffer(views, new, rounds)
+    for a, b in zip(states_one, states_buf):
+        if a is not None:
+            np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
+    flat_new, start = new.array.asnumpy(), 0
+    for old, s, shape in zip(before, states_buf, MANY_SHAPES):     # and what that is, in numpy
+        piece = flat_new[start:start + int(np.prod(shape))].reshape(shape)
+        start += piece.size
+        if name == "glu":
+            np.testing.assert_array_equal(s.asnumpy(), piece)                  # the snapshot
+        elif name == "global_momentum":
+            np.testing.assert_array_equal(s[0].asnumpy(), piece)               # w_prev = w_new
+            velocity = (piece - old[0]) / np.float32(rounds) if rounds else old[1]
+            np.testing.assert_array_equal(s[1].asnumpy(), velocity)
+
+
+def test_round_client_loads_a_buffer_through_flat_views_and_follows_a_replaced_array():
+    """_set_buffer (dense pull) and _refresh_from_replica (sparse downlink) load the parameters and
+    refresh GlobalMomentum's states as the per-parameter rule does; a parameter whose array was
+    replaced gets the next refresh in its new array, not through a stale view."""
+    from types import SimpleNamespace
+    client, params, _ = _round_client("global_momentum")
+    rng = np.random.RandomState(7)
+    size = sum(p.data().size for p in params)
+    client.buffers = [SimpleNamespace(params=[0, 1], size=size)]
+    client.versions, client.views, client.pulled_ring = [2], [None], [None]   # a dense pull landed
+    client.staging = [mx.nd.zeros(size)]
+    new = rng.standard_normal(size).astype(np.float32)
+    client.pull_bufs = [mx.nd.array(np.append(new, np.float32(5)))]
+    reference = [s.copy() for s in client.local_states]
+    assert client._apply_pull(0) == 5 and client.versions == [5]
+    start = 0
+    for p, ref in zip(params, reference):
+        piece = new[start:start + p.data().size].reshape(p.shape)
+        start += piece.size
+        np.testing.assert_array_equal(p.data().asnumpy(), piece)
+        GlobalMomentum.refresh(ref, mx.nd.array(piece), 3)          # 3 rounds: version 2 -> 5
+    for s, ref in zip(client.local_states, reference):
+        np.testing.assert_array_equal(s.asnumpy(), ref.asnumpy())
+    np.testing.assert_array_equal(client.pull_bufs[0].asnumpy()[-1], 5)   # the version slot is left
+
+    replaced = mx.nd.zeros(params[0].shape)
+    params[0]._arr = replaced                                        # e.g. a re-initialised parameter
+    again = rng.standard_normal(size).astype(np.float32)
+    client.replicas = [SimpleNamespace(weights=again, version=6)]
+    assert client._refresh_from_replica(0) == 6 and client.versions == [6]
+    np.testing.assert_array_equal(replaced.asnumpy().ravel(), again[:replaced.size])
+    np.testing.assert_array_equal(params[1].data().asnumpy(), again[replaced.size:])

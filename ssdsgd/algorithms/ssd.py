@@ -29,6 +29,7 @@ steps of compute instead of one.
 """
 import threading
 import time
+from typing import NamedTuple
 
 import mxnet as mx
 import numpy as np
@@ -44,9 +45,19 @@ from ssdsgd.compression.fusion import KeyAllocator
 from ssdsgd.compression.registry import is_sparsifier
 from ssdsgd.env import BIGARRAY_BOUND_ENV
 from ssdsgd.faults import cost_scale
+from ssdsgd.flatviews import FlatBuffer, FlatViews
 from ssdsgd.glu import GLU, GlobalMomentum, LocalSGD
 from ssdsgd.rounds import BufferState, ReplicaMismatch, RingLayout, read_ring
 from ssdsgd.schedule import LRSchedule
+
+
+class BufferViews(NamedTuple):
+    """A buffer's arrays as flat views (ssdsgd.flatviews), made once per buffer (_buffer_views)."""
+    params: FlatViews             # the parameters' data
+    states: object                # the local optimizer's state_views of their states (None: no state)
+    pulled: FlatBuffer            # the pull buffer's weights (its last element, the version, left out)
+    staged: FlatBuffer            # the staging buffer (a replica's weights)
+
 
 class PullWatch:
     """Tells, without blocking the training loop, whether pulled arrays have landed.
@@ -241,6 +252,8 @@ class RoundClient(Client):
         if is_sparsifier(comp.type):
             self.stats["compress_seconds_per_step"] = time_encoding(self.buffers, self.encoders, shapes)
         self.pull_bufs = [mx.nd.zeros(b.size + 1) for b in self.buffers]
+        self.staging = [mx.nd.zeros(b.size) for b in self.buffers]   # a replica's weights, on their way in
+        self.views = [None] * len(self.buffers)                     # see _buffer_views
         self.clock_bufs = [mx.nd.zeros(1) for b in self.buffers]
         self.versions = [0] * len(self.buffers)
         self._plan_downlink()
@@ -481,8 +494,9 @@ class RoundClient(Client):
         """Copy the replica's weights into the parameters (and refresh the local optimizer, as a dense
         pull does); returns its version."""
         rep = self.replicas[bi]
-        weights = mx.nd.array(rep.weights, dtype=np.float32)    # one copy of the buffer, sliced per parameter
-        return self._set_buffer(bi, rep.version, lambda off, n: weights[off:off + n])
+        staging = self.staging[bi]
+        staging[:] = rep.weights            # one host-to-NDArray copy of the buffer
+        return self._set_buffer(bi, rep.version, from_replica=True)
 
     def _land_ring(self, bi):
         """A landed ring pull: apply every round newer than the replica's version, in order (or
@@ -508,20 +522,33 @@ class RoundClient(Client):
             return self._land_ring(bi)
         b, buf = self.buffers[bi], self.pull_bufs[bi]
         version = int(buf[b.size].asscalar())           # waits for the pull to land
-        return self._set_buffer(bi, version, lambda off, n: buf[off:off + n])
+        return self._set_buffer(bi, version, from_replica=False)
 
-    def _set_buffer(self, bi, version, piece):
-        """Load buffer bi's global weights at `version` into the parameters (piece(offset, length): the
-        flat values of one parameter) and refresh the local optimizer's state; returns the version."""
-        b = self.buffers[bi]
-        rounds = version - self.versions[bi]
-        for i, off, n in zip(b.params, b.offsets, b.sizes):
-            p = self.params[i].data()
-            piece(off, n).reshape(p.shape).copyto(p)
-            if self.local_states[i] is not None:
-                self.local_opt.refresh(self.local_states[i], p, rounds)
+    def _set_buffer(self, bi, version, from_replica):
+        """Load buffer bi's global weights at `version`, which are in its staging buffer (from_replica)
+        or its pull buffer, into the parameters and refresh the local optimizer's state; returns
+        the version."""
+        views = self._buffer_views(bi)
+        new = views.staged if from_replica else views.pulled
+        views.params.copy_from(new)
+        if views.states is not None:
+            self.local_opt.refresh_buffer(views.states, new, version - self.versions[bi])
         self.versions[bi] = version
         return version
+
+    def _buffer_views(self, bi):
+        """Buffer bi's parameters, its local optimizer's states and the pieces of its pull and staging
+        buffers as flat views (ssdsgd.flatviews), made once; made again if a parameter's array was
+        replaced."""
+        b = self.buffers[bi]
+        arrays = [self.params[i].data() for i in b.params]
+        views = self.views[bi]
+        if views is None or not views.params.matches(arrays):
+            params = FlatViews(arrays)
+            views = self.views[bi] = BufferViews(
+                params, self.local_opt.state_views([self.local_states[i] for i in b.params]),
+                params.buffer(self.pull_bufs[bi][:b.size]), params.buffer(self.staging[bi]))
+        return views
 
     def _poll_clock(self, bi, version):
         """Poll the clock key until the buffer's global version is at least `version`."""
@@ -594,8 +621,8 @@ class RoundClient(Client):
             waited = time.perf_counter() - t0
             wait += waited
             self.log.write(event="staleness_wait", step=step, need_version=need, seconds=round(waited, 6))
-        for i, p in enumerate(self.params):
-            self.local_opt.update(i, p.data(), p.grad(), self.local_states[i])
+        self.local_opt.update_all([p.data() for p in self.params], [p.grad() for p in self.params],
+                                  self.local_states)
         if self.memory is not None and self.memory.momentum:
             self.memory.momentum = self.delay_momentum      # momentum correction: the stage's momentum
         pushed = self._push(step)

@@ -26,6 +26,7 @@ from ssdsgd.compression.codec import FP16_MAX, encode_message, encode_sparse
 from ssdsgd.compression.fusion import plan_for_config, tensor_counts, warmup_stages
 from ssdsgd.compression.memory import Memory
 from ssdsgd.compression.registry import is_sparsifier, make_compressor
+from ssdsgd.flatviews import FlatViews
 
 
 def flatten(arrays):
@@ -60,11 +61,16 @@ class SparseEncoder:
         self.offsets = buffer.offsets
         self.counts = list(buffer.counts)       # k_i per tensor; their sum (the message size) is fixed
         self.allocate_every = allocate_every    # compression.allocation: gradient (0: by size, fixed)
+        self.grads = self.grads_flat = None     # flat views of the gradients, and their flat copy
 
     def encode(self, grads, step):
         """The payload, as a float32 NDArray (codec.encode_sparse)."""
         b = self.buffer
-        flat = flatten(grads).asnumpy()          # the one host copy of the buffer per step
+        if self.grads is None or not self.grads.matches(grads):
+            self.grads = FlatViews(grads)
+            self.grads_flat = self.grads.buffer()
+        self.grads.copy_to(self.grads_flat)
+        flat = self.grads_flat.array.asnumpy()          # the one host copy of the buffer per step
         if self.behind:
             idx, val = self._select(self.memory.accumulate(-1 - b.id, flat, step), b.k, -1 - b.id, step)
         else:

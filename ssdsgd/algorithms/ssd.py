@@ -621,8 +621,7 @@ class RoundClient(Client):
             waited = time.perf_counter() - t0
             wait += waited
             self.log.write(event="staleness_wait", step=step, need_version=need, seconds=round(waited, 6))
-        self.local_opt.update_all([p.data() for p in self.params], [p.grad() for p in self.params],
-                                  self.local_states)
+        self._local_update()
         if self.memory is not None and self.memory.momentum:
             self.memory.momentum = self.delay_momentum      # momentum correction: the stage's momentum
         pushed = self._push(step)
@@ -642,6 +641,11 @@ class RoundClient(Client):
             self.pending_pull = step
             self.watch = PullWatch(self._inflight())
         return self._record(pushed, staleness, wait)
+
+    def _local_update(self):
+        """This worker's own gradient into its local weights (the steps-delay stage)."""
+        self.local_opt.update_all([p.data() for p in self.params], [p.grad() for p in self.params],
+                                  self.local_states)
 
     def _look_ahead(self, step):
         """compression.lookahead: move the weights the next gradient is computed on by what the

@@ -1,0 +1,225 @@
+"""Microbenchmark of a sparse SSD-SGD worker's host work per step (issue 10): what after_backward
+spends besides waiting for the servers, on this machine's CPU, in one process with no network.
+
+The worker's three pieces of the steps-delay stage, on the real client (RoundClient with a stand-in
+KVStore) and a real model's gradients:
+  land    a landed ring pull: read the ring, bring the replica up to date, load the weights into
+          the parameters and refresh the local optimizer (RoundClient._land_ring);
+  local   the local update with this worker's gradient (RoundClient._local_update);
+  encode  error feedback, top-k and the mailbox message (the buffer's SparseEncoder.message).
+The servers' side is ssdsgd.rounds.BufferState with the client's own downlink ring: each round sums
+this worker's message and the same message from rank 1.
+
+`land` and `local` are also timed the way the client did them before commit b467dae ("per
+parameter", reimplemented below verbatim: a slice, a reshape and a copy per parameter, the
+refresh's subtraction and copy per parameter, one sgd_mom_update per parameter), on copies of the
+same weights and states fed the same rounds and gradients; both ways must end bit for bit equal
+(checked). The two ways alternate step by step, so a slower moment of the machine hits both.
+Reported: the median milliseconds per step of each piece, and a forward and backward pass of the
+model in the same process for scale.
+
+    OMP_NUM_THREADS=1 python scripts/bench_host_step.py [--config configs/fmnist_resnet20_ssd_topk.yaml] \
+        [--set compression.density=0.1 ...] [--steps 40] [--out results/bench_host_step]
+"""
+import argparse
+import copy
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from results_io import write_csv, write_text
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The time-to-accuracy setting of the README's Fashion-MNIST runs.
+DEFAULT_SETS = ["compression.density=0.1", "compression.momentum_masking=false", "model.hybridize=false"]
+
+
+class _StandInKV:
+    """What the client's planning reads of a KVStore: two workers, this one rank 0."""
+    num_workers = 2
+    rank = 0
+
+
+def per_parameter_refresh(buffer, weights, states, flat, rounds):
+    """The client's refresh before commit b467dae, for GlobalMomentum: per parameter of the buffer, copy
+    its piece of the flat weights in, then velocity = (w_new - w_prev) / rounds and w_prev = w_new."""
+    import mxnet as mx
+    source = mx.nd.array(flat, dtype=np.float32)
+    for i, off, n in zip(buffer.params, buffer.offsets, buffer.sizes):
+        w, s = weights[i], states[i]
+        source[off:off + n].reshape(w.shape).copyto(w)
+        prev, velocity = s[0], s[1]
+        if rounds > 0:
+            mx.nd.elemwise_sub(w, prev, out=velocity)
+            if rounds != 1:
+                velocity /= rounds
+        w.copyto(prev)
+
+
+def per_parameter_update(opt, weights, grads, states):
+    for i, (w, g, s) in enumerate(zip(weights, grads, states)):
+        opt.update(i, w, g, s)
+
+
+def build(cfg_path, sets):
+    import mxnet as mx
+    from mxnet import autograd
+
+    from ssdsgd.algorithms.ssd import RoundClient, density_stage
+    from ssdsgd.compression.codec import MailboxFormat
+    from ssdsgd.config import load_config
+    from ssdsgd.rounds import DownlinkRing, RingLayout
+    from ssdsgd.schedule import LRSchedule
+    from ssdsgd.worker import build_net
+    cfg = load_config(cfg_path, sets)
+    if cfg.algorithm.type != "ssd" or cfg.compression.downlink != "sparse" or cfg.compression.buffers != "one":
+        raise SystemExit("error: the benchmark needs an ssd config with compression.downlink: sparse and "
+                         "compression.buffers: one")
+    if cfg.algorithm.local.optimizer != "global_momentum":
+        raise SystemExit("error: the per-parameter baseline is GlobalMomentum's; "
+                         "set algorithm.local.optimizer=global_momentum")
+    shape = tuple(cfg.data.shape)
+    net, params = build_net(cfg, 10, shape)
+    x = mx.nd.random.uniform(shape=(cfg.train.batch_size,) + shape)
+    y = mx.nd.array([i % 10 for i in range(cfg.train.batch_size)])
+    loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
+
+    def fwd_bwd():
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        mx.nd.waitall()
+    fwd_bwd()
+    steps_per_epoch = 39
+    total = steps_per_epoch * cfg.train.epochs
+    schedule = LRSchedule(cfg.train.lr_schedule.type, base_lr=cfg.train.lr, total_updates=total,
+                          final_lr=0.0)
+    client = RoundClient(_StandInKV(), params, cfg, schedule, log=None, total_steps=total,
+                         steps_per_epoch=steps_per_epoch)
+    client._plan()
+    if len(client.buffers) != 1 or client.downlink[0] is None:
+        raise SystemExit("error: the plan has no sparse downlink ring for its buffer")
+    flat = np.concatenate([params[i].data().asnumpy().ravel() for i in client.buffers[0].params])   # buffer order
+    replica = client.replicas[0]
+    replica.bind(flat, version=client.warmup)
+    client.versions = [client.warmup]
+    stage = density_stage(client.warmup, steps_per_epoch, len(client.stages))
+    ring = client.downlink[0]["rings"][stage]
+    server = copy.deepcopy(replica)
+    b = client.stages[stage][0][0]
+    server.formats = [MailboxFormat("sparse", b.size, b.k, b.fp16, b.bitmap)]
+    server.ring = DownlinkRing(RingLayout.of_plan(b.size, client.downlink[0], ring))
+    return client, params, server, stage, fwd_bwd
+
+
+def measure(client, params, server, stage, fwd_bwd, steps):
+    import mxnet as mx
+
+    from ssdsgd.compression.encoders import flatten
+    from ssdsgd.rounds import RingLayout, read_ring
+    grads = [p.grad() for p in params]
+    encoder = client.stages[stage][1][0]
+    ring_buf = client.ring_bufs[0][stage]
+    layout = RingLayout.of_plan(client.buffers[0].size, client.downlink[0], client.downlink[0]["rings"][stage])
+    # the per-parameter way works on copies of the same weights, states, optimizer and replica
+    old_w = [p.data().copy() for p in params]
+    old_s = [s.copy() for s in client.local_states]
+    old_opt = copy.deepcopy(client.local_opt)
+    old_rep = copy.deepcopy(client.replicas[0])
+
+    def old_land():
+        old_rep.catch_up(read_ring(ring_buf.asnumpy(), layout, from_round=old_rep.version))
+        per_parameter_refresh(client.buffers[0], old_w, old_s, old_rep.weights, 1)
+
+    def flat_copy():          # what encode() does first: the gradients into one host array
+        encoder.grads.copy_to(encoder.grads_flat)
+        encoder.grads_flat.array.asnumpy()
+
+    pieces = {"land_flat": lambda: client._land_ring(0), "land_per_parameter": old_land,
+              "local_fused": client._local_update,
+              "local_per_parameter": lambda: per_parameter_update(old_opt, old_w, grads, old_s),
+              "gradient_copy_flat": flat_copy,
+              "gradient_copy_per_parameter": lambda: flatten(grads).asnumpy()}
+    rows = []
+    for i in range(steps):
+        step = client.warmup + i
+        row = {"step": i, "encode_ms": _timed(lambda: encoder.message(grads, step, 0))}
+        msg = encoder.message(grads, step, 0).asnumpy()       # what the server gets (memory moved on: fine)
+        server.receive(msg)
+        msg[1] = 1                                              # the other worker's push of the round
+        if server.receive(msg) != 1:
+            raise SystemExit(f"error: round {step} was not applied on the server")
+        ring_buf[:] = server.ring.array
+        client.pulled_ring[0] = stage
+        # the order the client runs them in (land, then the local update), each way first every other step
+        order = ["land_flat", "land_per_parameter", "local_fused", "local_per_parameter", "gradient_copy_flat",
+                 "gradient_copy_per_parameter"]
+        if i % 2:
+            order = [order[j ^ 1] for j in range(len(order))]
+        for name in order:
+            row[f"{name}_ms"] = _timed(pieces[name])
+        if i % 4 == 0:
+            row["forward_backward_ms"] = _timed(fwd_bwd)
+        rows.append(row)
+    mx.nd.waitall()
+    for a, b in zip([p.data() for p in params] + client.local_states, old_w + old_s):
+        if not np.array_equal(a.asnumpy(), b.asnumpy()):
+            raise SystemExit("error: the flat and the per-parameter ways ended with different weights or states")
+    return rows
+
+
+def _timed(fn):
+    import mxnet as mx
+    t = time.perf_counter()
+    fn()
+    mx.nd.waitall()
+    return 1e3 * (time.perf_counter() - t)
+
+
+COMPARED = [("land", "land_per_parameter_ms", "land_flat_ms"), ("local", "local_per_parameter_ms", "local_fused_ms"),
+            ("gradient copy (part of encode)", "gradient_copy_per_parameter_ms", "gradient_copy_flat_ms")]
+
+
+def table(rows, args, sets):
+    names = {k for r in rows for k in r if k.endswith("_ms")}
+    med = {k: statistics.median(r[k] for r in rows if k in r) for k in names}
+    fwd_steps = sum(1 for r in rows if "forward_backward_ms" in r)
+    lines = [f"Host work per step of a sparse SSD-SGD worker, {os.path.relpath(args.config, ROOT)} with "
+             f"{' '.join(sets) or 'no overrides'}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}, one "
+             f"process, no network; median over {len(rows)} steps", "",
+             "| piece | per parameter (before b467dae) | now | now / before |", "|---|---|---|---|"]
+    for name, before, now in COMPARED:
+        lines.append(f"| {name} | {med[before]:.2f} ms | {med[now]:.2f} ms | {med[now] / med[before]:.2f}x |")
+    lines += ["", f"encode as a whole (gradient copy, error feedback, top-k, message): {med['encode_ms']:.2f} ms; "
+              f"land + local + encode now: {med['land_flat_ms'] + med['local_fused_ms'] + med['encode_ms']:.2f} ms; "
+              f"forward and backward of the model in the same process: {med['forward_backward_ms']:.0f} ms "
+              f"(median of {fwd_steps})."]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=os.path.join(ROOT, "configs", "fmnist_resnet20_ssd_topk.yaml"))
+    ap.add_argument("--set", dest="sets", action="append", default=None, metavar="KEY=VALUE",
+                    help=f"config overrides (default: {' '.join(DEFAULT_SETS)})")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--out", default="results/bench_host_step")
+    args = ap.parse_args(argv)
+    if args.steps < 4:
+        ap.error("--steps must be at least 4 (one forward and backward every 4 steps)")
+    sets = DEFAULT_SETS if args.sets is None else args.sets
+    os.makedirs(args.out, exist_ok=True)
+    client, params, server, stage, fwd_bwd = build(args.config, sets)
+    rows = measure(client, params, server, stage, fwd_bwd, args.steps)
+    write_csv(os.path.join(args.out, "steps.csv"), rows)
+    text = table(rows, args, sets)
+    write_text(os.path.join(args.out, "table.md"), text)
+    print(text)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, ROOT)
+    main()

@@ -1,0 +1,56 @@
+"""scripts/bench_host_step.py: a tiny real run, its bit-for-bit check, and the refused configs."""
+import csv
+import os
+import subprocess
+import sys
+
+import pytest
+
+import bench_host_step  # scripts/, on the path through pytest.ini
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "scripts", "bench_host_step.py")
+CONFIG = os.path.join(ROOT, "configs", "fmnist_resnet20_ssd_topk.yaml")
+# a small model on small images, so that a run takes seconds
+TINY = bench_host_step.DEFAULT_SETS + ["model.name=small_cnn", "data.shape=[3,8,8]", "train.batch_size=8"]
+
+
+def test_tiny_run_times_every_piece_both_ways(tmp_path):
+    out = tmp_path / "bench"
+    sets = [a for s in TINY for a in ("--set", s)]
+    proc = subprocess.run([sys.executable, SCRIPT, *sets, "--steps", "4", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr
+    with open(out / "steps.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["step"] for r in rows] == ["0", "1", "2", "3"]
+    for way in ("land_flat", "land_per_parameter", "local_fused", "local_per_parameter", "gradient_copy_flat",
+                "gradient_copy_per_parameter", "encode"):
+        assert all(float(r[f"{way}_ms"]) > 0 for r in rows), way
+    assert [bool(r["forward_backward_ms"]) for r in rows] == [True, False, False, False]
+    text = (out / "table.md").read_text()
+    for piece in ("| land |", "| local |", "| gradient copy (part of encode) |"):
+        assert piece in text
+    assert "median over 4 steps" in text and "forward and backward" in text
+
+
+def test_the_two_ways_must_end_bit_for_bit_equal(monkeypatch):
+    """A per-parameter way that updates differently is caught (the check is not vacuous)."""
+    client, params, server, stage, fwd_bwd = bench_host_step.build(CONFIG, TINY)
+    plain = bench_host_step.per_parameter_update
+
+    def off_by_a_step(opt, weights, grads, states):
+        plain(opt, weights, grads, states)
+        weights[0][:] = weights[0] * 1.0001
+    monkeypatch.setattr(bench_host_step, "per_parameter_update", off_by_a_step)
+    with pytest.raises(SystemExit, match="different weights or states"):
+        bench_host_step.measure(client, params, server, stage, fwd_bwd, 4)
+
+
+@pytest.mark.parametrize("sets, named", [(["compression.buffers=fixed"], "compression.buffers: one"),
+                                         (["compression.downlink=dense"], "compression.downlink: sparse"),
+                                         (["algorithm.local.optimizer=glu"], "algorithm.local.optimizer")])
+def test_configs_it_cannot_measure_are_refused(sets, named):
+    proc = subprocess.run([sys.executable, SCRIPT, *[a for s in sets for a in ("--set", s)], "--steps", "4"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and named in proc.stderr

@@ -10,9 +10,12 @@ refresh (a reshape alone takes about 50 us). Here every view is made once:
                        arrays (FlatViews.buffer);
   copy_from, copy_to   one operator copies every piece between the buffer and the arrays. The
                        operator is amp_multicast, which casts each input into its output as the widest
-                       dtype among the inputs: for arrays of one dtype, a copy of each, in one call.
-Views stay valid while the arrays are the same objects; `matches` tells whether they still are, so
-that an array replaced elsewhere is never written through a stale view.
+                       dtype among the inputs: for float32 arrays, a copy of each, in one call.
+Limits: float32 arrays only (amp_multicast would widen float16 to float32, which its float16
+outputs refuse), and a buffer must not share memory with the arrays (MXNet treats an output that
+shares an input's memory as in place and skips that copy). Views stay valid while the arrays are
+the same objects; `matches` tells whether they still are, so that an array replaced elsewhere is
+never written through a stale view.
 """
 from typing import NamedTuple
 
@@ -31,9 +34,9 @@ class FlatViews:
         if not self.arrays:
             raise ValueError("FlatViews of no arrays")
         dtypes = {np.dtype(a.dtype) for a in self.arrays}
-        if len(dtypes) != 1:
-            raise ValueError(f"FlatViews of arrays of several dtypes: {sorted(map(str, dtypes))}")
-        self.dtype = dtypes.pop()
+        if dtypes != {np.dtype(np.float32)}:
+            raise ValueError(f"FlatViews of {', '.join(sorted(map(str, dtypes)))} arrays: float32 only")
+        self.dtype = np.dtype(np.float32)
         self.views = [a.reshape(-1) for a in self.arrays]
         self.sizes = [v.shape[0] for v in self.views]
         self.size = int(sum(self.sizes))

@@ -18,13 +18,9 @@ import mxnet as mx
 from ssdsgd.flatviews import FlatViews
 
 
-class _OneByOne:
-    """The local optimizer's step over all parameters and its refresh of a whole buffer, for the
-    optimizers whose rule is written per parameter (GlobalMomentum fuses both)."""
-
-    def update_all(self, weights, grads, states):
-        for i, (w, g, s) in enumerate(zip(weights, grads, states)):
-            self.update(i, w, g, s)
+class _WholeStates:
+    """state_views for the optimizers whose refresh writes each state whole (GLU's snapshot; LocalSGD
+    has no state to refresh)."""
 
     @staticmethod
     def state_views(states):
@@ -33,7 +29,7 @@ class _OneByOne:
 
 
 @mx.optimizer.Optimizer.register
-class GLU(_OneByOne, mx.optimizer.Optimizer):
+class GLU(_WholeStates, mx.optimizer.Optimizer):
     def __init__(self, c=0.5, **kwargs):
         super().__init__(**kwargs)
         self.c = float(c)
@@ -60,7 +56,7 @@ class GLU(_OneByOne, mx.optimizer.Optimizer):
         views.copy_from(new)
 
 
-class LocalSGD(_OneByOne, mx.optimizer.SGD):
+class LocalSGD(_WholeStates, mx.optimizer.SGD):
     """Plain local SGD (no compensation): MXNet's SGD, with the refresh hooks the client calls."""
 
     @staticmethod
@@ -90,24 +86,14 @@ class GlobalMomentum(mx.optimizer.Optimizer):
     store it like the other local optimizers' single-array state.
     """
 
-    # multi_sgd_mom_update takes at most 60 weights per call in MXNet 1.9 (MultiSGDKernelParam::N);
-    # more crash the process instead of raising.
-    FUSED = 60
-
     def __init__(self, momentum=0.9, **kwargs):
         super().__init__(**kwargs)
         self.momentum = float(momentum)
-        self._velocity = {}      # id of a state -> its velocity view, state[1] (made once: ~25 us a call)
 
     def create_state(self, index, weight):
         state = mx.nd.zeros((2,) + weight.shape, dtype=weight.dtype)
         state[0] = weight
-        self._velocity[id(state)] = (state, state[1])
         return state
-
-    def _velocity_of(self, state):
-        held = self._velocity.get(id(state))
-        return held[1] if held is not None and held[0] is state else state[1]
 
     def update(self, index, weight, grad, state):
         self._update_count(index)
@@ -116,21 +102,6 @@ class GlobalMomentum(mx.optimizer.Optimizer):
         mx.nd.sgd_mom_update(weight, grad, state[1], out=weight, lr=self._get_lr(index),
                              wd=self._get_wd(index), momentum=self.momentum, rescale_grad=self.rescale_grad,
                              clip_gradient=self.clip_gradient if self.clip_gradient else -1.0)
-
-    def update_all(self, weights, grads, states):
-        """update for every parameter (index = position in the lists), FUSED parameters per operator:
-        the same kernel arithmetic as one sgd_mom_update each (bit for bit), a fraction of the calls."""
-        indices = list(range(len(weights)))
-        self._update_count(indices)
-        lrs, wds = self._get_lrs(indices), self._get_wds(indices)
-        clip = self.clip_gradient if self.clip_gradient else -1.0
-        for start in range(0, len(weights), self.FUSED):
-            part = slice(start, start + self.FUSED)
-            data = [a for w, g, s in zip(weights[part], grads[part], states[part])
-                    for a in (w, g, self._velocity_of(s))]
-            mx.nd.multi_sgd_mom_update(*data, out=weights[part], lrs=tuple(lrs[part]), wds=tuple(wds[part]),
-                                       momentum=self.momentum, rescale_grad=self.rescale_grad,
-                                       clip_gradient=clip, num_weights=len(weights[part]))
 
     @staticmethod
     def state_views(states):
@@ -149,8 +120,8 @@ class GlobalMomentum(mx.optimizer.Optimizer):
             prev.copy_to(scratch)
             mx.nd.elemwise_sub(new.array, scratch.array, out=scratch.array)
             if rounds != 1:
-                step = scratch.array
-                step /= rounds
+                velocity_flat = scratch.array      # (a NamedTuple field cannot take an in-place /=)
+                velocity_flat /= rounds
             velocity.copy_from(scratch)
         prev.copy_from(new)
 

@@ -452,7 +452,7 @@ def test_lookahead_moves_the_weights_by_the_residual_at_the_next_rounds_lr(fusio
 
 # ------------------------------------------------------------------ whole-buffer forms, bit for bit
 
-MANY_SHAPES = [(4, 3, 3, 3), (4,), (1,), (10, 8)] * 17          # 68 parameters: more than one fused call
+MANY_SHAPES = [(4, 3, 3, 3), (4,), (1,), (10, 8)] * 17          # 68 parameters of a buffer
 
 
 def _optimizers():
@@ -462,55 +462,59 @@ def _optimizers():
             ("sgd", lambda: LocalSGD(momentum=0.0, **common))]
 
 
-@pytest.mark.parametrize("name, make", _optimizers())
-def test_update_all_is_update_per_parameter_bit_for_bit(name, make):
-    """update_all over 68 parameters (GlobalMomentum: fused, 60 per call) gives the very bits of
-    update called per parameter, over steps of a changing learning rate, and counts the same."""
-    rng = np.random.default_rng(5)
-    start = [rng.standard_normal(s).astype(np.float32) for s in MANY_SHAPES]
-    one, fused = make(), make()
-    w_one, w_fused = [mx.nd.array(w) for w in start], [mx.nd.array(w) for w in start]
-    s_one = [one.create_state(i, w) for i, w in enumerate(w_one)]
-    s_fused = [fused.create_state(i, w) for i, w in enumerate(w_fused)]
-    for _ in range(5):
-        grads = [mx.nd.array(rng.standard_normal(s) * 3) for s in MANY_SHAPES]
-        for i, (w, g, s) in enumerate(zip(w_one, grads, s_one)):
-            one.update(i, w, g, s)
-        fused.update_all(w_fused, grads, s_fused)
-    for a, b in zip(w_one + [s for s in s_one if s is not None], w_fused + [s for s in s_fused if s is not None]):
-        np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
-    assert fused._index_update_count == one._index_update_count == {i: 5 for i in range(len(MANY_SHAPES))}
-    assert fused.num_update == one.num_update == 5
-    assert not np.array_equal(w_fused[0].asnumpy(), start[0])
+def _bits(a):
+    """An array's float32 bit patterns (so -0.0 differs from +0.0, and a NaN is compared by its bits)."""
+    return np.ascontiguousarray(a.asnumpy(), np.float32).view(np.uint32)
+
+
+def _refresh_per_parameter(name, state, weight, rounds):
+    """The refresh rule written per parameter with MXNet's own operators (the client before it
+    refreshed whole buffers): GLU takes the snapshot, GlobalMomentum sets v = (w_new - w_prev) / rounds
+    (kept when rounds == 0) and w_prev = w_new, LocalSGD does nothing."""
+    if name == "glu":
+        weight.copyto(state)
+    elif name == "global_momentum":
+        prev, velocity = state[0], state[1]
+        if rounds > 0:
+            mx.nd.elemwise_sub(weight, prev, out=velocity)
+            if rounds != 1:
+                velocity /= rounds
+        weight.copyto(prev)
 
 
 @pytest.mark.parametrize("name, make", _optimizers())
 @pytest.mark.parametrize("rounds", [0, 1, 3])
-def test_refresh_buffer_is_refresh_per_parameter_bit_for_bit(name, make, rounds):
-    """refresh_buffer over a buffer's pieces gives the states refresh gives per parameter."""
+def test_refresh_buffer_is_the_per_parameter_rule_bit_for_bit(name, make, rounds):
+    """refresh_buffer over a buffer's pieces leaves the very bits the per-parameter rule leaves, the
+    optimizer's own refresh(state, weight, rounds) as well, and both are the rule in numpy."""
     rng = np.random.default_rng(6)
     opt = make()
     weights = [mx.nd.array(rng.standard_normal(s)) for s in MANY_SHAPES]
-    states_one = [opt.create_state(i, w) for i, w in enumerate(weights)]
-    for s in states_one:                                   # a state that is not the initial one
+    states_ref = [opt.create_state(i, w) for i, w in enumerate(weights)]
+    for s in states_ref:                                   # a state that is not the initial one
         if s is not None:
             s[:] = mx.nd.array(rng.standard_normal(s.shape))
-    states_buf = [None if s is None else s.copy() for s in states_one]
+    states_buf = [None if s is None else s.copy() for s in states_ref]
+    states_one = [None if s is None else s.copy() for s in states_ref]
     params = FlatViews(weights)
     new = params.buffer()
-    new.array[:] = rng.standard_normal(params.size).astype(np.float32)
+    flat_new = rng.standard_normal(params.size).astype(np.float32)
+    flat_new[:4] = [0.0, -0.0, 0.0, -0.0]                  # signed zeros must come through as they are
+    new.array[:] = flat_new
     params.copy_from(new)                                   # the client loads the weights first
-    before = [None if s is None else s.asnumpy() for s in states_one]
+    before = [None if s is None else s.asnumpy() for s in states_ref]
     for i, w in enumerate(weights):
+        _refresh_per_parameter(name, states_ref[i], w, rounds)
         type(opt).refresh(states_one[i], w, rounds)
     views = opt.state_views(states_buf)
     assert (views is None) == (name == "sgd")
     if views is not None:
         type(opt).refresh_buffer(views, new, rounds)
-    for a, b in zip(states_one, states_buf):
-        if a is not None:
-            np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
-    flat_new, start = new.array.asnumpy(), 0
+    for ref, buf, one in zip(states_ref, states_buf, states_one):
+        if ref is not None:
+            np.testing.assert_array_equal(_bits(buf), _bits(ref))
+            np.testing.assert_array_equal(_bits(one), _bits(ref))
+    start = 0
     for old, s, shape in zip(before, states_buf, MANY_SHAPES):     # and what that is, in numpy
         piece = flat_new[start:start + int(np.prod(shape))].reshape(shape)
         start += piece.size
@@ -542,9 +546,9 @@ def test_round_client_loads_a_buffer_through_flat_views_and_follows_a_replaced_a
         piece = new[start:start + p.data().size].reshape(p.shape)
         start += piece.size
         np.testing.assert_array_equal(p.data().asnumpy(), piece)
-        GlobalMomentum.refresh(ref, mx.nd.array(piece), 3)          # 3 rounds: version 2 -> 5
+        _refresh_per_parameter("global_momentum", ref, mx.nd.array(piece), 3)   # 3 rounds: version 2 -> 5
     for s, ref in zip(client.local_states, reference):
-        np.testing.assert_array_equal(s.asnumpy(), ref.asnumpy())
+        np.testing.assert_array_equal(_bits(s), _bits(ref))
     np.testing.assert_array_equal(client.pull_bufs[0].asnumpy()[-1], 5)   # the version slot is left
 
     replaced = mx.nd.zeros(params[0].shape)
@@ -554,3 +558,7 @@ def test_round_client_loads_a_buffer_through_flat_views_and_follows_a_replaced_a
     assert client._refresh_from_replica(0) == 6 and client.versions == [6]
     np.testing.assert_array_equal(replaced.asnumpy().ravel(), again[:replaced.size])
     np.testing.assert_array_equal(params[1].data().asnumpy(), again[replaced.size:])
+    client.staging = [mx.nd.zeros(size)]                             # a replaced staging buffer too
+    client.replicas = [SimpleNamespace(weights=-again, version=7)]
+    assert client._refresh_from_replica(0) == 7
+    np.testing.assert_array_equal(replaced.asnumpy().ravel(), -again[:replaced.size])

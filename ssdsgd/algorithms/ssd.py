@@ -57,6 +57,7 @@ class BufferViews(NamedTuple):
     states: object                # the local optimizer's state_views of their states (None: no state)
     pulled: FlatBuffer            # the pull buffer's weights (its last element, the version, left out)
     staged: FlatBuffer            # the staging buffer (a replica's weights)
+    others: list                  # the states, pull buffer and staging buffer the views were made of
 
 
 class PullWatch:
@@ -538,16 +539,17 @@ class RoundClient(Client):
 
     def _buffer_views(self, bi):
         """Buffer bi's parameters, its local optimizer's states and the pieces of its pull and staging
-        buffers as flat views (ssdsgd.flatviews), made once; made again if a parameter's array was
-        replaced."""
+        buffers as flat views (ssdsgd.flatviews), made once; made again if any of those arrays was
+        replaced (load_state and _plan write them in place, so this is a guard, not the usual case)."""
         b = self.buffers[bi]
         arrays = [self.params[i].data() for i in b.params]
+        others = [self.local_states[i] for i in b.params] + [self.pull_bufs[bi], self.staging[bi]]
         views = self.views[bi]
-        if views is None or not views.params.matches(arrays):
+        if views is None or not views.params.matches(arrays) or any(x is not y for x, y in zip(others, views.others)):
             params = FlatViews(arrays)
             views = self.views[bi] = BufferViews(
-                params, self.local_opt.state_views([self.local_states[i] for i in b.params]),
-                params.buffer(self.pull_bufs[bi][:b.size]), params.buffer(self.staging[bi]))
+                params, self.local_opt.state_views(others[:-2]),
+                params.buffer(self.pull_bufs[bi][:b.size]), params.buffer(self.staging[bi]), others)
         return views
 
     def _poll_clock(self, bi, version):
@@ -643,9 +645,12 @@ class RoundClient(Client):
         return self._record(pushed, staleness, wait)
 
     def _local_update(self):
-        """This worker's own gradient into its local weights (the steps-delay stage)."""
-        self.local_opt.update_all([p.data() for p in self.params], [p.grad() for p in self.params],
-                                  self.local_states)
+        """This worker's own gradient into its local weights (the steps-delay stage). One operator per
+        parameter: multi_sgd_mom_update would save a few calls, but it reads the learning rate with
+        another parser than sgd_mom_update, so some rates (below 1e-4, late in a cosine schedule)
+        would differ by a float32 ulp from the servers' rule."""
+        for i, p in enumerate(self.params):
+            self.local_opt.update(i, p.data(), p.grad(), self.local_states[i])
 
     def _look_ahead(self, step):
         """compression.lookahead: move the weights the next gradient is computed on by what the

@@ -61,15 +61,15 @@ class SparseEncoder:
         self.offsets = buffer.offsets
         self.counts = list(buffer.counts)       # k_i per tensor; their sum (the message size) is fixed
         self.allocate_every = allocate_every    # compression.allocation: gradient (0: by size, fixed)
-        self.grads = self.grads_flat = None     # flat views of the gradients, and their flat copy
+        self.grad_views = self.grads_flat = None   # flat views of the gradients, and their flat copy
 
     def encode(self, grads, step):
         """The payload, as a float32 NDArray (codec.encode_sparse)."""
         b = self.buffer
-        if self.grads is None or not self.grads.matches(grads):
-            self.grads = FlatViews(grads)
-            self.grads_flat = self.grads.buffer()
-        self.grads.copy_to(self.grads_flat)
+        if self.grad_views is None or not self.grad_views.matches(grads):
+            self.grad_views = FlatViews(grads)
+            self.grads_flat = self.grad_views.buffer()
+        self.grad_views.copy_to(self.grads_flat)
         flat = self.grads_flat.array.asnumpy()          # the one host copy of the buffer per step
         if self.behind:
             idx, val = self._select(self.memory.accumulate(-1 - b.id, flat, step), b.k, -1 - b.id, step)

@@ -11,9 +11,8 @@ The servers' side is ssdsgd.rounds.BufferState with the client's own downlink ri
 this worker's message and the same message from rank 1.
 
 `land` and the gradient copy that starts `encode` are also timed the way the client did them
-before commit b467dae ("per parameter", the same operations reimplemented below: a slice, a
-reshape and a copy per parameter, the refresh's subtraction and copy per parameter; a concat of
-reshaped gradients), the land on copies of the same weights and states fed the same rounds; both
+before commit b467dae ("per parameter": a slice, a reshape and a copy per parameter, then the
+local optimizer's per-parameter refresh, GlobalMomentum.refresh; a concat of reshaped gradients), the land on copies of the same weights and states fed the same rounds; both
 ways must end with the same float32 bits (checked). The two ways alternate step by step, so a
 slower moment of the machine hits both. The local update is one sgd_mom_update per parameter
 either way.
@@ -45,20 +44,14 @@ class _StandInKV:
     rank = 0
 
 
-def per_parameter_refresh(buffer, weights, states, flat, rounds):
-    """The client's refresh before commit b467dae, for GlobalMomentum: per parameter of the buffer, copy
-    its piece of the flat weights in, then velocity = (w_new - w_prev) / rounds and w_prev = w_new."""
+def per_parameter_refresh(buffer, opt, weights, states, flat, rounds):
+    """The client's refresh before commit b467dae: per parameter of the buffer, copy its piece of the
+    flat weights in, then the local optimizer's refresh of that parameter."""
     import mxnet as mx
     source = mx.nd.array(flat, dtype=np.float32)
     for i, off, n in zip(buffer.params, buffer.offsets, buffer.sizes):
-        w, s = weights[i], states[i]
-        source[off:off + n].reshape(w.shape).copyto(w)
-        prev, velocity = s[0], s[1]
-        if rounds > 0:
-            mx.nd.elemwise_sub(w, prev, out=velocity)
-            if rounds != 1:
-                velocity /= rounds
-        w.copyto(prev)
+        source[off:off + n].reshape(weights[i].shape).copyto(weights[i])
+        opt.refresh(states[i], weights[i], rounds)
 
 
 def build(cfg_path, sets):
@@ -134,7 +127,7 @@ def measure(client, params, server, stage, fwd_bwd, steps):
 
     def old_land():
         old_rep.catch_up(read_ring(ring_buf.asnumpy(), layout, from_round=old_rep.version))
-        per_parameter_refresh(client.buffers[0], old_w, old_s, old_rep.weights, 1)
+        per_parameter_refresh(client.buffers[0], old_opt, old_w, old_s, old_rep.weights, 1)
 
     def flat_copy():          # what encode() does first: the gradients into one host array
         encoder.grad_views.copy_to(encoder.grads_flat)

@@ -125,8 +125,14 @@ class GlobalMomentum(mx.optimizer.Optimizer):
             velocity.copy_from(scratch)
         prev.copy_from(new)
 
-    @classmethod
-    def refresh(cls, state, weight, rounds):
-        """refresh_buffer for one parameter (`weight`: its global weights just landed)."""
-        views = cls.state_views([state])
-        cls.refresh_buffer(views, views[0].buffer(weight.reshape(-1)), rounds)
+    @staticmethod
+    def refresh(state, weight, rounds):
+        """The rule per parameter (the client refreshes whole buffers with refresh_buffer, tested bit for
+        bit against this): weight, the global weights just landed, `rounds` rounds newer than the
+        previous refresh's."""
+        prev, velocity = state[0], state[1]          # views into the state array
+        if rounds > 0:
+            mx.nd.elemwise_sub(weight, prev, out=velocity)
+            if rounds != 1:
+                velocity /= rounds
+        weight.copyto(prev)

@@ -39,8 +39,8 @@ def test_the_two_ways_must_end_bit_for_bit_equal(monkeypatch):
     client, params, server, stage, fwd_bwd = bench_host_step.build(CONFIG, TINY)
     plain = bench_host_step.per_parameter_refresh
 
-    def slightly_off(buffer, weights, states, flat, rounds):
-        plain(buffer, weights, states, flat, rounds)
+    def slightly_off(buffer, opt, weights, states, flat, rounds):
+        plain(buffer, opt, weights, states, flat, rounds)
         first = weights[buffer.params[0]]
         first[:] = first * 1.0001
     monkeypatch.setattr(bench_host_step, "per_parameter_refresh", slightly_off)

@@ -467,26 +467,11 @@ def _bits(a):
     return np.ascontiguousarray(a.asnumpy(), np.float32).view(np.uint32)
 
 
-def _refresh_per_parameter(name, state, weight, rounds):
-    """The refresh rule written per parameter with MXNet's own operators (the client before it
-    refreshed whole buffers): GLU takes the snapshot, GlobalMomentum sets v = (w_new - w_prev) / rounds
-    (kept when rounds == 0) and w_prev = w_new, LocalSGD does nothing."""
-    if name == "glu":
-        weight.copyto(state)
-    elif name == "global_momentum":
-        prev, velocity = state[0], state[1]
-        if rounds > 0:
-            mx.nd.elemwise_sub(weight, prev, out=velocity)
-            if rounds != 1:
-                velocity /= rounds
-        weight.copyto(prev)
-
-
 @pytest.mark.parametrize("name, make", _optimizers())
 @pytest.mark.parametrize("rounds", [0, 1, 3])
 def test_refresh_buffer_is_the_per_parameter_rule_bit_for_bit(name, make, rounds):
-    """refresh_buffer over a buffer's pieces leaves the very bits the per-parameter rule leaves, the
-    optimizer's own refresh(state, weight, rounds) as well, and both are the rule in numpy."""
+    """refresh_buffer over a buffer's pieces leaves the very bits the per-parameter rule (the
+    optimizer's refresh(state, weight, rounds)) leaves, and both are the rule in numpy."""
     rng = np.random.default_rng(6)
     opt = make()
     weights = [mx.nd.array(rng.standard_normal(s)) for s in MANY_SHAPES]
@@ -495,7 +480,6 @@ def test_refresh_buffer_is_the_per_parameter_rule_bit_for_bit(name, make, rounds
         if s is not None:
             s[:] = mx.nd.array(rng.standard_normal(s.shape))
     states_buf = [None if s is None else s.copy() for s in states_ref]
-    states_one = [None if s is None else s.copy() for s in states_ref]
     params = FlatViews(weights)
     new = params.buffer()
     flat_new = rng.standard_normal(params.size).astype(np.float32)
@@ -504,16 +488,14 @@ def test_refresh_buffer_is_the_per_parameter_rule_bit_for_bit(name, make, rounds
     params.copy_from(new)                                   # the client loads the weights first
     before = [None if s is None else s.asnumpy() for s in states_ref]
     for i, w in enumerate(weights):
-        _refresh_per_parameter(name, states_ref[i], w, rounds)
-        type(opt).refresh(states_one[i], w, rounds)
+        type(opt).refresh(states_ref[i], w, rounds)
     views = opt.state_views(states_buf)
     assert (views is None) == (name == "sgd")
     if views is not None:
         type(opt).refresh_buffer(views, new, rounds)
-    for ref, buf, one in zip(states_ref, states_buf, states_one):
+    for ref, buf in zip(states_ref, states_buf):
         if ref is not None:
             np.testing.assert_array_equal(_bits(buf), _bits(ref))
-            np.testing.assert_array_equal(_bits(one), _bits(ref))
     start = 0
     for old, s, shape in zip(before, states_buf, MANY_SHAPES):     # and what that is, in numpy
         piece = flat_new[start:start + int(np.prod(shape))].reshape(shape)
@@ -546,7 +528,7 @@ def test_round_client_loads_a_buffer_through_flat_views_and_follows_a_replaced_a
         piece = new[start:start + p.data().size].reshape(p.shape)
         start += piece.size
         np.testing.assert_array_equal(p.data().asnumpy(), piece)
-        _refresh_per_parameter("global_momentum", ref, mx.nd.array(piece), 3)   # 3 rounds: version 2 -> 5
+        GlobalMomentum.refresh(ref, mx.nd.array(piece), 3)          # 3 rounds: version 2 -> 5
     for s, ref in zip(client.local_states, reference):
         np.testing.assert_array_equal(_bits(s), _bits(ref))
     np.testing.assert_array_equal(client.pull_bufs[0].asnumpy()[-1], 5)   # the version slot is left

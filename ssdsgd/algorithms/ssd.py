@@ -57,7 +57,7 @@ class BufferViews(NamedTuple):
     states: object                # the local optimizer's state_views of their states (None: no state)
     pulled: FlatBuffer            # the pull buffer's weights (its last element, the version, left out)
     staged: FlatBuffer            # the staging buffer (a replica's weights)
-    others: list                  # the states, pull buffer and staging buffer the views were made of
+    made_of: list                 # the parameters' arrays, states, pull and staging buffers, in that order
 
 
 class PullWatch:
@@ -542,14 +542,14 @@ class RoundClient(Client):
         buffers as flat views (ssdsgd.flatviews), made once; made again if any of those arrays was
         replaced (load_state and _plan write them in place, so this is a guard, not the usual case)."""
         b = self.buffers[bi]
-        arrays = [self.params[i].data() for i in b.params]
-        others = [self.local_states[i] for i in b.params] + [self.pull_bufs[bi], self.staging[bi]]
+        states = [self.local_states[i] for i in b.params]
+        made_of = [self.params[i].data() for i in b.params] + states + [self.pull_bufs[bi], self.staging[bi]]
         views = self.views[bi]
-        if views is None or not views.params.matches(arrays) or any(x is not y for x, y in zip(others, views.others)):
-            params = FlatViews(arrays)
+        if views is None or any(x is not y for x, y in zip(made_of, views.made_of)):
+            params = FlatViews(made_of[:len(b.params)])
             views = self.views[bi] = BufferViews(
-                params, self.local_opt.state_views(others[:-2]),
-                params.buffer(self.pull_bufs[bi][:b.size]), params.buffer(self.staging[bi]), others)
+                params, self.local_opt.state_views(states),
+                params.buffer(self.pull_bufs[bi][:b.size]), params.buffer(self.staging[bi]), made_of)
         return views
 
     def _poll_clock(self, bi, version):

@@ -12,7 +12,8 @@ this worker's message and the same message from rank 1.
 
 `land` and the gradient copy that starts `encode` are also timed the way the client did them
 before commit b467dae ("per parameter": a slice, a reshape and a copy per parameter, then the
-local optimizer's per-parameter refresh, GlobalMomentum.refresh; a concat of reshaped gradients), the land on copies of the same weights and states fed the same rounds; both
+local optimizer's per-parameter refresh, GlobalMomentum.refresh; a concat of reshaped gradients),
+the land on copies of the same weights and states fed the same rounds; both
 ways must end with the same float32 bits (checked). The two ways alternate step by step, so a
 slower moment of the machine hits both. The local update is one sgd_mom_update per parameter
 either way.

@@ -14,7 +14,7 @@ import os
 import statistics
 import sys
 
-from results_io import job_command, job_name, job_summary, run_captured, write_csv, write_text
+from results_io import job_command, job_name, job_summary, run_captured, run_folder, write_csv, write_text
 from ssdsgd.metrics import ACC_TAG, final_acc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -98,7 +98,7 @@ SUITES = {"digits": VARIANTS, "fmnist": FMNIST}
 def run(label, config, sets, seed, out):
     name = job_name(label, seed)
     proc = run_captured(job_command(config, name, f"{out}/runs", [f"seed={seed}", *sets]))
-    s = job_summary(proc, os.path.join(out, "runs", name))
+    s = job_summary(proc, run_folder(proc.stdout, os.path.join(out, "runs"), name))
     if s is None:
         return {"variant": label, "seed": seed, "rc": proc.returncode}
     acc, eval_set = final_acc(s)

@@ -498,7 +498,7 @@ def run_one(job, args):
     row.update(algorithm=job["key"], label=job["label"], topology=args.topology, rate_mbit=job["rate"],
                repeat=job["repeat"])
     log_dir = os.path.join(args.out, "runs")
-    run_dir = os.path.join(log_dir, job["name"])
+    run_dir = os.path.join(log_dir, job["name"], "latest")      # the job's own run folder, once it starts
     log_path = os.path.join(args.out, "logs", job["name"] + ".log")
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     row.update(run_dir=os.path.relpath(run_dir, args.out), log=os.path.relpath(log_path, args.out))
@@ -513,6 +513,8 @@ def run_one(job, args):
     runner = _run_on_hosts if args.topology == "hosts" else _run_on_loopback
     returncode, timed_out, sampler, (cpu_before, cpu_after) = runner(job, args, command, env, log_path, row, t0)
     links = row.pop("_links", None)
+    run_dir = os.path.realpath(run_dir)
+    row["run_dir"] = os.path.relpath(run_dir, args.out)
     row["job_seconds"] = round(time.monotonic() - t0, 2)
     row["exit_code"] = returncode
     tx = row["kernel_bytes"]

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+from results_io import run_folder
 from ssdsgd.metrics import comparison_table, read_summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -22,7 +23,7 @@ def main():
             print(f"demo: {config} failed with exit code {rc}", file=sys.stderr)
             return rc
         name = os.path.splitext(os.path.basename(config))[0]
-        summaries.append(read_summary(os.path.join(ROOT, "runs", name)))
+        summaries.append(read_summary(run_folder("", os.path.join(ROOT, "runs"), name)))
     print()
     print(comparison_table(summaries))
     return 0

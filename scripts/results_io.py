@@ -26,12 +26,22 @@ def job_name(label, seed):
 
 
 def job_command(config, name, log_dir, sets=()):
-    """`python -m ssdsgd.run` of one job called `name`, its run folder under log_dir (log_dir/name)."""
+    """`python -m ssdsgd.run` of one job called `name`; its run folder is a new one under log_dir/name
+    (run_folder tells which)."""
     cmd = [sys.executable, "-m", "ssdsgd.run", "--config", config, "--set", f"log.dir={log_dir}",
            "--set", f"name={name}"]
     for text in sets:
         cmd += ["--set", text]
     return cmd
+
+
+def run_folder(output, log_dir, name):
+    """The run folder a job's front end printed ('run folder: X'), else log_dir/name/latest (the newest
+    run of that name: a job still starting, or one refused before it chose a folder)."""
+    for line in (output or "").splitlines():
+        if line.startswith("run folder: "):
+            return line[len("run folder: "):].strip()
+    return os.path.join(log_dir, name, "latest")
 
 
 def run_captured(cmd, **kwargs):

@@ -32,7 +32,7 @@ import sys
 import time
 
 from netns import Namespace, NetnsError, check_tools
-from results_io import job_command, job_name, job_summary, run_captured, stop_on_sigterm, write_csv
+from results_io import job_command, job_name, job_summary, run_captured, run_folder, stop_on_sigterm, write_csv
 from ssdsgd.metrics import read_metrics
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -88,7 +88,7 @@ def run(label, config, seed, rate, out, timeout, overrides=()):
         proc = run_captured(ns.argv(cmd))
         seconds = time.time() - t0
         kernel_bytes = ns.counters()["tx_bytes"] - before
-    run_dir = os.path.join(out, "runs", name)
+    run_dir = run_folder(proc.stdout, os.path.join(out, "runs"), name)
     job = {"variant": label, "seed": seed, "rate_mbit": rate, "rc": proc.returncode, "seconds": seconds,
            "kernel_bytes": kernel_bytes, "run_dir": run_dir}
     evals = []

@@ -14,6 +14,7 @@ and every hash are checked; any problem stops the job before it starts, with a m
 
 Manifest format 2 (format 1, without `plan` and `config`, is still read):
   {"format": 2, "fingerprint": sha256 hex, "config": {the hashed config parts}, "name": str,
+   "run_dir": the run folder, absolute (optional: a resume goes on writing there),
    "epochs_done": int >= 1 (the folder's E), "step": int, epochs_done <= step,
    "plan": {"kind": "rounds", "servers": S, "buffer_sizes": [int > 0, ...],
             "cost_model": {"alpha", "beta", "backward"} or null}    round-based runs
@@ -67,15 +68,48 @@ def round_based(cfg):
     return client_kind(cfg) == ROUNDS
 
 
+# Every config key is one of these two (tests/test_checkpoint_fingerprint.py walks SCHEMA): the keys a
+# resume may change, because they change neither the data a step sees nor the arithmetic of a step
+# (where the job runs, how long it may take, what is logged, when it stops and how it is evaluated),
+# and everything else, which must match the checkpoint. A new key is refused by that test until it is
+# put in one of them. Sections are named by their keys' dotted paths.
+RESUME_MAY_CHANGE = (
+    "name",
+    "cluster.launcher", "cluster.hostfile", "cluster.interface", "cluster.timeout", "cluster.stall_timeout",
+    "cluster.server_timeout", "cluster.ssh_user", "cluster.ssh_identity", "cluster.ssh_config",
+    "cluster.ssh_options", "cluster.port", "cluster.max_restarts",
+    "data.root", "data.preprocess_threads",
+    "train.max_steps", "train.eval_every_epochs", "train.eval_workers",
+    "checkpoint.dir", "checkpoint.every_epochs",
+    "log.dir", "log.every_steps",
+)
+RESUME_MUST_MATCH = (
+    "seed", "cluster.workers", "cluster.servers",
+    "data.dataset", "data.shape", "data.num_classes", "data.synthetic_samples", "data.augment",
+    "data.train_per_class", "data.validation", "data.validation_from",
+    "model", "train.epochs", "train.batch_size", "train.lr", "train.momentum", "train.wd", "train.lr_schedule",
+    "train.eval_bn_batches", "train.nonfinite",
+    "algorithm", "compression",
+)
+
+
+def _pick(d, dotted):
+    for part in dotted.split("."):
+        d = d[part]
+    return d
+
+
 def fingerprint_parts(cfg):
-    """The config parts that must match for a resume to continue the same run."""
-    d = cfg.to_dict()
-    return {
-        "seed": d["seed"], "model": d["model"], "algorithm": d["algorithm"], "compression": d["compression"],
-        "data": {k: d["data"][k] for k in ("dataset", "shape", "num_classes", "synthetic_samples", "augment")},
-        "train": {k: v for k, v in d["train"].items() if k not in ("max_steps", "eval_every_epochs")},
-        "cluster": {"workers": d["cluster"]["workers"], "servers": d["cluster"]["servers"]},
-    }
+    """The config parts that must match for a resume to continue the same run (RESUME_MUST_MATCH),
+    as a nested dict."""
+    d, parts = cfg.to_dict(), {}
+    for dotted in RESUME_MUST_MATCH:
+        *outer, last = dotted.split(".")
+        node = parts
+        for key in outer:
+            node = node.setdefault(key, {})
+        node[last] = _pick(d, dotted)
+    return parts
 
 
 def fingerprint(cfg):
@@ -139,11 +173,12 @@ def _sha256(path):
     return h.hexdigest()
 
 
-def write_manifest(directory, cfg, epochs_done, step, plan):
-    """plan: {"kind": "rounds", "buffer_sizes", "cost_model"} or {"kind": "stock"}; servers is added."""
+def write_manifest(directory, cfg, epochs_done, step, plan, run_dir):
+    """plan: {"kind": "rounds", "buffer_sizes", "cost_model"} or {"kind": "stock"}; servers is added.
+    run_dir: the run folder (absolute), where a resume of this run goes on writing."""
     files = sorted(f for f in os.listdir(directory) if FILE_NAME.fullmatch(f))
     manifest = {"format": FORMAT, "fingerprint": fingerprint(cfg), "config": fingerprint_parts(cfg),
-                "name": cfg.name, "epochs_done": epochs_done, "step": step,
+                "name": cfg.name, "run_dir": os.path.abspath(run_dir), "epochs_done": epochs_done, "step": step,
                 "plan": dict(plan, servers=cfg.cluster.servers),
                 "files": {f: _sha256(os.path.join(directory, f)) for f in files}}
     problem = manifest_problem(manifest, cfg, epochs_done)
@@ -188,8 +223,9 @@ def manifest_problem(m, cfg, folder_epoch=None):
             return f"{key}: expected {'an object' if kind is dict else kind.__name__}, got {value!r}"
     if not SHA256.fullmatch(m["fingerprint"]):
         return f"fingerprint: not a sha256 hex digest: {m['fingerprint']!r}"
-    if "name" in m and not isinstance(m["name"], str):
-        return f"name: expected str, got {m['name']!r}"
+    for key in ("name", "run_dir"):
+        if key in m and not isinstance(m[key], str):
+            return f"{key}: expected str, got {m[key]!r}"
     epochs, step = m["epochs_done"], m["step"]
     if epochs < 1:
         return f"epochs_done: {epochs} (a checkpoint is taken after at least one epoch)"

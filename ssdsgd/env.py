@@ -14,6 +14,7 @@ JOB_DIR_ENV = "SSDSGD_JOB_DIR"               # ssh roles: remote.py ends the rol
 ROLE_NAME_ENV = "SSDSGD_ROLE_NAME"           # 'worker 1', 'server 0', ... for messages
 HOST_INTERFACE_ENV = "SSDSGD_HOST_INTERFACE"  # ssh launcher: the host file's interface= (ssdsgd.remote)
 LOCKED_ENV = "SSDSGD_FOLDERS_LOCKED"         # set by ssdsgd.run: the front end holds the folder locks
+RUN_DIR_ENV = "SSDSGD_RUN_DIR"               # set by ssdsgd.run: the run folder every worker writes to
 # tests only (ssdsgd/faults.py)
 FAULT_ENV = "SSDSGD_TEST_FAULT"
 COST_SCALE_ENV = "SSDSGD_TEST_COST_SCALE"

@@ -3,6 +3,9 @@
   raise:<rank>:<step>     the worker of that rank raises at that step (a crashing worker)
   slow:<rank>:<seconds>   the worker of that rank sleeps that long every step (a straggler)
   nan:<rank>:<step>       that worker's batch at that step is NaN (a numerical fault)
+  finish:<rank>:0         the worker of that rank raises as it finishes, after the last checkpoint and
+                          before the summary, if it trained a step in this process (so a restarted
+                          attempt, which has nothing left to train, does not fail again)
   pickle:<rank>:<step>    that worker sends the servers an unsigned pickled command at that step,
                           as a stranger reaching the server port could; the payload, if ever
                           unpickled, creates the file named by SSDSGD_TEST_PICKLE_MARKER
@@ -39,6 +42,10 @@ class FaultPlan:
             time.sleep(self.value)
         if self.kind == "pickle" and step == int(self.value):
             kv._send_command_to_servers(0, malicious_pickle(os.environ[PICKLE_MARKER_ENV]))
+
+    def at_finish(self, trained_steps):
+        if self.kind == "finish" and trained_steps > 0:
+            raise RuntimeError("injected fault at the end of training (SSDSGD_TEST_FAULT)")
 
     def batch(self, step, data):
         if self.kind == "nan" and step == int(self.value):

@@ -98,36 +98,165 @@ def remove_leftovers(root, log=print):
     return removed
 
 
-def prepare(cfg, resume, overwrite, what, log=print):
-    """Lock the run folder and checkpoint.dir, and check checkpoint.dir for this start.
+class RunFinished(FolderError):
+    """--resume (or a restart) of a run that has nothing left to train: the front end says so and exits
+    0, changing no file."""
 
-    A fresh run (no --resume) into a checkpoint.dir that already holds checkpoints is refused unless
-    overwrite, which removes them first. Returns the open lock files (keep them open). On refusal
-    nothing is left behind: folders this call created are removed again."""
-    from ssdsgd.metrics import run_dir
+
+LATEST = "latest"              # log.dir/<name>/latest: a link to the newest run folder of that name
+
+
+def run_home(cfg):
+    """log.dir/<name>: the folder that holds every run of this name, one sub-folder each."""
+    return os.path.join(cfg.log.dir, cfg.name)
+
+
+def new_run_folder(cfg):
+    """A new, empty run folder log.dir/<name>/<YYYYmmdd-HHMMSS>[-n], and the `latest` link to it.
+
+    A run never writes into another run's folder: two runs that differ only by seed (or a rerun that
+    fails at start) each get their own, so nothing of an earlier run is replaced."""
+    home = run_home(cfg)
+    try:
+        os.makedirs(home, mode=0o700, exist_ok=True)
+    except OSError as err:
+        raise FolderError(f"log.dir: cannot create {home}: {err.strerror}") from None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1, 1000):
+        folder = os.path.join(home, stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            os.mkdir(folder, 0o700)       # exclusive: two runs started in the same second differ by -n
+            break
+        except FileExistsError:
+            continue
+        except OSError as err:
+            raise FolderError(f"log.dir: cannot create the run folder {folder}: {err.strerror}") from None
+    else:
+        raise FolderError(f"log.dir: {home} has 999 runs started at {stamp}")
+    point_latest(home, os.path.basename(folder))
+    return folder
+
+
+def point_latest(home, name):
+    """Make home/latest a link to home/name, replacing the old link in one rename."""
+    tmp = os.path.join(home, f".{LATEST}.tmp{os.getpid()}")
+    if os.path.lexists(tmp):
+        os.remove(tmp)
+    os.symlink(name, tmp)
+    os.replace(tmp, os.path.join(home, LATEST))
+
+
+def latest_run_folder(cfg):
+    """The run folder log.dir/<name>/latest points at, or None."""
+    link = os.path.join(run_home(cfg), LATEST)
+    return os.path.realpath(link) if os.path.isdir(link) else None
+
+
+def resumed_run_folder(manifest):
+    """The run folder a checkpoint's run wrote to (its manifest's run_dir), if it still exists."""
+    folder = manifest.get("run_dir")
+    return folder if isinstance(folder, str) and os.path.isdir(folder) else None
+
+
+def planned_steps(cfg, steps_per_epoch):
+    steps = cfg.train.epochs * steps_per_epoch
+    return steps if cfg.train.max_steps is None else min(steps, cfg.train.max_steps)
+
+
+def _read_summary(run_dir):
+    from ssdsgd.metrics import SUMMARY_FILE
+    path = os.path.join(run_dir, SUMMARY_FILE)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            summary = json.load(f)
+        return summary if isinstance(summary, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def finished_message(run_dir, cfg):
+    """Why a resume of the run in run_dir has nothing left to do (its summary.json records every step
+    this config trains), or None. A summary that cannot be read counts as finished: refuse rather
+    than risk replacing a result."""
+    summary = _read_summary(run_dir)
+    if summary is None:
+        return None
+    steps, per_epoch = summary.get("steps"), summary.get("steps_per_epoch")
+    if not all(isinstance(v, int) and v > 0 for v in (steps, per_epoch)):
+        return f"run folder {run_dir} holds a finished run (summary.json); nothing to resume, no file changed"
+    if steps >= planned_steps(cfg, per_epoch):
+        return (f"run folder {run_dir} holds a finished run: its summary.json records all {steps} steps this "
+                f"config trains; nothing to resume, no file changed")
+    return None
+
+
+def keep_stopped_result(run_dir, log=print):
+    """A run stopped early (train.max_steps) that a resume takes further keeps its summary and final
+    weights so far under names that say where it stopped (summary.step<N>.json, final.step<N>.params)."""
+    from ssdsgd.metrics import FINAL_PARAMS_FILE, SUMMARY_FILE, write_json_atomic
+    summary = _read_summary(run_dir)
+    if summary is None:
+        return
+    steps = summary["steps"]
+    params = os.path.join(run_dir, FINAL_PARAMS_FILE)
+    if os.path.exists(params):
+        kept = os.path.join(run_dir, f"final.step{steps}.params")
+        os.replace(params, kept)
+        summary["checkpoint"] = kept
+    write_json_atomic(os.path.join(run_dir, f"summary.step{steps}.json"), summary)
+    os.remove(os.path.join(run_dir, SUMMARY_FILE))
+    log(f"run folder {run_dir}: the run stopped at step {steps} goes on; its summary and weights so far are "
+        f"kept as summary.step{steps}.json and final.step{steps}.params")
+
+
+def prepare(cfg, resume, overwrite, what, log=print):
+    """Lock checkpoint.dir and check it for this start, choose the run folder and lock it.
+
+    Returns (the open lock files (keep them open), the run folder). A fresh run gets a new run folder
+    (new_run_folder); a resume continues in the folder of the run it resumes (recorded in the
+    checkpoint), or a new one if that folder is gone. A fresh run into a checkpoint.dir that already
+    holds checkpoints is refused unless overwrite, which removes them first. RunFinished if a resume
+    has nothing left to train. On refusal nothing is left behind: folders this call created are removed."""
+    from ssdsgd.checkpoint import CheckpointError, resume_point
     if resume and overwrite:
         raise FolderError("--resume and --overwrite contradict each other: --resume continues the "
                           "checkpoints in checkpoint.dir, --overwrite deletes them")
     root = cfg.checkpoint.dir
     if root and os.path.exists(root) and not os.path.isdir(root):
         raise FolderError(f"checkpoint.dir: {root} is a file, not a folder")
-    wanted = [(run_dir(cfg), "run folder (log.dir/name)")]
-    if root and not _same(root, run_dir(cfg)):
-        wanted.append((root, "checkpoint.dir"))
-    held, created = [], []
+    held, created, run_dir = [], [], None
     try:
-        for folder, label in wanted:
-            if not os.path.exists(folder):
-                created.append(folder)
-            held.append(lock(folder, what, label))
         if root:
+            if not os.path.exists(root):
+                created.append(root)
+            held.append(lock(root, what, "checkpoint.dir"))
             _check_checkpoints(root, resume, overwrite, log)
+        if resume:
+            try:
+                run_dir = resumed_run_folder(resume_point(cfg)[1])
+            except CheckpointError as err:
+                raise FolderError(str(err)) from None
+            if run_dir is None:
+                log("--resume: the run folder of the checkpoint's run is gone; the resumed run writes a new one")
+        if run_dir is None:
+            run_dir = new_run_folder(cfg)
+            created.append(run_dir)
+        if resume:
+            done = finished_message(run_dir, cfg)
+            if done:
+                raise RunFinished(done)
+        if not (root and _same(root, run_dir)):
+            held.append(lock(run_dir, what, "run folder"))
+        if resume:
+            keep_stopped_result(run_dir, log)
     except BaseException:
         release(held)
         for folder in reversed(created):
             _remove_if_only_lock(folder)
         raise
-    return held
+    return held, run_dir
 
 
 def _check_checkpoints(root, resume, overwrite, log):

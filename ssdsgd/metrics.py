@@ -18,10 +18,6 @@ def worker_part_file(rank):
     return f"worker{rank}.json"
 
 
-def run_dir(cfg):
-    return os.path.join(cfg.log.dir, cfg.name)
-
-
 def read_summary(directory):
     """The summary.json of a run folder, as a dict."""
     with open(os.path.join(directory, SUMMARY_FILE)) as f:
@@ -35,12 +31,17 @@ def read_metrics(directory, rank=0):
 
 
 class MetricsLog:
-    """One JSON object per line. Rank 0 writes metrics.jsonl, rank r>0 metrics.rank<r>.jsonl."""
+    """One JSON object per line. Rank 0 writes metrics.jsonl, rank r>0 metrics.rank<r>.jsonl.
 
-    def __init__(self, directory, rank):
+    keep_until_step: a resumed run's log keeps the records up to the checkpoint's step (and those
+    without a step) and appends after them, so every step is recorded once, across any resumes."""
+
+    def __init__(self, directory, rank, keep_until_step=None):
         self.rank = rank
         self.path = os.path.join(directory, metrics_file(rank))
-        self.file = open(self.path, "w")
+        if keep_until_step is not None and os.path.exists(self.path):
+            _keep_records(self.path, keep_until_step)
+        self.file = open(self.path, "w" if keep_until_step is None else "a")
 
     def write(self, **record):
         record.setdefault("rank", self.rank)
@@ -50,6 +51,24 @@ class MetricsLog:
 
     def close(self):
         self.file.close()
+
+
+def _keep_records(path, last_step):
+    """Rewrite a metrics file (atomically) without the records of steps after last_step. A line that
+    does not parse (a write cut short by a crash) is dropped."""
+    kept = []
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(record.get("step"), int) or record["step"] <= last_step:
+                kept.append(line if line.endswith("\n") else line + "\n")
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)
 
 
 def write_json_atomic(path, obj):

@@ -31,22 +31,12 @@ def preflight(cfg):
 
 
 def take_folders(cfg, args):
-    """Lock the run folder and checkpoint.dir, clean what interrupted saves left, check the checkpoint
-    to resume from: (held locks, None) or (None, the problem)."""
-    from ssdsgd.checkpoint import CheckpointError, resume_point
-    from ssdsgd.folders import FolderError, prepare, release
+    """Lock checkpoint.dir and the run folder (new, or the resumed run's), clean what interrupted saves
+    left, check the checkpoint to resume from: (held locks, run folder). FolderError (RunFinished for
+    a resume with nothing left to train) if the job cannot start."""
+    from ssdsgd.folders import prepare
     what = "python -m ssdsgd.run --config " + args.config
-    try:
-        held = prepare(cfg, args.resume, args.overwrite, what)
-    except FolderError as err:
-        return None, str(err)
-    if args.resume:
-        try:
-            resume_point(cfg)
-        except CheckpointError as err:
-            release(held)
-            return None, str(err)
-    return held, None
+    return prepare(cfg, args.resume, args.overwrite, what)
 
 
 def main(argv=None):
@@ -58,14 +48,19 @@ def main(argv=None):
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    from ssdsgd.folders import make_private, release
+    from ssdsgd.folders import FolderError, RunFinished, make_private, release
     make_private()                  # run and checkpoint folders: 0700, files 0600 (roles inherit it)
-    held, problem = take_folders(cfg, args)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
     try:
-        return _run_with_restarts(cfg, args)
+        held, run_dir = take_folders(cfg, args)
+    except RunFinished as done:
+        print(f"run: {done}", file=sys.stderr)
+        return 0
+    except FolderError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"run folder: {run_dir}", flush=True)
+    try:
+        return _run_with_restarts(cfg, args, run_dir)
     finally:
         release(held)
 
@@ -73,17 +68,22 @@ def main(argv=None):
 RESTARTABLE = 1        # the launcher's code for a failed or stalled process (not a timeout or a stop)
 
 
-def _run_with_restarts(cfg, args):
+def _run_with_restarts(cfg, args, run_dir):
     """Run the job; while it fails after a complete checkpoint, restart it with --resume, at most
-    cluster.max_restarts times. The folder locks stay held throughout."""
+    cluster.max_restarts times. The folder locks stay held throughout. A job that fails after its
+    summary was written is not restarted: its result is complete and stays as it is."""
     from ssdsgd.checkpoint import CheckpointError, latest, resume_point
-    from ssdsgd.folders import remove_leftovers
+    from ssdsgd.folders import finished_message, remove_leftovers
     limit = cfg.cluster.max_restarts
     resume = args.resume
     for attempt in range(limit + 1):
-        code = _launch(cfg, args, resume)
+        code = _launch(cfg, args, resume, run_dir)
         if code == 0 or limit == 0:
             return code
+        if finished_message(run_dir, cfg):
+            print(f"run: a role failed (exit {code}) after the run finished; not restarted: {run_dir} holds the "
+                  f"complete result (summary.json)", file=sys.stderr, flush=True)
+            return 0
         if code != RESTARTABLE:
             print(f"run: the job ended with exit {code} (a timeout or a stop, not a failed process); "
                   f"not restarted", file=sys.stderr, flush=True)
@@ -110,8 +110,8 @@ def _run_with_restarts(cfg, args):
     return code
 
 
-def _launch(cfg, args, resume):
-    from ssdsgd.env import LOCKED_ENV
+def _launch(cfg, args, resume, run_dir):
+    from ssdsgd.env import LOCKED_ENV, RUN_DIR_ENV
     from ssdsgd.launcher import run_job, ssh_options
     cl = cfg.cluster
     command = [sys.executable, "-m", "ssdsgd.train", "--config", os.path.abspath(args.config)]
@@ -119,7 +119,7 @@ def _launch(cfg, args, resume):
         command += ["--set", text]
     if resume:
         command.append("--resume")
-    env = {LOCKED_ENV: "1"}     # the roles do not take the folder locks again
+    env = {LOCKED_ENV: "1", RUN_DIR_ENV: os.path.abspath(run_dir)}     # the roles do not take the locks again
     return run_job(command, cl.workers, cl.servers, launcher=cl.launcher, hostfile=cl.hostfile,
                    env=env, timeout=cl.timeout, interface=cl.interface, stall_timeout=cl.stall_timeout or None,
                    server_timeout=cl.server_timeout or None,

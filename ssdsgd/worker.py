@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ssdsgd.env import HEARTBEAT_ENV, LOCKED_ENV
+from ssdsgd.env import HEARTBEAT_ENV, LOCKED_ENV, RUN_DIR_ENV
 from ssdsgd.launcher import RANK_MARK
 from ssdsgd.metrics import ACC_TAG
 from ssdsgd.remote import MARK as REMOTE_MARK
@@ -82,9 +82,26 @@ class Counters:
         # synchronised it), and the client's after_backward (its waits for the servers included).
         self.compute_seconds = self.client_seconds = 0.0
         self.after_warmup = {"steps": 0, "push_bytes": 0, "pull_bytes": 0}
-        self.staleness = []
+        self.staleness = {"max": None, "sum": 0, "count": 0}
         self.best_acc, self.final_acc, self.history = 0.0, 0.0, []
+        self.earlier_wall_seconds = 0.0      # wall seconds of the attempts before a resume
         self.new_window(t)
+
+    # What a checkpoint keeps, so that a resumed run's summary counts every step exactly once.
+    SAVED = ("push_bytes", "pull_bytes", "eval_pull_bytes", "skipped_steps", "wait_seconds", "train_seconds",
+             "compute_seconds", "client_seconds", "after_warmup", "staleness", "best_acc", "final_acc", "history")
+
+    def state(self, wall_seconds):
+        """The counters as JSON-able values, for a checkpoint taken after wall_seconds of this attempt."""
+        saved = {key: getattr(self, key) for key in self.SAVED}
+        saved["wall_seconds"] = self.earlier_wall_seconds + wall_seconds
+        return json.loads(json.dumps(saved))
+
+    def load(self, saved):
+        """Continue from a checkpoint's counters (state())."""
+        for key in self.SAVED:
+            setattr(self, key, saved[key])
+        self.earlier_wall_seconds = saved["wall_seconds"]
 
     def new_window(self, t):
         """Start the counts of the steps up to the next log line, at time t."""
@@ -103,7 +120,10 @@ class Counters:
         if rec.wait_seconds is not None:
             self.wait_seconds += rec.wait_seconds
         if rec.staleness is not None:
-            self.staleness.append(rec.staleness)
+            st = self.staleness
+            st["max"] = rec.staleness if st["max"] is None else max(st["max"], rec.staleness)
+            st["sum"] += rec.staleness
+            st["count"] += 1
         w = self.window
         w["images"] += images
         w["push"] += rec.push_bytes
@@ -119,23 +139,25 @@ class Counters:
 
     def part(self, rank, steps, images):
         """This worker's figures for the summary (its worker<rank>.json)."""
-        stal = self.staleness
+        st = self.staleness
         return {"rank": rank, "host": socket.gethostname(), "steps": steps, "images": images,
                 "train_seconds": self.train_seconds, "push_bytes": self.push_bytes,
                 "pull_bytes": self.pull_bytes, "wait_seconds": self.wait_seconds,
                 "compute_seconds": self.compute_seconds, "client_seconds": self.client_seconds,
-                "skipped_steps": self.skipped_steps, "max_staleness": max(stal) if stal else None,
-                "mean_staleness": float(np.mean(stal)) if stal else None}
+                "skipped_steps": self.skipped_steps, "max_staleness": st["max"],
+                "mean_staleness": st["sum"] / st["count"] if st["count"] else None}
 
 
 def summarize(cfg, run, counters, parts, steps, epochs, wall_seconds, checkpoint):
-    """The run summary (summary.json) from rank 0's counters and every worker's part."""
+    """The run summary (summary.json) from rank 0's counters and every worker's part. wall_seconds: of
+    every attempt of the run (a resumed run adds those before the resume)."""
     from ssdsgd.commands import num_servers
     tag = counters.tag
     stal = [p["max_staleness"] for p in parts if p["max_staleness"] is not None]
     return {
         "name": cfg.name, "algorithm": cfg.algorithm.type, "compression": cfg.compression.type,
         "num_workers": run.kv.num_workers, "num_servers": num_servers(run.kv), "epochs": epochs, "steps": steps,
+        "steps_per_epoch": run.steps_per_epoch, "total_steps": run.total_steps,
         "eval_set": run.data.eval_set, "final_test_acc": None, "best_test_acc": None,
         f"final_{tag}_acc": counters.final_acc, f"best_{tag}_acc": counters.best_acc,
         f"{tag}_acc_history": counters.history,
@@ -174,7 +196,10 @@ def run_worker(cfg, resume=False, overwrite=False):
     warmup_steps = cfg.algorithm.warmup_iters if cfg.algorithm.type == "ssd" else 0
     t_start = time.perf_counter()
     counters = Counters(warmup_steps, ACC_TAG[run.data.eval_set], time.perf_counter())
-    epochs_run = 0
+    if run.saved_counters is not None:
+        counters.load(run.saved_counters)
+    run.t_start = t_start
+    epochs_run = run.start_epoch
     for epoch in range(run.start_epoch, cfg.train.epochs):
         if step >= total_steps:
             break
@@ -194,6 +219,7 @@ def run_worker(cfg, resume=False, overwrite=False):
         epochs_run = epoch + 1
         _end_epoch(run, counters, epoch, step, epoch_seconds)
     run.client.finish()
+    run.faults.at_finish(step - run.step)
     _finish_run(run, counters, step, epochs_run, t_start)
     folders.release(held)
 
@@ -216,7 +242,6 @@ def _start_run(cfg, resume, overwrite):
     if nworkers != cfg.cluster.workers:
         raise RuntimeError(f"cluster.workers is {cfg.cluster.workers} but the job has {nworkers} workers")
     held, out_dir = _prepare_run_folder(cfg, kv, resume, overwrite)
-    log = MetricsLog(out_dir, rank)
     d = cfg.data
     data = build_data(d.dataset, batch_size=cfg.train.batch_size, rank=rank, num_workers=nworkers,
                       seed=cfg.seed, root=d.root, shape=tuple(d.shape) if d.shape else None,
@@ -233,7 +258,7 @@ def _start_run(cfg, resume, overwrite):
     eval_net = build_eval_net(cfg, net)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
-    resume_dir, start_epoch, step, saved, manifest = None, 0, 0, None, None
+    resume_dir, start_epoch, step, saved, manifest, saved_counters = None, 0, 0, None, None, None
     if resume:
         resume_dir, manifest = ckpt.resume_point(cfg)
         arrays, meta = ckpt.load_npz(os.path.join(resume_dir, ckpt.worker_file(rank)))
@@ -241,8 +266,11 @@ def _start_run(cfg, resume, overwrite):
         saved = (arrays, meta)
         ckpt.check_against_run(manifest, resume_dir, steps_per_epoch, meta)
         start_epoch, step = manifest["epochs_done"], manifest["step"]
+        saved_counters = meta.pop("counters")
         if rank == 0:
             print(f"resuming from {resume_dir}: {start_epoch} epochs, {step} steps done", flush=True)
+    # A resumed run appends to its metrics, dropping what a failed attempt logged after the checkpoint.
+    log = MetricsLog(out_dir, rank, keep_until_step=step if resume else None)
     schedule = schedule_from_config(cfg.train, steps_per_epoch)
     client = make_client(cfg, kv, params, schedule, log, total_steps=total_steps, steps_per_epoch=steps_per_epoch,
                          measure_backward=lambda: _time_backward(net, loss_fn, data.train, params))
@@ -252,33 +280,40 @@ def _start_run(cfg, resume, overwrite):
     tally = EvalTally(kv) if cfg.train.eval_workers == "all" else None
     run = _Run(cfg=cfg, kv=kv, out_dir=out_dir, log=log, data=data, net=net, eval_net=eval_net, params=params,
                loss_fn=loss_fn,
-               schedule=schedule, client=client, total_steps=total_steps, start_epoch=start_epoch, step=step,
-               faults=FaultPlan(rank), tally=tally)
+               schedule=schedule, client=client, total_steps=total_steps, steps_per_epoch=steps_per_epoch,
+               start_epoch=start_epoch, step=step, saved_counters=saved_counters, faults=FaultPlan(rank), tally=tally)
     if rank == 0:
         _print_start(run, steps_per_epoch)
     return run, held
 
 
 def _prepare_run_folder(cfg, kv, resume, overwrite):
-    """(folder locks, run folder): the locks taken when no ssdsgd.run front end holds them (held
-    until the end); on rank 0 a fresh config.yaml in the folder and no summary of an earlier run."""
+    """(folder locks, run folder). Under ssdsgd.run the front end chose the run folder and holds the
+    locks (SSDSGD_RUN_DIR); under another launcher rank 0 does both (folders.prepare, locks held until
+    this process ends) and the other workers, after a barrier, take the folder the resumed checkpoint
+    records or the one `latest` points at. Rank 0 writes the run's config: config.yaml for a new run,
+    config.resume-step<N>.yaml for each resume (the first one stays)."""
     from ssdsgd import folders
+    from ssdsgd.checkpoint import resume_point
     from ssdsgd.config import dump_config
-    from ssdsgd.metrics import CONFIG_FILE, SUMMARY_FILE, run_dir
-    held = []
+    from ssdsgd.metrics import CONFIG_FILE
+    held, out_dir = [], os.environ.get(RUN_DIR_ENV)
     if not os.environ.get(LOCKED_ENV):
-        # Started by another launcher than ssdsgd.run: rank 0 takes the folder locks (held until this
-        # process ends); nobody opens a file in the run folder before it has them.
+        # Started by another launcher than ssdsgd.run: nobody opens a file in the run folder before
+        # rank 0 has chosen it and holds the locks.
         if kv.rank == 0:
-            held = folders.prepare(cfg, resume, overwrite, "rank 0 of a job started without ssdsgd.run")
+            held, out_dir = folders.prepare(cfg, resume, overwrite, "rank 0 of a job started without ssdsgd.run")
         kv._barrier()
-    out_dir = run_dir(cfg)
-    os.makedirs(out_dir, exist_ok=True)
+        if kv.rank != 0:
+            out_dir = (folders.resumed_run_folder(resume_point(cfg)[1]) if resume else None) \
+                or folders.latest_run_folder(cfg)
+    if not out_dir or not os.path.isdir(out_dir):
+        raise RuntimeError(f"the run folder {out_dir!r} does not exist (the front end or rank 0 makes it)")
     if kv.rank == 0:
-        stale = os.path.join(out_dir, SUMMARY_FILE)
-        if os.path.exists(stale):
-            os.remove(stale)                 # a failed rerun must not look finished
-        dump_config(cfg, os.path.join(out_dir, CONFIG_FILE))
+        name = CONFIG_FILE
+        if resume:
+            name = f"config.resume-step{resume_point(cfg)[1]['step']}.yaml"
+        dump_config(cfg, os.path.join(out_dir, name))
     return held, out_dir
 
 
@@ -334,13 +369,20 @@ def _log_steps(run, counters, epoch, step, loss, rec):
 
 
 def _end_epoch(run, counters, epoch, step, epoch_seconds):
-    """A checkpoint when one is due, and the evaluation when one is due: on rank 0, or with
-    train.eval_workers: all on every worker (its share), rank 0 reporting the summed counts."""
+    """The evaluation when one is due, then a checkpoint when one is due (after the evaluation, so
+    that it holds the accuracy too: a run resumed from its last checkpoint has its whole result)."""
     cfg = run.cfg
-    last = step >= run.total_steps or epoch == cfg.train.epochs - 1
+    _evaluate_if_due(run, counters, epoch, step, epoch_seconds)
     every = cfg.checkpoint.every_epochs
     if cfg.checkpoint.dir and every and (epoch + 1) % every == 0:
-        _save_checkpoint(cfg, run.kv, run.kv.rank, run.net, run.params, run.client, epoch + 1, step)
+        _save_checkpoint(run, counters, epoch + 1, step)
+
+
+def _evaluate_if_due(run, counters, epoch, step, epoch_seconds):
+    """On rank 0, or with train.eval_workers: all on every worker (its share), rank 0 reporting the
+    summed counts."""
+    cfg = run.cfg
+    last = step >= run.total_steps or epoch == cfg.train.epochs - 1
     if not ((epoch + 1) % cfg.train.eval_every_epochs == 0 or last):
         return
     rank, shared = run.kv.rank, run.tally is not None
@@ -386,8 +428,8 @@ def _finish_run(run, counters, step, epochs_run, t_start):
     run.kv._barrier()                      # every worker's part file is written
     if rank == 0:
         parts = [json.load(open(os.path.join(out_dir, worker_part_file(r)))) for r in range(run.kv.num_workers)]
-        summary = summarize(run.cfg, run, counters, parts, step, epochs_run, time.perf_counter() - t_start,
-                            checkpoint)
+        wall = counters.earlier_wall_seconds + time.perf_counter() - t_start
+        summary = summarize(run.cfg, run, counters, parts, step, epochs_run, wall, checkpoint)
         write_json_atomic(os.path.join(out_dir, SUMMARY_FILE), summary)
         print(summary_table(summary), flush=True)
         print(f"run folder: {out_dir}", flush=True)
@@ -407,11 +449,12 @@ def _load_net_state(net, params, arrays):
             p.data()[:] = saved
 
 
-def _save_checkpoint(cfg, kv, rank, net, params, client, epochs_done, step):
+def _save_checkpoint(run, counters, epochs_done, step):
     import mxnet as mx
 
     from ssdsgd import checkpoint as ckpt
     from ssdsgd import commands
+    cfg, kv, rank, net, params, client = run.cfg, run.kv, run.kv.rank, run.net, run.params, run.client
     directory = ckpt.epoch_dir(cfg.checkpoint.dir, epochs_done)
     mx.nd.waitall()                # this worker's pushes are acknowledged: the servers have them
     if rank == 0:
@@ -426,10 +469,11 @@ def _save_checkpoint(cfg, kv, rank, net, params, client, epochs_done, step):
     arrays, meta = client.state()
     arrays.update({f"param{i}": p.data().asnumpy() for i, p in enumerate(params)})
     arrays.update({f"aux{i}": p.data().asnumpy() for i, p in enumerate(_aux_params(net))})
-    ckpt.save_npz(os.path.join(directory, ckpt.worker_file(rank)), arrays, dict(meta, step=step))
+    meta = dict(meta, step=step, counters=counters.state(time.perf_counter() - run.t_start))
+    ckpt.save_npz(os.path.join(directory, ckpt.worker_file(rank)), arrays, meta)
     kv._barrier()
     if rank == 0:
-        ckpt.write_manifest(directory, cfg, epochs_done, step, client.plan_record())
+        ckpt.write_manifest(directory, cfg, epochs_done, step, client.plan_record(), run.out_dir)
         print(f"checkpoint saved: {directory}", flush=True)
 
 

@@ -4,7 +4,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from results_io import job_command          # scripts/, on the path through pytest.ini
+from results_io import job_command, run_folder          # scripts/, on the path through pytest.ini
 from ssdsgd.metrics import metrics_file, read_metrics, read_summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,7 +40,7 @@ def run_job(tmp_path, config, *sets, name="job", env=None, timeout=240, args=())
     cmd, log_dir = _command(tmp_path, config, sets, name, args)
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=timeout, start_new_session=True)
-    return Job(proc.returncode, proc.stdout, os.path.join(log_dir, name), log_dir)
+    return Job(proc.returncode, proc.stdout, run_folder(proc.stdout, log_dir, name), log_dir)
 
 
 def start_job(tmp_path, config, *sets, name="job", env=None, args=()):
@@ -48,7 +48,7 @@ def start_job(tmp_path, config, *sets, name="job", env=None, args=()):
     cmd, log_dir = _command(tmp_path, config, sets, name, args)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
-    return proc, Job(None, "", os.path.join(log_dir, name), log_dir)
+    return proc, Job(None, "", run_folder("", log_dir, name), log_dir)
 
 
 def role_of(pid):

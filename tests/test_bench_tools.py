@@ -280,10 +280,10 @@ def test_time_to_accuracy_reads_both_clocks_and_tables_them(tmp_path, monkeypatc
             "topk": [(40.0, 9.0, 0.85), (80.0, 9.0, 0.91)]}
     monkeypatch.setattr(tta, "Namespace", FakeNamespace)
     monkeypatch.setattr(tta.time, "time", lambda: 1000.0)
-    monkeypatch.setattr(tta, "run_captured", lambda argv: type("P", (), {"returncode": 0})())
+    monkeypatch.setattr(tta, "run_captured", lambda argv: type("P", (), {"returncode": 0, "stdout": ""})())
     jobs, evals = [], []
     for label, ev in runs.items():
-        run_dir = str(tmp_path / "runs" / tta.job_name(label, 0))
+        run_dir = str(tmp_path / "runs" / tta.job_name(label, 0) / "latest")
         metrics(run_dir, ev)
         monkeypatch.setattr(tta, "job_summary", lambda proc, d, ev=ev: {"final_test_acc": ev[-1][2]})
         job, got = tta.run(label, "c.yaml", 0, 20.0, str(tmp_path), 60)
@@ -298,8 +298,8 @@ def test_time_to_accuracy_reads_both_clocks_and_tables_them(tmp_path, monkeypatc
     assert tta.time_to([e for e in evals if e["variant"] == "topk"], 0.95) is None     # never reached
     # A run whose metrics lack eval_seconds (older code) has no training clock: "n/a", not "not reached".
     late = str(tmp_path / "late")
-    metrics(os.path.join(late, "runs", tta.job_name("topk", 0)), runs["topk"])
-    path = os.path.join(late, "runs", tta.job_name("topk", 0), "metrics.jsonl")
+    metrics(os.path.join(late, "runs", tta.job_name("topk", 0), "latest"), runs["topk"])
+    path = os.path.join(late, "runs", tta.job_name("topk", 0), "latest", "metrics.jsonl")
     lines = [json.loads(line) for line in open(path)]
     with open(path, "w") as f:
         f.writelines(json.dumps({k: v for k, v in m.items() if k != "eval_seconds"}) + "\n" for m in lines)

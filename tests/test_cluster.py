@@ -58,7 +58,7 @@ def _run_cmd(vc, tmp_path, *sets, config=SSD, hostfile=None, name="job"):
                             "--set", f"name={name}", "--set", "cluster.launcher=ssh",
                             "--set", f"cluster.hostfile={hostfile or _hostfile(vc, tmp_path)}",
                             "--set", "cluster.interface=eth0", "--set", f"cluster.ssh_config={vc.ssh_config}",
-                            *[a for s in sets for a in ("--set", s)]]), os.path.join(log_dir, name)
+                            *[a for s in sets for a in ("--set", s)]]), os.path.join(log_dir, name, "latest")
 
 
 def _start(argv, tmp_path, cwd=ROOT):
@@ -167,7 +167,7 @@ def test_launch_py_ssh_job_on_four_hosts(vc, tmp_path):
                             "--set", f"log.dir={log_dir}", "--set", "name=direct"])
     rc, out = _finish(*_start(argv, tmp_path), timeout=120)
     assert rc == 0, out
-    assert json.load(open(log_dir / "direct" / "summary.json"))["steps"] == 22
+    assert json.load(open(log_dir / "direct" / "latest" / "summary.json"))["steps"] == 22
 
 
 def _fault_during_training(vc, tmp_path, fault, *sets):

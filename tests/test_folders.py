@@ -93,43 +93,52 @@ IDLE_HOLDER = {"SSDSGD_TEST_FAULT": "slow:1:0.2"}
 
 
 @pytest.mark.timeout(240)
-def test_second_job_on_the_same_folders_fails_at_once_naming_the_holder(tmp_path):
+def test_second_job_gets_its_own_run_folder_and_a_held_checkpoint_dir_is_refused(tmp_path):
+    """A second job of the same name runs in a run folder of its own (the first one's files untouched);
+    one on the same checkpoint.dir fails at once naming the holder, having started nothing."""
     ck = os.path.join(str(tmp_path), "ck")
     proc, job = start_job(tmp_path, SSGD, "train.epochs=500", "log.every_steps=1", f"checkpoint.dir={ck}",
                           name="first", env=IDLE_HOLDER)
     try:
         wait_for_progress(job, proc, timeout=90)
+        first_dir = os.path.realpath(job.run_dir)
         t0 = time.time()
-        second = run_job(tmp_path, SSGD, "train.epochs=1", name="first", timeout=60)
         same_ck = run_job(tmp_path, SSGD, "train.epochs=1", f"checkpoint.dir={ck}", name="other", timeout=60)
         elapsed = time.time() - t0
+        second = run_job(tmp_path, SSGD, "train.epochs=1", "train.max_steps=3", name="first", timeout=120)
         assert proc.poll() is None                      # the first job was not disturbed
     finally:
         _stop(proc)
-    for j, label, folder in ((second, "run folder (log.dir/name)", job.run_dir), (same_ck, "checkpoint.dir", ck)):
-        assert j.rc == 2, j.output
-        assert f"{label}: {folder} is in use by another job: PID {proc.pid} on host" in j.output, j.output
-        assert "python -m ssdsgd.run" in j.output     # what the holder is
-        assert "[worker" not in j.output and "[scheduler" not in j.output   # nothing was started
+    assert same_ck.rc == 2, same_ck.output
+    assert f"checkpoint.dir: {ck} is in use by another job: PID {proc.pid} on host" in same_ck.output
+    assert "python -m ssdsgd.run" in same_ck.output   # what the holder is
+    assert "[worker" not in same_ck.output and "[scheduler" not in same_ck.output   # nothing was started
     assert elapsed < 30
+    assert not os.path.exists(os.path.join(tmp_path, "runs", "other"))   # refused before creating it
+    assert second.rc == 0, second.output
+    assert os.path.dirname(second.run_dir) == os.path.dirname(first_dir) and second.run_dir != first_dir
+    assert os.path.realpath(os.path.join(tmp_path, "runs", "first", "latest")) == second.run_dir
     # The first job's files stayed its own: every line of its metrics parses.
-    with open(os.path.join(job.run_dir, "metrics.jsonl")) as f:
+    with open(os.path.join(first_dir, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f]
     assert records and all(r["rank"] == 0 for r in records)
-    assert not os.path.exists(os.path.join(tmp_path, "runs", "other"))   # refused before creating it
+    assert not os.path.exists(os.path.join(first_dir, "summary.json"))
     assert processes_with(job.marker) == []
 
 
 @pytest.mark.timeout(240)
 def test_under_launch_py_rank_0_takes_the_locks(tmp_path):
-    """A job started with launch.py (no ssdsgd.run front end) on a folder a running job holds fails,
-    with the holder named by rank 0, and leaves the holder's files alone."""
-    proc, job = start_job(tmp_path, SSGD, "train.epochs=500", "log.every_steps=1", name="held", env=IDLE_HOLDER)
+    """A job started with launch.py (no ssdsgd.run front end) on a checkpoint.dir a running job holds
+    fails, with the holder named by rank 0, and leaves the holder's files alone."""
+    ck = os.path.join(str(tmp_path), "ck")
+    proc, job = start_job(tmp_path, SSGD, "train.epochs=500", "log.every_steps=1", f"checkpoint.dir={ck}",
+                          name="held", env=IDLE_HOLDER)
     try:
         wait_for_progress(job, proc, timeout=90)
         cmd = [sys.executable, os.path.join(ROOT, "launch", "launch.py"), "-n", "2", "-s", "1", "--timeout", "120",
                sys.executable, "-m", "ssdsgd.train", "--config", os.path.join(ROOT, SSGD),
-               "--set", f"log.dir={job.marker}", "--set", "name=held", "--set", "train.epochs=1"]
+               "--set", f"log.dir={job.marker}", "--set", "name=held", "--set", "train.epochs=1",
+               "--set", f"checkpoint.dir={ck}"]
         second = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180,
                                 start_new_session=True)
@@ -175,6 +184,7 @@ def test_fresh_run_into_a_checkpoint_folder_needs_resume_or_overwrite(tmp_path):
     # config, metrics (2), worker parts (2), summary, final.params, locks (2), checkpoint files
     assert _assert_private(a.run_dir, ck) >= 12
     assert stat.S_IMODE(os.stat(os.path.join(tmp_path, "runs")).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(os.path.join(tmp_path, "runs", "A")).st_mode) == 0o700
     # What a killed earlier run might have left: a file the new run does not write.
     stale = os.path.join(ck, "epoch-0001", "server-buffer9.npz")
     with open(stale, "wb") as f:

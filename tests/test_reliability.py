@@ -1,4 +1,5 @@
 """Faults, checkpoints and bad input on real jobs: clean failure, exact resume, refused commands."""
+import json
 import os
 import re
 import signal
@@ -76,11 +77,19 @@ def test_resume_after_epoch_2_matches_uninterrupted_run(tmp_path, uninterrupted)
                                                 uninterrupted=uninterrupted)
     assert os.path.exists(os.path.join(str(tmp_path), "ck", "epoch-0002", "manifest.json"))
     assert "epoch-0002" in b.output
+    assert b.run_dir == a.run_dir                 # the resume goes on in its own run's folder
     assert b.summary()["steps"] == c.summary()["steps"] == 88
-    wb, wc, wa = (load_params(j.summary()["checkpoint"]) for j in (b, c, a))
+    # A's result at its stop is kept beside the finished one, not replaced.
+    with open(os.path.join(a.run_dir, "summary.step44.json")) as f:
+        stopped = json.load(f)
+    assert stopped["steps"] == 44 and stopped["checkpoint"].endswith("final.step44.params")
+    wb, wc = (load_params(j.summary()["checkpoint"]) for j in (b, c))
+    wa = load_params(stopped["checkpoint"])
     for k in wc:
         np.testing.assert_allclose(wb[k], wc[k], rtol=1e-5, atol=1e-6, err_msg=k)
     assert max(np.abs(wa[k] - wc[k]).max() for k in wc) > 1e-3     # epochs 3-4 did change weights
+    # Every summary figure counts each step once, across the resume (strict mode: same bytes).
+    _same_result(b, c)
 
 
 @pytest.mark.timeout(400)
@@ -118,6 +127,97 @@ def test_killed_worker_is_restarted_from_the_checkpoint_and_ends_with_the_uninte
     wr, wc = (load_params(j.summary()["checkpoint"]) for j in (job, c))
     for k in wc:
         np.testing.assert_allclose(wr[k], wc[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def _files(folder):
+    """{path: sha256} of every file under folder, the lock files aside (a start takes them)."""
+    import hashlib
+    found = {}
+    for d, _, names in os.walk(folder):
+        for name in names:
+            if name != ".ssdsgd.lock":
+                with open(os.path.join(d, name), "rb") as f:
+                    found[os.path.join(d, name)] = hashlib.sha256(f.read()).hexdigest()
+    return found
+
+
+def _same_result(job, c):
+    """A resumed or restarted strict run `job` against the uninterrupted run `c` of the same config: the
+    same steps, epochs and accuracies, and byte counts that add up to what its metrics logged step by
+    step. (Bytes themselves may differ between the two runs: the buffer plan follows link costs measured
+    at the start, and the clock polls while a worker waits depend on timing.)"""
+    s, sc = job.summary(), c.summary()
+    for key in ("steps", "epochs", "max_staleness", "test_acc_history", "final_test_acc", "best_test_acc",
+                "skipped_steps"):
+        assert s[key] == sc[key], (key, s[key], sc[key])
+    for rank, part in enumerate(s["workers"]):
+        assert part["steps"] == 88 and part["images"] == sc["workers"][rank]["images"]
+        logged = _logged_bytes(job.metrics(rank))
+        assert logged == pytest.approx((part["push_bytes"], part["pull_bytes"]), rel=1e-9), rank
+    assert (s["push_bytes"], s["pull_bytes"]) == (s["workers"][0]["push_bytes"], s["workers"][0]["pull_bytes"])
+
+
+def _logged_bytes(records):
+    """(push, pull) bytes of every step, from a metrics file's step lines (means over the steps since
+    the line before); each step must appear once, in order."""
+    push = pull = 0.0
+    last = 0
+    for r in records:
+        if "loss" in r:
+            assert r["step"] > last, (r["step"], last)
+            push += r["push_bytes"] * (r["step"] - last)
+            pull += r["pull_bytes"] * (r["step"] - last)
+            last = r["step"]
+    assert last == 88
+    return push, pull
+
+
+@pytest.mark.timeout(120)
+def test_resume_of_a_finished_run_says_so_and_changes_no_file(uninterrupted):
+    c = uninterrupted
+    tmp = os.path.dirname(c.marker)
+    before = _files(tmp)
+    again = run_job(tmp, SSD_TOPK, *STRICT_4, f"checkpoint.dir={tmp}/ck_c", name="C", args=["--resume"])
+    assert again.rc == 0, again.output
+    assert f"run folder {c.run_dir} holds a finished run" in again.output
+    assert "nothing to resume, no file changed" in again.output
+    assert "[worker" not in again.output                # nothing was started
+    assert _files(tmp) == before
+
+
+@pytest.mark.timeout(300)
+def test_a_role_dying_after_the_last_checkpoint_is_restarted_without_losing_the_result(tmp_path, uninterrupted):
+    """Worker 1 fails after the epoch-4 checkpoint, before the summary: the restart resumes from that
+    checkpoint, trains nothing, and writes the summary an uninterrupted run writes."""
+    job = run_job(tmp_path, SSD_TOPK, *STRICT_4, f"checkpoint.dir={tmp_path}/ck", "cluster.max_restarts=1",
+                  name="F", env={"SSDSGD_TEST_FAULT": "finish:1:0"})
+    assert job.rc == 0, job.output[-3000:]
+    assert "RuntimeError: injected fault at the end of training" in job.output
+    assert job.output.count("run: restart 1 of 1: the job failed (exit 1); resuming from") == 1
+    assert "resuming from" in job.output and "epoch-0004" in job.output
+    _same_result(job, uninterrupted)
+    assert processes_with(job.marker) == []
+
+
+@pytest.mark.timeout(240)
+def test_reruns_never_touch_a_finished_run(tmp_path):
+    """A rerun of the same name that fails at start, and one that differs only by seed, each get a run
+    folder of their own; the finished run's files stay byte for byte."""
+    a = run_job(tmp_path, SSGD, "train.epochs=1", "train.max_steps=5", name="x")
+    assert a.rc == 0, a.output
+    before = _files(a.run_dir)
+    bad = run_job(tmp_path, SSGD, "train.epochs=1", "train.batch_size=100000", name="x")
+    assert bad.rc != 0
+    seed = run_job(tmp_path, SSGD, "train.epochs=1", "train.max_steps=5", "seed=1", name="x")
+    assert seed.rc == 0, seed.output
+    assert len({a.run_dir, bad.run_dir, seed.run_dir}) == 3
+    assert _files(a.run_dir) == before
+    assert os.path.realpath(os.path.join(tmp_path, "runs", "x", "latest")) == seed.run_dir
+    for job, value in ((a, 0), (seed, 1)):                 # each folder records its own run
+        assert job.summary()["steps"] == 5
+        with open(os.path.join(job.run_dir, "config.yaml")) as f:
+            assert f"\nseed: {value}\n" in f.read()
+    assert processes_with(a.marker) == []
 
 
 @pytest.mark.timeout(240)

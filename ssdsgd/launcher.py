@@ -11,7 +11,7 @@ scheduler touches its own every second from a thread that pyhooks/sitecustomize.
 it would only show up as a stalled worker; with it, the server is named, with its host.
 
 Exit codes: 0 success, 1 a process failed or stalled (or a remote process could not be confirmed
-gone), 2 bad usage, 124 timeout, 128+signum when the launcher got SIGINT/SIGTERM.
+gone), 2 bad usage, 124 timeout, 128+signum when the launcher got SIGINT/SIGTERM/SIGHUP.
 
 ssh jobs: the scheduler runs here; each server and worker runs on its host under ssdsgd/remote.py
 (shipped as source), which starts it in its own process group, reports the group id and how the
@@ -567,11 +567,11 @@ def _cleanup(children):
 
 
 def _catch_stop_signals(received):
-    """Make SIGINT/SIGTERM set a flag the supervisor polls; return a function restoring the old handlers."""
+    """Make SIGINT/SIGTERM/SIGHUP set a flag the supervisor polls; return a function restoring the handlers."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None  # Python only allows signal handlers in the main thread
     old = {s: signal.signal(s, lambda signum, frame: received.append(signum))
-           for s in (signal.SIGINT, signal.SIGTERM)}
+           for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}   # SIGHUP: the terminal closed
 
     def restore():
         for s, handler in old.items():
@@ -604,6 +604,47 @@ def _run(specs, timeout, stall_timeout, server_timeout=None):
         restore_signals()
 
 
+JOB_DIR_PREFIX = 'ssdsgd-launch-'    # the launcher's job folder (heartbeat and liveness files)
+OWNER_FILE = 'launcher'              # in it: host, PID and start time of the launcher that made it
+
+
+def _start_time(pid):
+    """The kernel's start time of process pid (clock ticks since boot), or None if there is none."""
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().rsplit(')', 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _write_owner(job_path):
+    with open(os.path.join(job_path, OWNER_FILE), 'w') as f:
+        f.write(f'{socket.gethostname()} {os.getpid()} {_start_time(os.getpid())}\n')
+
+
+def remove_stale_job_dirs(parent, prefix):
+    """Remove the job folders that launchers on this host left when they were SIGKILLed (no cleanup
+    ran): those whose owner process is gone. A folder without an owner file, or made on another host
+    (ssh job folders live on a shared file system), is left alone. Returns the removed paths."""
+    import shutil
+    removed = []
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(prefix)]
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(parent, name)
+        try:
+            with open(os.path.join(path, OWNER_FILE)) as f:
+                host, pid, started = f.read().split()
+        except (OSError, ValueError):
+            continue
+        if host == socket.gethostname() and _start_time(int(pid)) != started:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 def run_job(command, num_workers, num_servers=None, *, launcher='local', hostfile=None, env=None,
             timeout=None, port=None, interface=None, stall_timeout=None, dry_run=False, ssh_options=(),
             role_env=None, server_timeout=None):
@@ -619,9 +660,11 @@ def run_job(command, num_workers, num_servers=None, *, launcher='local', hostfil
         num_servers = num_workers
     # Heartbeat files: ssh workers write them from their hosts, so for ssh jobs they live under the
     # working directory, which every host shares (the remote roles run in it too).
+    prefix, parent = ('.' + JOB_DIR_PREFIX, os.getcwd()) if launcher == 'ssh' else (JOB_DIR_PREFIX, None)
     try:
-        job_dir = tempfile.TemporaryDirectory(prefix='.ssdsgd-launch-' if launcher == 'ssh' else 'ssdsgd-launch-',
-                                              dir=os.getcwd() if launcher == 'ssh' else None)
+        remove_stale_job_dirs(parent or tempfile.gettempdir(), prefix)
+        job_dir = tempfile.TemporaryDirectory(prefix=prefix, dir=parent)
+        _write_owner(job_dir.name)
     except OSError as e:
         print(f'launch: cannot create the job folder in {os.getcwd()} (the ssh launcher needs a writable '
               f'working directory on the file system the hosts share): {e.strerror}', file=sys.stderr)

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from ssdsgd import launcher as launch
 from ssdsgd.launcher import Host, UsageError, build_ssh_commands, read_hostfile, run_job
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -240,21 +241,28 @@ def test_server_timeout_must_be_shorter_than_the_stall_timeout(capsys):
 
 
 @pytest.mark.timeout(30)
-def test_sigterm_to_launcher_cli(toy_dir, tmp_path):
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_to_launcher_cli(toy_dir, tmp_path, signum):
+    """SIGHUP (the terminal closed) stops the job as SIGTERM does: a message, 128 + signum, every
+    process ended and the launcher's job folder removed."""
     cmd = [sys.executable, LAUNCH, '-n', '2', '-s', '1', '--env', f'TOY_DIR={toy_dir}',
            '--env', 'TOY_MODE=hang', '--'] + TOY_CMD
+    tmp = tmp_path / 'tmp'
+    tmp.mkdir()
     # Run from an unrelated directory: launch.py finds the installed package.
     launcher = subprocess.Popen(cmd, cwd=str(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                start_new_session=True)
+                                start_new_session=True, env=dict(os.environ, TMPDIR=str(tmp)))
     try:
         deadline = time.monotonic() + 15
         while len(_recorded_pids(toy_dir)) < 5 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(_recorded_pids(toy_dir)) == 5
-        launcher.send_signal(signal.SIGTERM)
-        assert launcher.wait(timeout=10) == 143
-        assert b'received SIGTERM' in launcher.stderr.read()
+        assert [n.startswith('ssdsgd-launch-') for n in os.listdir(tmp)] == [True]
+        launcher.send_signal(signum)
+        assert launcher.wait(timeout=10) == 128 + signum
+        assert f'received {signal.Signals(signum).name}, stopping the job'.encode() in launcher.stderr.read()
         _assert_all_gone(toy_dir, ['scheduler0', 'server0', 'worker0', 'worker1', 'grandchild'])
+        assert os.listdir(tmp) == []
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
@@ -263,9 +271,11 @@ def test_sigterm_to_launcher_cli(toy_dir, tmp_path):
 
 
 @pytest.mark.timeout(30)
-def test_children_die_with_sigkilled_launcher(toy_dir):
+def test_children_die_with_sigkilled_launcher(toy_dir, tmp_path):
+    """Also: the job folder a SIGKILLed launcher could not remove goes at the next launcher's start."""
     launcher = subprocess.Popen([sys.executable, LAUNCH, '-n', '2', '-s', '1', '--env', f'TOY_DIR={toy_dir}',
-                                 '--env', 'TOY_MODE=hang'] + TOY_CMD, stdout=subprocess.DEVNULL)
+                                 '--env', 'TOY_MODE=hang'] + TOY_CMD, stdout=subprocess.DEVNULL,
+                                env=dict(os.environ, TMPDIR=str(tmp_path)))
     try:
         deadline = time.monotonic() + 15
         while len(_recorded_pids(toy_dir)) < 5 and time.monotonic() < deadline:
@@ -282,6 +292,24 @@ def test_children_die_with_sigkilled_launcher(toy_dir):
     while not all(_is_gone(p) for p in pids.values()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert {name: pid for name, pid in pids.items() if not _is_gone(pid)} == {}
+    left = [str(tmp_path / n) for n in os.listdir(tmp_path) if n.startswith('ssdsgd-launch-')]
+    assert len(left) == 1
+    assert launch.remove_stale_job_dirs(str(tmp_path), 'ssdsgd-launch-') == left
+    assert not os.path.exists(left[0])
+
+
+def test_stale_job_dirs_only_of_gone_launchers_on_this_host(tmp_path):
+    gone = subprocess.Popen(['true'])
+    gone.wait()
+    owners = {'gone': f'{socket.gethostname()} {gone.pid} 123', 'alive': f'{socket.gethostname()} {os.getpid()} '
+              f'{launch._start_time(os.getpid())}', 'other-host': f'elsewhere {gone.pid} 123', 'no-owner': None}
+    for name, owner in owners.items():
+        (tmp_path / f'ssdsgd-launch-{name}').mkdir()
+        if owner:
+            (tmp_path / f'ssdsgd-launch-{name}' / launch.OWNER_FILE).write_text(owner)
+    assert launch.remove_stale_job_dirs(str(tmp_path), 'ssdsgd-launch-') == [str(tmp_path / 'ssdsgd-launch-gone')]
+    assert sorted(os.listdir(tmp_path)) == ['ssdsgd-launch-alive', 'ssdsgd-launch-no-owner',
+                                            'ssdsgd-launch-other-host']
 
 
 @pytest.mark.timeout(30)

@@ -37,6 +37,7 @@ import zipfile
 import numpy as np
 
 from ssdsgd.algorithms import ROUNDS, STOCK, client_kind
+from ssdsgd.errors import JobError
 from ssdsgd.metrics import write_json_atomic
 
 MANIFEST = "manifest.json"
@@ -59,7 +60,7 @@ def server_stock_file(rank):
 SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(JobError):
     pass
 
 
@@ -294,6 +295,8 @@ def verify(directory, cfg):
     try:
         with open(path) as f:
             manifest = json.load(f)
+    except RecursionError:
+        raise CheckpointError(f"checkpoint manifest {path} cannot be read: nested too deep") from None
     except (OSError, ValueError) as err:
         raise CheckpointError(f"checkpoint manifest {path} cannot be read: {err}") from None
     match = re.fullmatch(r"epoch-(\d+)", os.path.basename(os.path.normpath(directory)))
@@ -408,6 +411,12 @@ def resume_point(cfg):
     if directory is None:
         raise CheckpointError(f"--resume: no complete checkpoint in {root}")
     manifest = verify(directory, cfg)
+    for rank in range(cfg.cluster.workers):          # each worker's own record of the step (meta only)
+        path = os.path.join(directory, worker_file(rank))
+        saved = (load_npz_meta(path)[1] or {}).get("step")
+        if saved != manifest["step"]:
+            raise CheckpointError(f"{os.path.join(directory, MANIFEST)}: step {manifest['step']}, but "
+                                  f"{worker_file(rank)} says step {saved}; resume refused")
     problem = served_plan_problem(cfg, directory, manifest)
     if problem:
         raise CheckpointError(f"{directory}: {problem}; resume refused")

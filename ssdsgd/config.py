@@ -12,6 +12,7 @@ import re
 import yaml
 
 from ssdsgd.compression.registry import NATIVE_2BIT, SPARSIFIERS, compression_types, is_sparsifier
+from ssdsgd.errors import JobError
 from ssdsgd.schedule import KINDS as SCHEDULE_KINDS
 
 
@@ -29,7 +30,7 @@ def _yaml_load(text):
     return yaml.load(text, Loader=_Loader)
 
 
-class ConfigError(ValueError):
+class ConfigError(JobError, ValueError):
     """Invalid configuration. `str(err)` starts with the offending key path."""
 
 

@@ -18,11 +18,13 @@ import shutil
 import socket
 import time
 
+from ssdsgd.errors import JobError
+
 LOCK_FILE = ".ssdsgd.lock"
 PRIVATE_UMASK = 0o077          # run and checkpoint folders: 0700 folders, 0600 files
 
 
-class FolderError(RuntimeError):
+class FolderError(JobError):
     """A folder cannot be used by this job; the front end exits with status 2."""
 
 
@@ -62,8 +64,12 @@ def lock(folder, what, label):
         raise FolderError(f"{label}: {folder} is in use by another job: {_holder(path)} "
                           f"(lock file {path}); wait for it to end or choose another folder") from None
     info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "what": what}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps(info).encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+    except OSError as err:                  # a full disk, a quota: said before any process starts
+        os.close(fd)
+        raise FolderError(f"{label}: cannot write the lock file {path}: {err.strerror}") from None
     return os.fdopen(fd, "r+")
 
 
@@ -133,7 +139,11 @@ def new_run_folder(cfg):
             raise FolderError(f"log.dir: cannot create the run folder {folder}: {err.strerror}") from None
     else:
         raise FolderError(f"log.dir: {home} has 999 runs started at {stamp}")
-    point_latest(home, os.path.basename(folder))
+    try:
+        point_latest(home, os.path.basename(folder))
+    except OSError as err:
+        os.rmdir(folder)
+        raise FolderError(f"log.dir: cannot make the link {home}/{LATEST}: {err.strerror}") from None
     return folder
 
 

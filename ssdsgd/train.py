@@ -1,8 +1,10 @@
 """`python -m ssdsgd.train --config FILE [--set k=v ...]`: the command every role runs under the launcher.
 
 The scheduler and servers enter our server loop (ssdsgd.server); workers train (ssdsgd.worker).
-A worker that raises prints its traceback and exits hard with status 1: a normal exit would wait
-forever in ps-lite's finalize barrier for the other workers, hanging the job instead of failing it.
+A worker that raises exits hard with status 1: a normal exit would wait forever in ps-lite's finalize
+barrier for the other workers, hanging the job instead of failing it. A JobError (a problem with the
+job's input: a data file, a checkpoint, a folder) is printed as its one-line message; anything else
+with its traceback.
 """
 import argparse
 import os
@@ -11,6 +13,7 @@ import traceback
 
 from ssdsgd.config import ConfigError, load_config
 from ssdsgd.env import ROLE_ENV, ROLE_NAME_ENV, SECRET_ENV
+from ssdsgd.errors import JobError
 
 
 def parse_args(argv=None):
@@ -66,10 +69,13 @@ def main(argv=None):
     try:
         from ssdsgd.worker import run_worker
         run_worker(cfg, resume=args.resume, overwrite=args.overwrite)
-    except BaseException:
+    except BaseException as err:
         name = os.environ.get(ROLE_NAME_ENV, "worker")
-        print(f"{name} failed:", file=sys.stderr)
-        traceback.print_exc()
+        if isinstance(err, JobError):
+            print(f"{name}: error: {err}", file=sys.stderr)
+        else:
+            print(f"{name} failed:", file=sys.stderr)
+            traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)

@@ -154,8 +154,9 @@ def _resume_with(tmp_path, ck_src, edit, *sets):
     path = os.path.join(ck, "epoch-0002", "manifest.json")
     with open(path) as f:
         m = json.load(f)
+    edited = edit(m)                              # a dict, or raw text
     with open(path, "w") as f:
-        json.dump(edit(m), f)
+        f.write(edited if isinstance(edited, str) else json.dumps(edited))
     return run_job(tmp_path, SSD_TOPK, "train.epochs=4", "algorithm.strict=true", "checkpoint.every_epochs=1",
                    f"checkpoint.dir={ck}", *sets, name="B", args=["--resume"], timeout=120)
 
@@ -169,6 +170,8 @@ EDITS = [
      "files: server-buffer0.npz missing"),
     ("plan_of_more_buffers", lambda m: dict(m, plan=dict(m["plan"], buffer_sizes=m["plan"]["buffer_sizes"] + [7])),
      "missing (the plan needs them)"),
+    ("step_of_another_run", lambda m: dict(m, step=10**12), "step 1000000000000, but worker0.npz says step 44"),
+    ("nested_too_deep", lambda m: "[" * 100000 + "]" * 100000, "cannot be read: nested too deep"),
 ]
 
 

@@ -81,6 +81,56 @@ def write_csv(path, rows):
         w.writerows(rows)
 
 
+MANIFEST = "manifest.json"      # how a results folder was made, written by the script that made it
+
+
+def _git(*args):
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True, timeout=30).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def machine():
+    """What the figures of a results folder depend on: CPU model, cores, memory, Python and MXNet."""
+    import platform
+    cpu = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+        with open("/proc/meminfo") as f:
+            mem_kb = int(next(line.split()[1] for line in f if line.startswith("MemTotal")))
+    except (OSError, ValueError, StopIteration):
+        mem_kb = None
+    try:
+        from importlib.metadata import version
+        mxnet = version("mxnet")
+    except Exception:
+        mxnet = None
+    return {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(),
+            "memory_gib": round(mem_kb / 2**20, 1) if mem_kb else None,
+            "python": platform.python_version(), "mxnet": mxnet, "os": platform.platform()}
+
+
+def write_manifest(out, configs, **extra):
+    """<out>/manifest.json: the command line, the configs (path and text), the commit (and whether the
+    tree had uncommitted changes), the machine and the date; extra keys as given."""
+    import time
+    texts = {}
+    for path in configs:
+        with open(path) as f:
+            texts[os.path.relpath(os.path.abspath(path), ROOT)] = f.read()
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    manifest = {"command": [os.path.relpath(sys.argv[0], ROOT) if sys.argv[0] else "", *sys.argv[1:]],
+                "cwd": os.getcwd(), "configs": texts, "commit": _git("rev-parse", "HEAD"),
+                "uncommitted_changes": bool(status) if status is not None else None,
+                "machine": machine(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}
+    with open(os.path.join(out, MANIFEST), "w") as f:
+        json.dump(manifest, f, indent=2)
+    return manifest
+
+
 def write_text(path, text):
     with open(path, "w") as f:
         f.write(text + "\n")

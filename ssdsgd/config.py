@@ -200,17 +200,24 @@ SCHEMA = {
     },
     "algorithm": {
         "type": Field(str, "ssgd", choices=ALGORITHMS),
-        "warmup_iters": Field(int, 500, min=0, doc="synchronous steps before the delay stage"),
-        "delay": Field(int, 5, min=1, doc="k: pull the global weights every k steps"),
+        "warmup_iters": Field(int, None, nullable=True, min=0,
+                              doc="synchronous steps before the delay stage; null: one epoch (the paper's "
+                                  "scripts: 500)"),
+        "delay": Field(int, 1, min=1, doc="k: pull the global weights every k steps (the paper's scripts: 5)"),
         "max_staleness": Field(int, None, nullable=True, min=1, doc="S; default k"),
         "strict": Field(bool, False),
         "momentum": Field(float, None, nullable=True, min=0, max=1,
                           doc="momentum of the steps-delay stage (servers, local update, momentum correction); "
                               "default train.momentum"),
         "local": {
-            "optimizer": Field(str, "glu", choices=("glu", "sgd", "global_momentum")),
+            "optimizer": Field(str, "global_momentum", choices=("glu", "sgd", "global_momentum"),
+                               doc="the local update between refreshes: momentum SGD carrying the global "
+                                   "velocity (global_momentum), plain sgd, or the paper's GLU rule (glu)"),
             "lr": Field(float, None, nullable=True, gt=0),
-            "lr_scale": Field(float, 4.0, gt=0, doc="local lr = lr_scale * global lr (if lr unset)"),
+            "lr_scale": Field(float, None, nullable=True, gt=0,
+                              doc="local lr = lr_scale * global lr (if lr unset); null: the number of workers "
+                                  "(a worker's own gradient stands in for all of theirs), 4 for glu (the "
+                                  "paper's)"),
             "c": Field(float, 0.5, min=0, doc="GLU compensation coefficient"),
         },
     },
@@ -218,7 +225,9 @@ SCHEMA = {
         "type": Field(str, "none", choices=compression_types),
         "density": Field(float, 0.01, gt=0, max=1),
         "error_feedback": Field(bool, True),
-        "momentum_correction": Field(bool, False),
+        "momentum_correction": Field(bool, None, nullable=True,
+                                     doc="DGC's momentum correction: the workers accumulate the momentum before "
+                                         "sparsifying; null: true with a sparsifier, false otherwise"),
         "decay_momentum": Field(bool, False,
                                 doc="momentum correction: the servers apply the weight decay through a momentum "
                                     "of their own (SSGD's decay strength, as DGC's reference optimizer does); "
@@ -252,9 +261,10 @@ SCHEMA = {
                                "worker clips its share at clip_norm / sqrt(workers) before momentum correction "
                                "and error feedback; null: off"),
         "fusion": Field(str, "ahead", choices=("ahead", "behind")),
-        "allocation": Field(str, "size", choices=("size", "gradient"),
+        "allocation": Field(str, "auto", choices=("auto", "size", "gradient"),
                             doc="fusion ahead: k_i proportional to tensor size, or re-allocated from the "
-                                "accumulated gradient every allocate_every steps (same total per buffer)"),
+                                "accumulated gradient every allocate_every steps (same total per buffer); "
+                                "auto: gradient with a sparsifier and fusion ahead, size otherwise"),
         "allocate_every": Field(int, 1, min=1, doc="steps between re-allocations (allocation: gradient)"),
         "buffers": Field(str, "one", choices=("one", "fixed", "cost_model")),
         "buffer_bytes": Field(int, 4 << 20, min=1024),
@@ -262,9 +272,11 @@ SCHEMA = {
         "warmup": ListField([], item=float, max=1,
                             doc="density of each of the first epochs, e.g. DGC's [0.25, 0.0625, 0.015625, "
                                 "0.004]; `density` from then on"),
-        "downlink": Field(str, "dense", choices=("dense", "sparse"),
+        "downlink": Field(str, "auto", choices=("auto", "dense", "sparse"),
                           doc="round-based runs with a sparsifier: refresh from dense weight pulls, or from "
-                              "the rounds' aggregated sparse updates applied to a replica of the servers' state"),
+                              "the rounds' aggregated sparse updates applied to a replica of the servers' state "
+                              "(per buffer, only where that is smaller); auto: sparse with a sparsifier, dense "
+                              "otherwise"),
         "downlink_check_every": Field(int, 50, min=0,
                                       doc="downlink sparse: every this many rounds the servers publish a CRC-32 of "
                                           "a buffer's weights in its ring and the replica must match it (0: never)"),
@@ -371,6 +383,27 @@ def _check_compression(c, sparsifier):
                           f"{c['train']['epochs']}; the run would never reach compression.density")
 
 
+def _resolve_auto(c):
+    """The keys whose default depends on other keys (null or auto in SCHEMA) made concrete, so that the
+    run folder's config.yaml, the checkpoint fingerprint and the code all see what runs. (A warm-up of
+    null, one epoch, is resolved where the epoch's length is known: ssd_warmup_steps.)"""
+    alg, comp = c["algorithm"], c["compression"]
+    sparsifier = is_sparsifier(comp["type"])
+    if alg["local"]["lr_scale"] is None:
+        alg["local"]["lr_scale"] = 4.0 if alg["local"]["optimizer"] == "glu" else float(c["cluster"]["workers"])
+    if comp["momentum_correction"] is None:
+        comp["momentum_correction"] = sparsifier
+    if comp["allocation"] == "auto":
+        comp["allocation"] = "gradient" if sparsifier and comp["fusion"] == "ahead" else "size"
+    if comp["downlink"] == "auto":
+        comp["downlink"] = "sparse" if sparsifier else "dense"
+
+
+def ssd_warmup_steps(algorithm, steps_per_epoch):
+    """SSD-SGD's synchronous warm-up in steps: algorithm.warmup_iters, or one epoch when it is null."""
+    return steps_per_epoch if algorithm.warmup_iters is None else algorithm.warmup_iters
+
+
 def _check_consistency(c):
     alg, comp = c["algorithm"], c["compression"]
     if alg["max_staleness"] is not None and alg["max_staleness"] < alg["delay"]:
@@ -464,6 +497,7 @@ def load_config(path, overrides=()):
     for text in overrides:
         apply_override(raw, *parse_override(text))
     data = _validate(SCHEMA, raw)
+    _resolve_auto(data)
     _check_consistency(data)
     if data["name"] is None:
         data["name"] = os.path.splitext(os.path.basename(path))[0]

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ssdsgd.config import ssd_warmup_steps
 from ssdsgd.env import HEARTBEAT_ENV, LOCKED_ENV, RUN_DIR_ENV
 from ssdsgd.launcher import RANK_MARK
 from ssdsgd.metrics import ACC_TAG
@@ -193,7 +194,7 @@ def run_worker(cfg, resume=False, overwrite=False):
     bsz, total_steps, step = cfg.train.batch_size, run.total_steps, run.step
     heartbeat = os.environ.get(HEARTBEAT_ENV)
     # SSD-SGD's warm-up is synchronous; traffic after it is what the delay stage costs.
-    warmup_steps = cfg.algorithm.warmup_iters if cfg.algorithm.type == "ssd" else 0
+    warmup_steps = ssd_warmup_steps(cfg.algorithm, run.steps_per_epoch) if cfg.algorithm.type == "ssd" else 0
     t_start = time.perf_counter()
     counters = Counters(warmup_steps, ACC_TAG[run.data.eval_set], time.perf_counter())
     if run.saved_counters is not None:

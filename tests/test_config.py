@@ -81,8 +81,9 @@ def test_minimal_file_gets_all_defaults_and_name_from_stem(tmp_path):
     assert cfg.cluster.workers == 2
     assert cfg.train.epochs == 10
     assert cfg.train.lr == 0.1
-    assert cfg.algorithm.delay == 5
-    assert cfg.algorithm.max_staleness == 5
+    assert cfg.algorithm.delay == 1               # the recommended k (the paper's 5: configs/paper/)
+    assert cfg.algorithm.max_staleness == 1
+    assert cfg.algorithm.warmup_iters is None      # one epoch
 
 
 @pytest.mark.parametrize("text", ["", "# only a comment\n", "\n\n"])
@@ -539,6 +540,8 @@ def test_unknown_dataset_lists_idx_datasets():
 
 def test_allocation_keys():
     cfg = load_config(SSD, ["compression.type=topk"])
+    assert (cfg.compression.allocation, cfg.compression.allocate_every) == ("gradient", 1)   # auto
+    cfg = load_config(SSD, ["compression.type=topk", "compression.allocation=size"])
     assert (cfg.compression.allocation, cfg.compression.allocate_every) == ("size", 1)
     cfg = load_config(SSD, ["compression.type=topk", "compression.allocation=gradient",
                             "compression.allocate_every=1"])
@@ -570,9 +573,9 @@ def test_momentum_correction_options_have_defaults_and_need_it(key, default):
     momentum correction is refused, naming the key."""
     assert getattr(load_config(SSD, []).compression, key) is default
     changed = f"compression.{key}={str(not default).lower()}"
-    ok = ["compression.type=topk", "compression.momentum_correction=true", changed]
+    ok = ["compression.type=topk", changed]                  # momentum correction is on with a sparsifier
     assert getattr(load_config(SSD, ok).compression, key) is (not default)
-    msg = config_error(SSD, ["compression.type=topk", changed])
+    msg = config_error(SSD, ["compression.type=topk", "compression.momentum_correction=false", changed])
     assert msg.startswith(f"compression.{key}") and "momentum_correction: true" in msg, msg
 
 
@@ -582,7 +585,7 @@ def test_lr_weighted_is_off_by_default_and_needs_a_sparsifier_with_memory():
     msg = config_error(SSD, ["compression.type=none", "compression.lr_weighted=true"])
     assert msg.startswith("compression.lr_weighted") and "sparse" in msg, msg
     msg = config_error(SSD, ["compression.type=topk", "compression.error_feedback=false",
-                             "compression.lr_weighted=true"])
+                             "compression.momentum_correction=false", "compression.lr_weighted=true"])
     assert msg.startswith("compression.lr_weighted") and "error_feedback" in msg, msg
 
 

@@ -39,6 +39,7 @@ from ssdsgd.algorithms import ROUNDS
 from ssdsgd.algorithms.base import Client, StepRecord
 from ssdsgd.checkpoint import CheckpointError
 from ssdsgd.commands import num_servers
+from ssdsgd.config import ssd_warmup_steps
 from ssdsgd.compression.codec import MAX_ROUND_FP16, use_bitmap
 from ssdsgd.compression.encoders import flatten, local_clip_bound, make_stages, time_encoding
 from ssdsgd.compression.fusion import KeyAllocator
@@ -162,7 +163,7 @@ class RoundClient(Client):
         super().__init__(kv, params, cfg, schedule, log)
         alg = cfg.algorithm
         self.synchronous = alg.type == "ssgd"
-        self.warmup = total_steps if self.synchronous else alg.warmup_iters
+        self.warmup = total_steps if self.synchronous else ssd_warmup_steps(alg, steps_per_epoch)
         self.k = alg.delay
         self.S = alg.max_staleness
         self.strict = alg.strict

@@ -1,0 +1,70 @@
+"""Every shipped config loads, names its source and states its global batch; the schema's defaults are
+the recommended settings, and the authors' settings are kept under configs/paper/."""
+import glob
+import os
+import re
+
+import pytest
+
+from ssdsgd.config import load_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "**", "*.yaml"), recursive=True))
+
+
+def test_configs_are_found():
+    names = {os.path.relpath(c, ROOT) for c in CONFIGS}
+    assert {"configs/cifar10_resnet20_ssd_topk.yaml", "configs/imagenet_resnet50_ssd_topk.yaml",
+            "configs/paper/cifar10_resnet20_ssd.yaml", "configs/paper/imagenet_resnet50_ssd.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[os.path.relpath(c, ROOT) for c in CONFIGS])
+def test_every_config_loads_names_its_source_and_states_its_global_batch(path):
+    cfg = load_config(path)
+    with open(path) as f:
+        header = "".join(line for line in f if line.startswith("#"))
+    assert re.search(r"^# Source: \S", header, re.M), f"{path}: no '# Source:' line"
+    stated = re.search(r"^# global batch: (\d+) \((\d+) workers x (\d+)\)", header, re.M)
+    assert stated, f"{path}: no '# global batch: N (W workers x B)' line"
+    assert [int(g) for g in stated.groups()] == [cfg.cluster.workers * cfg.train.batch_size, cfg.cluster.workers,
+                                                 cfg.train.batch_size]
+
+
+def _effective(cfg):
+    """The algorithm and compression sections as they run (a null momentum is train.momentum)."""
+    d = cfg.to_dict()
+    alg = dict(d["algorithm"], momentum=d["algorithm"]["momentum"] or d["train"]["momentum"])
+    return alg, d["compression"]
+
+
+def test_a_short_config_runs_the_recommended_settings(tmp_path):
+    """Only the data, the model and `type: ssd` / `type: topk`: the same algorithm and compression as
+    fmnist_resnet20_ssd_topk.yaml, which writes the recommended settings out (its warm-up of 39 steps is
+    the one epoch a null warm-up means for that data)."""
+    full = load_config(os.path.join(ROOT, "configs", "fmnist_resnet20_ssd_topk.yaml"))
+    short = tmp_path / "short.yaml"
+    short.write_text("data:\n  dataset: fashion_mnist\n  root: /usr/share/datasets/fashion-mnist\n"
+                     "model:\n  name: cifar_resnet20_v1\nalgorithm:\n  type: ssd\ncompression:\n  type: topk\n")
+    got = load_config(str(short), ["algorithm.warmup_iters=39"])
+    assert _effective(got) == _effective(full)
+    assert load_config(str(short)).algorithm.warmup_iters is None        # one epoch, resolved by the worker
+
+
+def test_defaults_follow_the_other_keys(tmp_path):
+    plain = tmp_path / "p.yaml"
+    plain.write_text("algorithm:\n  type: ssd\n")
+    cfg = load_config(str(plain))
+    assert (cfg.compression.momentum_correction, cfg.compression.allocation, cfg.compression.downlink) == \
+        (False, "size", "dense")                                   # no sparsifier: nothing to correct or rebuild
+    assert cfg.algorithm.local.lr_scale == 2.0                     # = cluster.workers
+    assert load_config(str(plain), ["cluster.workers=4"]).algorithm.local.lr_scale == 4.0
+    assert load_config(str(plain), ["algorithm.local.optimizer=glu"]).algorithm.local.lr_scale == 4.0
+    behind = load_config(str(plain), ["compression.type=topk", "compression.fusion=behind"])
+    assert behind.compression.allocation == "size" and behind.compression.downlink == "sparse"
+
+
+@pytest.mark.parametrize("name", ["cifar10_resnet20_ssd", "imagenet_resnet50_ssd"])
+def test_paper_configs_hold_the_authors_setting(name):
+    cfg = load_config(os.path.join(ROOT, "configs", "paper", name + ".yaml"))
+    alg = cfg.algorithm
+    assert (alg.warmup_iters, alg.delay, alg.local.optimizer, alg.local.lr_scale) == (500, 5, "glu", 4.0)

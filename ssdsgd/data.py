@@ -416,7 +416,7 @@ class RecordTrainSet:
                 # yields the same number of batches.
                 records.reset()
                 batch = records.next()
-            yield batch.data[0], batch.label[0]
+            yield _on_cpu(batch)
 
 
 class RecordTestSet:
@@ -444,8 +444,16 @@ class RecordTestSet:
                 break
             n = min(batch_size, remaining)
             if i % parts == part:
-                yield batch.data[0][:n], batch.label[0][:n]
+                data, label = _on_cpu(batch)
+                yield data[:n], label[:n]
             remaining -= n
+
+
+def _on_cpu(batch):
+    """(data, label) of an ImageRecordIter batch on cpu(0). The iterator hands out cpu_pinned(0)
+    arrays (also with ctx='cpu'), and a hybridized network refuses inputs off its parameters'
+    context; one copy per batch is small next to the forward pass."""
+    return batch.data[0].as_in_context(mx.cpu()), batch.label[0].as_in_context(mx.cpu())
 
 
 def _eval_resize(shape):

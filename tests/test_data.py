@@ -238,6 +238,8 @@ def test_imagenet_train_shards(imagenet_root):
         for d, y in batches:
             assert d.shape == (4, 3, 32, 32) and y.shape == (4,)
             assert d.dtype == np.float32 and y.dtype == np.float32
+            # cpu(0), not the iterator's cpu_pinned(0): a hybridized network refuses the latter.
+            assert d.context == y.context == mx.cpu()
         x, labels[rank] = collect(batches)
         assert np.isfinite(x).all() and np.abs(x).max() < 3  # normalized 0..255 pixels
     # Every label is one that was written, and each worker sees its own 12 records.
@@ -291,6 +293,7 @@ def test_imagenet_val_center_crop_and_normalization(imagenet_root):
     bundle = build_imagenet(imagenet_root)
     batches = list(bundle.test.batches(3))
     assert [d.shape[0] for d, _ in batches] == [3, 3, 2]
+    assert all(d.context == y.context == mx.cpu() for d, y in batches)
     x, y = collect(batches)
     np.testing.assert_array_equal(y, [3 * i for i in range(8)])
     expected = (np.array(VAL_COLOURS) - IMAGENET_MEAN) / IMAGENET_STD  # (8, 3)

@@ -7,6 +7,7 @@ byte (0x08 = uint8), the number of dimensions, one big-endian uint32 per dimensi
 Files may be gzip-compressed (`.gz`) or plain.
 """
 import gzip
+import math
 import os
 import struct
 import zlib
@@ -70,7 +71,7 @@ def read_idx(path, ndim):
     if len(raw) < header:
         raise IdxError(f"{path}: truncated header ({len(raw)} bytes)")
     shape = struct.unpack(f">{ndim}I", raw[4:header])
-    expected = header + int(np.prod(shape))
+    expected = header + math.prod(shape)     # Python ints: numpy's int64 product wraps on huge headers
     if len(raw) != expected:
         raise IdxError(f"{path}: {len(raw)} bytes, but its header {shape} needs {expected} "
                        f"({'truncated' if len(raw) < expected else 'trailing bytes'})")

@@ -66,14 +66,22 @@ def main(argv=None):
     try:
         from ssdsgd.worker import run_worker
         run_worker(cfg, resume=args.resume, overwrite=args.overwrite)
-    except BaseException:
+    except BaseException as err:
         name = os.environ.get(ROLE_NAME_ENV, "worker")
-        print(f"{name} failed:", file=sys.stderr)
-        traceback.print_exc()
+        if _is_data_error(err):         # bad input: the message says it all, no traceback
+            print(f"{name} failed: {err}", file=sys.stderr)
+        else:
+            print(f"{name} failed:", file=sys.stderr)
+            traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
     return 0
+
+
+def _is_data_error(err):
+    from ssdsgd.data import DataError     # mxnet is loaded by now: the worker failed after importing it
+    return isinstance(err, DataError)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Tests for ssdsgd.data on small generated datasets (nothing is downloaded)."""
 import gzip
+import io
 import os
 import pickle
 import shutil
@@ -1008,7 +1009,7 @@ def test_cifar_archive_without_a_batch_names_it(tmp_path, cifar_arrays):
     with tarfile.open(path, "w:gz") as tar:
         for member, content in members:
             if not member.name.endswith("test_batch.bin"):
-                tar.addfile(member, None if content is None else __import__("io").BytesIO(content))
+                tar.addfile(member, None if content is None else io.BytesIO(content))
     message = build_error("cifar10", tmp_path)
     assert message == (f"{path}: the archive has no file cifar-10-batches-bin/test_batch.bin "
                        f"(is it the official cifar-10-binary.tar.gz?)")

@@ -125,6 +125,8 @@ DATASETS = ("digits", "cifar10", "mnist", "fashion_mnist", "imagenet", "syntheti
 IN_MEMORY_DATASETS = ("digits", "cifar10", "mnist", "fashion_mnist")   # can be cut down and split
 VALIDATION_SOURCES = ("subset", "rest")      # data.validation_from: the kept images, or the ones left out
 ROOTED_DATASETS = ("cifar10", "mnist", "fashion_mnist", "imagenet")   # read from data.root
+# data.format (cifar10): auto finds the first of the others in data.root, in this order.
+CIFAR_FORMATS = ("auto", "binary", "python", "archive", "recordio")
 MIN_SERVER_TIMEOUT = 3.0   # seconds: three missed touches of a liveness file (pyhooks/sitecustomize.py)
 
 SCHEMA = {
@@ -154,6 +156,11 @@ SCHEMA = {
     "data": {
         "dataset": Field(str, "digits", choices=DATASETS),
         "root": Field(str, None, nullable=True),
+        "format": Field(str, "auto", choices=CIFAR_FORMATS,
+                        doc="cifar10: the form in data.root: binary or python batches (in it or in its "
+                            "cifar-10-batches-bin/-py folder), archive (cifar-10-binary.tar.gz or "
+                            "cifar-10-python.tar.gz as downloaded), recordio (im2rec train.rec and "
+                            "test.rec); auto: the first found, in that order"),
         "shape": ListField(None, nullable=True, length=3, doc="[C, H, W]"),
         "num_classes": Field(int, None, nullable=True, min=2),
         "synthetic_samples": Field(int, 1024, min=1),
@@ -445,6 +452,9 @@ def _check_consistency(c):
     if d["validation_from"] == "rest" and not d["train_per_class"]:
         raise ConfigError("data.validation_from: 'rest' draws the validation images from the training images that "
                           "data.train_per_class leaves out; set data.train_per_class too")
+    if d["format"] != "auto" and d["dataset"] != "cifar10":
+        raise ConfigError(f"data.format: picks the form of a cifar10 copy; {d['dataset']} has one form, "
+                          f"leave it auto (got {d['format']})")
     if c["data"]["dataset"] in ROOTED_DATASETS and not c["data"]["root"]:
         raise ConfigError(f"data.root: required for dataset {c['data']['dataset']} "
                           "(the local folder holding the dataset files; nothing is downloaded)")

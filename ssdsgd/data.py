@@ -12,6 +12,8 @@ missing or damaged file raises `DataError` saying what to put where.
 import os
 import pickle
 import struct
+import tarfile
+import zlib
 from dataclasses import dataclass
 
 import mxnet as mx
@@ -19,6 +21,7 @@ import numpy as np
 
 from ssdsgd import idx
 from ssdsgd.config import DATASETS, IN_MEMORY_DATASETS as IN_MEMORY, VALIDATION_SOURCES
+from ssdsgd.errors import JobError
 
 
 # gluoncv's CIFAR-10 recipe (scripts/classification/cifar/train_cifar10.py).
@@ -27,6 +30,10 @@ _CIFAR_STD = np.array([0.2023, 0.1994, 0.2010], np.float32).reshape(1, 3, 1, 1)
 _CIFAR_RECORD = 1 + 3 * 32 * 32  # binary version: 1 label byte + CHW uint8 pixels
 _CIFAR_BIN_FILES = [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]
 _CIFAR_PY_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+# data.format: (official archive, the folder it unpacks to, the batch files in it).
+_CIFAR_FORMS = {"binary": ("cifar-10-binary.tar.gz", "cifar-10-batches-bin", _CIFAR_BIN_FILES),
+                "python": ("cifar-10-python.tar.gz", "cifar-10-batches-py", _CIFAR_PY_FILES)}
+_CIFAR_REC_FILES = ("train.rec", "test.rec")     # im2rec output (the .idx beside them is not needed)
 
 # The standard ResNet ImageNet normalization, on 0..255 RGB pixels.
 _IMAGENET_NORM = dict(mean_r=123.68, mean_g=116.779, mean_b=103.939,
@@ -34,7 +41,7 @@ _IMAGENET_NORM = dict(mean_r=123.68, mean_g=116.779, mean_b=103.939,
 _IMAGENET_FILES = ["train.rec", "train.idx", "val.rec", "val.idx"]
 
 
-class DataError(Exception):
+class DataError(JobError):
     """Bad or missing data; message says what to put where."""
 
 
@@ -99,7 +106,7 @@ def _bundle(x_train, y_train, x_test, y_test, shard, split, image_shape, train_t
 def build_data(dataset, *, batch_size, rank, num_workers, seed, root=None, shape=None,
                num_classes=None, synthetic_samples=1024, augment=True,
                preprocess_threads=2, train_per_class=None, validation=0,
-               validation_from="subset") -> DataBundle:
+               validation_from="subset", data_format="auto") -> DataBundle:
     """Load `dataset` and return this worker's training shard and the full test set.
 
     `root` is the data folder (cifar10, imagenet, mnist, fashion_mnist), `shape` the (C, H, W)
@@ -110,6 +117,7 @@ def build_data(dataset, *, batch_size, rank, num_workers, seed, root=None, shape
     below 1, or a count) then moves a fixed, seed-independent random part of those into a
     validation set, which replaces the test set as `DataBundle.test` (`eval_set` says which);
     `validation_from="rest"` draws it from the images `train_per_class` leaves out instead.
+    `data_format` (cifar10 only) picks the form of the copy in `root` (config.CIFAR_FORMATS).
     """
     if not 0 <= rank < num_workers or batch_size < 1:
         raise ValueError(f"need batch_size >= 1 and 0 <= rank < num_workers, got "
@@ -122,7 +130,7 @@ def build_data(dataset, *, batch_size, rank, num_workers, seed, root=None, shape
     if dataset == "digits":
         return _build_digits(shape, num_classes, shard, split)
     if dataset == "cifar10":
-        return _build_cifar10(root, shape, num_classes, augment, shard, split)
+        return _build_cifar10(root, shape, num_classes, augment, shard, split, data_format)
     if dataset in ("mnist", "fashion_mnist"):
         return _build_idx(dataset, root, shape, num_classes, augment, shard, split)
     if dataset == "imagenet":
@@ -130,6 +138,18 @@ def build_data(dataset, *, batch_size, rank, num_workers, seed, root=None, shape
     if dataset == "synthetic":
         return _build_synthetic(shape, num_classes, synthetic_samples, shard)
     raise DataError(f"unknown dataset {dataset!r}; valid names: {', '.join(DATASETS)}")
+
+
+def data_from_config(cfg, rank, num_workers):
+    """build_data with the config's data section: what a worker trains on (and what the front end
+    reads once before any process starts, to refuse bad data with one line)."""
+    d = cfg.data
+    return build_data(d.dataset, batch_size=cfg.train.batch_size, rank=rank, num_workers=num_workers,
+                      seed=cfg.seed, root=d.root, shape=tuple(d.shape) if d.shape else None,
+                      num_classes=d.num_classes, synthetic_samples=d.synthetic_samples,
+                      augment=d.augment, preprocess_threads=d.preprocess_threads,
+                      train_per_class=d.train_per_class, validation=d.validation,
+                      validation_from=d.validation_from, data_format=d.format)
 
 
 # ---------------------------------------------------------------- in-memory datasets
@@ -247,67 +267,109 @@ def _build_digits(shape, num_classes, shard, split):
 
 # ---------------------------------------------------------------- cifar10
 
-def _build_cifar10(root, shape, num_classes, augment, shard, split):
+def _build_cifar10(root, shape, num_classes, augment, shard, split, fmt):
     _check_ten_classes("cifar10", num_classes)
     if shape is not None and tuple(shape) != (3, 32, 32):
         raise DataError(f"cifar10 images are (3, 32, 32); data.shape is {tuple(shape)}")
-    folder, binary = _find_cifar10(root)
-    if binary:
-        parts = [_read_cifar_bin(os.path.join(folder, name)) for name in _CIFAR_BIN_FILES]
+    form, path = _find_cifar10(root, fmt)
+    if form == "recordio":
+        (x_train, y_train), (x_test, y_test) = [_read_cifar_recordio(os.path.join(path, name))
+                                                for name in _CIFAR_REC_FILES]
     else:
-        parts = [_read_cifar_py(os.path.join(folder, name)) for name in _CIFAR_PY_FILES]
-    # Images stay uint8 (150 MB for the full train set) and are converted per batch.
-    x_train = np.concatenate([images for images, _ in parts[:5]])
-    y_train = np.concatenate([labels for _, labels in parts[:5]])
-    x_test, y_test = parts[5]
+        files = _cifar_archive_files(path) if form == "archive" else _cifar_folder_files(path, form)
+        parts = [_parse_cifar(name, raw, binary) for name, raw, binary in files]
+        # Images stay uint8 (150 MB for the full train set) and are converted per batch.
+        x_train = np.concatenate([images for images, _ in parts[:5]])
+        y_train = np.concatenate([labels for _, labels in parts[:5]])
+        x_test, y_test = parts[5]
     transform = _cifar_train_transform if augment else _cifar_eval_transform
     return _bundle(x_train, y_train, x_test, y_test, shard, split, (3, 32, 32), transform, _cifar_normalize)
 
 
-def _find_cifar10(root):
-    """Return (folder, is_binary) of the first complete CIFAR-10 layout under `root`."""
+def _cifar_candidates(root):
+    """Every form of CIFAR-10 data.root can hold, in the order data.format auto looks for them:
+    (format, the path its reader takes, the files that must exist)."""
+    def inside(folder, names):
+        return [os.path.join(folder, name) for name in names]
+    candidates = []
+    for form, (archive, subfolder, names) in _CIFAR_FORMS.items():
+        for folder in (root, os.path.join(root, subfolder)):
+            candidates.append((form, folder, inside(folder, names)))
+    for archive, _, _ in _CIFAR_FORMS.values():
+        candidates.append(("archive", os.path.join(root, archive), [os.path.join(root, archive)]))
+    candidates.append(("recordio", root, inside(root, _CIFAR_REC_FILES)))
+    return candidates
+
+
+def _find_cifar10(root, fmt):
+    """(format, path) of the first complete CIFAR-10 copy of format `fmt` (auto: any) in `root`."""
     if root is not None and os.path.isdir(root):
-        for folder in (root, os.path.join(root, "cifar-10-batches-bin"),
-                       os.path.join(root, "cifar-10-batches-py")):
-            for names, binary in ((_CIFAR_BIN_FILES, True), (_CIFAR_PY_FILES, False)):
-                if all(os.path.isfile(os.path.join(folder, name)) for name in names):
-                    return folder, binary
+        for form, path, files in _cifar_candidates(root):
+            if fmt in ("auto", form) and all(os.path.isfile(f) for f in files):
+                return form, path
+    kind = "CIFAR-10 copy" if fmt == "auto" else f"CIFAR-10 copy in format {fmt} (data.format)"
     where = "data.root is not set" if root is None else (
-        f"folder {root!r} does not exist" if not os.path.isdir(root)
-        else f"no complete CIFAR-10 copy found in {root!r}")
-    shown = "<data.root>" if root is None else root
-    raise DataError(
-        f"cifar10: {where}. Nothing is downloaded; put ONE of these layouts in the data "
-        f"folder (the files directly in it, or in the named subfolder):\n"
-        f"  binary version (cifar-10-binary.tar.gz): "
-        f"{os.path.join(shown, 'cifar-10-batches-bin')}/{{{', '.join(_CIFAR_BIN_FILES)}}}\n"
-        f"  python version (cifar-10-python.tar.gz): "
-        f"{os.path.join(shown, 'cifar-10-batches-py')}/{{{', '.join(_CIFAR_PY_FILES)}}}")
+        f"folder {root!r} does not exist" if not os.path.isdir(root) else f"no complete {kind} found in {root!r}")
+    layouts = {form: f"{form}: {', '.join(names)} (or in {subfolder}/)"
+               for form, (_, subfolder, names) in _CIFAR_FORMS.items()}
+    layouts["archive"] = f"archive: {' or '.join(a for a, _, _ in _CIFAR_FORMS.values())} as downloaded"
+    layouts["recordio"] = f"recordio: {' and '.join(_CIFAR_REC_FILES)} made by im2rec"
+    shown = [layouts[fmt]] if fmt != "auto" else list(layouts.values())
+    raise DataError(f"cifar10: {where}. Nothing is downloaded; put one of these in data.root: " + "; ".join(shown))
 
 
-def _read_cifar_bin(path):
-    raw = np.fromfile(path, dtype=np.uint8)
-    if raw.size == 0 or raw.size % _CIFAR_RECORD:
-        raise DataError(f"{path} is truncated or corrupt: {raw.size} bytes is not a positive "
-                        f"multiple of the {_CIFAR_RECORD}-byte CIFAR-10 record")
-    records = raw.reshape(-1, _CIFAR_RECORD)
-    return _check_cifar(path, records[:, 1:], records[:, 0])
+def _cifar_folder_files(folder, form):
+    """[(path, bytes, is_binary)] of the six batch files in `folder`."""
+    names = _CIFAR_FORMS[form][2]
+    out = []
+    for name in names:
+        with open(os.path.join(folder, name), "rb") as f:
+            out.append((os.path.join(folder, name), f.read(), form == "binary"))
+    return out
 
 
-def _read_cifar_py(path):
+def _cifar_archive_files(path):
+    """[(name, bytes, is_binary)] of the six batch files inside an official .tar.gz archive."""
+    form, subfolder, names = next((form, sub, names) for form, (archive, sub, names) in _CIFAR_FORMS.items()
+                                  if os.path.basename(path) == archive)
+    out = []
     try:
-        with open(path, "rb") as f:
-            # The official python version is a pickle of bytes-keyed dicts (written by
-            # Python 2), hence encoding="bytes". It comes from the user's own data folder.
-            batch = pickle.load(f, encoding="bytes")
+        with tarfile.open(path, "r:gz") as archive:
+            for name in names:
+                member = f"{subfolder}/{name}"
+                try:
+                    f = archive.extractfile(member)
+                except KeyError:
+                    f = None
+                if f is None:
+                    raise DataError(f"{path}: the archive has no file {member} (is it the official "
+                                    f"{os.path.basename(path)}?)")
+                out.append((f"{path}:{member}", f.read(), form == "binary"))
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as err:   # a cut or damaged download
+        raise DataError(f"{path}: not a readable .tar.gz archive: {err}") from None
+    return out
+
+
+def _parse_cifar(name, raw, binary):
+    """(N, 3, 32, 32) uint8 images and N labels from one batch file's bytes; errors name `name`."""
+    if binary:
+        if len(raw) == 0 or len(raw) % _CIFAR_RECORD:
+            raise DataError(f"{name} is truncated or corrupt: {len(raw)} bytes is not a positive "
+                            f"multiple of the {_CIFAR_RECORD}-byte CIFAR-10 record")
+        records = np.frombuffer(raw, np.uint8).reshape(-1, _CIFAR_RECORD)
+        return _check_cifar(name, records[:, 1:], records[:, 0])
+    try:
+        # The official python version is a pickle of bytes-keyed dicts (written by
+        # Python 2), hence encoding="bytes". It comes from the user's own data folder.
+        batch = pickle.loads(raw, encoding="bytes")
         images = np.asarray(batch[b"data"])
         labels = np.asarray(batch[b"labels"])
     except Exception as err:  # any unpickling failure means the same thing: a bad file
-        raise DataError(f"{path} is not a readable CIFAR-10 python batch "
-                        f"(a pickled dict with b'data' and b'labels'): {err!r}") from err
+        raise DataError(f"{name} is not a readable CIFAR-10 python batch "
+                        f"(a pickled dict with b'data' and b'labels'): {err!r}") from None
     if images.dtype != np.uint8:
-        raise DataError(f"{path}: b'data' must be uint8, got {images.dtype}")
-    return _check_cifar(path, images, labels)
+        raise DataError(f"{name}: b'data' must be uint8, got {images.dtype}")
+    return _check_cifar(name, images, labels)
 
 
 def _check_cifar(path, flat_images, labels):
@@ -319,6 +381,36 @@ def _check_cifar(path, flat_images, labels):
     if labels.size and (labels.min() < 0 or labels.max() > 9):
         raise DataError(f"{path}: labels must be in 0..9, found {labels.min()}..{labels.max()}")
     return flat_images.reshape(-1, 3, 32, 32), labels.astype(np.int64)
+
+
+def _read_cifar_recordio(path):
+    """(N, 3, 32, 32) uint8 RGB images and N labels of an im2rec .rec file of 32x32 images, read
+    whole into memory (180 MB of pixels for CIFAR-10), so that training uses the same crop, flip and
+    normalisation as the batch files."""
+    import cv2      # MXNet's own dependency for packing and decoding RecordIO images
+    with open(path, "rb") as f:
+        raw = f.read()
+    images, labels = [], []
+    for number, (offset, body) in enumerate(_records(path, raw)):
+        header, encoded = mx.recordio.unpack(body)
+        label = _record_label(header)
+        where = f"{path}: record {number} (id {header.id}, byte {offset})"
+        if not (label == int(label) and 0 <= label <= 9):
+            raise DataError(f"{where}: label {label:g}, CIFAR-10 labels are 0..9")
+        image = cv2.imdecode(np.frombuffer(encoded, np.uint8), cv2.IMREAD_COLOR)
+        if image is None or image.shape != (32, 32, 3):
+            got = "not a decodable image" if image is None else f"a {image.shape[1]}x{image.shape[0]} image"
+            raise DataError(f"{where}: {got}; CIFAR-10 images are 32x32 (im2rec without --resize)")
+        images.append(image[:, :, ::-1].transpose(2, 0, 1))      # OpenCV's BGR rows -> RGB planes
+        labels.append(int(label))
+    if not images:
+        raise DataError(f"{path} holds no records")
+    return np.stack(images), np.array(labels, np.int64)
+
+
+def _record_label(header):
+    """The class label of an unpacked IRHeader (im2rec --pack-label stores a list: its first)."""
+    return float(header.label if header.flag == 0 else header.label[0])
 
 
 def _cifar_normalize(images):
@@ -416,7 +508,7 @@ class RecordTrainSet:
                 # yields the same number of batches.
                 records.reset()
                 batch = records.next()
-            yield batch.data[0], batch.label[0]
+            yield _on_cpu(batch)
 
 
 class RecordTestSet:
@@ -444,8 +536,16 @@ class RecordTestSet:
                 break
             n = min(batch_size, remaining)
             if i % parts == part:
-                yield batch.data[0][:n], batch.label[0][:n]
+                data, label = _on_cpu(batch)
+                yield data[:n], label[:n]
             remaining -= n
+
+
+def _on_cpu(batch):
+    """(data, label) of an ImageRecordIter batch on cpu(0). The iterator hands out cpu_pinned(0)
+    arrays (also with ctx='cpu'), and a hybridized network refuses inputs off its parameters'
+    context; one copy per batch is small next to the forward pass."""
+    return batch.data[0].as_in_context(mx.cpu()), batch.label[0].as_in_context(mx.cpu())
 
 
 def _eval_resize(shape):
@@ -473,47 +573,88 @@ def _build_imagenet(root, shape, num_classes, augment, preprocess_threads, shard
             f"  python -m mxnet.tools.im2rec --resize 256 --quality 95 --num-thread 8 "
             f"{train} /path/to/train\n"
             f"and the same two commands with {val} /path/to/val.")
-    num_train = _check_recordio(paths["train.rec"], paths["train.idx"])
-    num_val = _check_recordio(paths["val.rec"], paths["val.idx"])
+    num_classes = num_classes or 1000
+    num_train = _check_recordio(paths["train.rec"], paths["train.idx"], num_classes)
+    num_val = _check_recordio(paths["val.rec"], paths["val.idx"], num_classes)
     return DataBundle(
         train=RecordTrainSet(paths["train.rec"], paths["train.idx"], num_train, shape=shape,
                              augment=augment, preprocess_threads=preprocess_threads, **shard),
         test=RecordTestSet(paths["val.rec"], num_val, shape=shape,
                            preprocess_threads=preprocess_threads),
-        num_classes=num_classes or 1000, image_shape=shape)
+        num_classes=num_classes, image_shape=shape)
 
 
-def _check_recordio(rec, idx):
-    """Cheaply validate a .rec/.idx pair and return the number of records.
+def _check_recordio(rec, idx, num_classes):
+    """Validate a .rec/.idx pair and every record's label; return the number of records.
 
-    ImageRecordIter would otherwise fail (or abort) deep inside a worker mid-epoch.
-    Checks that every .idx offset lies inside the .rec file and that the first and last
-    records (by offset) read and unpack.
+    ImageRecordIter would otherwise fail (or abort) deep inside a worker mid-epoch, and a label
+    beyond the classes would train silently wrong (the loss clips it to the last class). Reads
+    the 36 bytes at each offset the .idx lists (the record head and its image header), not the
+    images: 1.3 M records on ImageNet.
     """
     try:
         reader = mx.recordio.MXIndexedRecordIO(idx, rec, "r")
     except (ValueError, IndexError) as err:
-        raise DataError(f"{idx} is not an im2rec index (lines of 'key<TAB>offset'): {err}") from err
-    try:
-        if not reader.keys:
-            raise DataError(f"{idx} lists no records")
-        size = os.path.getsize(rec)
-        last = max(reader.keys, key=reader.idx.get)
-        if reader.idx[last] >= size:
-            raise DataError(f"{rec} is truncated or does not belong to {idx}: {idx} points "
-                            f"at byte {reader.idx[last]} but {rec} has {size} bytes")
-        for key in (min(reader.keys, key=reader.idx.get), last):
-            try:
-                record = reader.read_idx(key)
-                if record is None:
-                    raise DataError(f"{rec} is truncated: record {key} is missing")
-                mx.recordio.unpack(record)
-            except (mx.base.MXNetError, struct.error) as err:
-                raise DataError(f"{rec} is truncated or corrupt at record {key}: "
-                                f"{str(err).strip().splitlines()[-1]}") from err
-    finally:
-        reader.close()
-    return len(reader.keys)
+        raise DataError(f"{idx} is not an im2rec index (lines of 'key<TAB>offset'): {err}") from None
+    offsets = reader.idx
+    reader.close()
+    if not offsets:
+        raise DataError(f"{idx} lists no records")
+    size = os.path.getsize(rec)
+    with open(rec, "rb") as f:
+        for key, offset in sorted(offsets.items(), key=lambda item: item[1]):
+            if offset >= size:
+                raise DataError(f"{rec} is truncated or does not belong to {idx}: {idx} points "
+                                f"at byte {offset} (record {key}) but {rec} has {size} bytes")
+            f.seek(offset)
+            head = f.read(_RECORD_HEAD.size + _IR_HEADER.size + 4)
+            _record_part(rec, head, offset, size, f"record {key}")
+            flag, label = _IR_HEADER.unpack_from(head, _RECORD_HEAD.size)[:2]
+            if flag > 0 and len(head) == _RECORD_HEAD.size + _IR_HEADER.size + 4:
+                label = struct.unpack_from("<f", head, _RECORD_HEAD.size + _IR_HEADER.size)[0]
+            if not (label == int(label) and 0 <= label < num_classes):
+                raise DataError(f"{rec}: record {key} (byte {offset}) has label {label:g}, outside "
+                                f"0..{num_classes - 1} (data.num_classes {num_classes})")
+    return len(offsets)
+
+
+# dmlc RecordIO, the format of MXNet's .rec files: each part of a record is the magic word, a word
+# (continuation flag << 29 | length), then the payload padded to 4 bytes. A payload holding the
+# magic word is split there into parts (flags 1, 2.., 3), which a reader joins with the magic word.
+_RECORD_MAGIC = 0xCED7230A
+_RECORD_HEAD = struct.Struct("<II")
+_IR_HEADER = struct.Struct("<IfQQ")      # MXNet's image record header: flag, label, id, id2
+
+
+def _record_part(path, head, offset, size, what):
+    """(payload length, continuation flag) of the record part at `offset` of `path` (`size`
+    bytes), from its first bytes `head`; DataError if it is not there whole."""
+    if len(head) < _RECORD_HEAD.size:
+        raise DataError(f"{path} is truncated: {what} at byte {offset} is cut off")
+    magic, word = _RECORD_HEAD.unpack_from(head)
+    if magic != _RECORD_MAGIC:
+        raise DataError(f"{path} is corrupt or not RecordIO: no record starts at byte {offset} ({what})")
+    length = word & ((1 << 29) - 1)
+    if offset + _RECORD_HEAD.size + length > size:
+        raise DataError(f"{path} is truncated: {what} at byte {offset} needs "
+                        f"{_RECORD_HEAD.size + length} bytes, the file ends at byte {size}")
+    return length, word >> 29
+
+
+def _records(path, raw):
+    """(offset, payload) of every record in the bytes `raw` of RecordIO file `path`."""
+    pos, number = 0, 0
+    while pos < len(raw):
+        start, parts = pos, []
+        while True:
+            length, flag = _record_part(path, raw[pos:pos + _RECORD_HEAD.size], pos, len(raw),
+                                        f"record {number}")
+            parts.append(raw[pos + _RECORD_HEAD.size:pos + _RECORD_HEAD.size + length])
+            pos += _RECORD_HEAD.size + (length + 3) // 4 * 4
+            if flag in (0, 3):
+                break
+        yield start, struct.pack("<I", _RECORD_MAGIC).join(parts)
+        number += 1
 
 
 # ---------------------------------------------------------------- synthetic

@@ -7,11 +7,14 @@ byte (0x08 = uint8), the number of dimensions, one big-endian uint32 per dimensi
 Files may be gzip-compressed (`.gz`) or plain.
 """
 import gzip
+import math
 import os
 import struct
 import zlib
 
 import numpy as np
+
+from ssdsgd.errors import JobError
 
 # The standard names; `.gz` is looked for first.
 FILES = {"train_images": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
@@ -22,7 +25,7 @@ STATS = {"mnist": (0.1307, 0.3081), "fashion_mnist": (0.2860, 0.3530)}
 DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 
 
-class IdxError(Exception):
+class IdxError(JobError):
     """A missing, truncated or malformed IDX file; the message names the file."""
 
 
@@ -70,7 +73,7 @@ def read_idx(path, ndim):
     if len(raw) < header:
         raise IdxError(f"{path}: truncated header ({len(raw)} bytes)")
     shape = struct.unpack(f">{ndim}I", raw[4:header])
-    expected = header + int(np.prod(shape))
+    expected = header + math.prod(shape)     # Python ints: numpy's int64 product wraps on huge headers
     if len(raw) != expected:
         raise IdxError(f"{path}: {len(raw)} bytes, but its header {shape} needs {expected} "
                        f"({'truncated' if len(raw) < expected else 'trailing bytes'})")

@@ -22,6 +22,14 @@ def preflight(cfg):
         what = "is a file, not a folder" if os.path.exists(root) else "does not exist"
         return (f"data.root: {root} {what} (put the {cfg.data.dataset} files in that folder; "
                 f"nothing is downloaded)")
+    if cfg.data.dataset in ROOTED_DATASETS:
+        # Read the data once here, as rank 0 will: a missing, damaged or too small data set then
+        # stops the job with one line, before any process starts (the workers meet the same error).
+        from ssdsgd.data import DataError, data_from_config
+        try:
+            data_from_config(cfg, 0, cfg.cluster.workers)
+        except DataError as err:
+            return str(err)
     if cfg.cluster.launcher == "ssh":
         for key in ("hostfile", "ssh_identity", "ssh_config"):
             path = getattr(cfg.cluster, key)

@@ -231,7 +231,7 @@ def _start_run(cfg, resume, overwrite):
 
     from ssdsgd import checkpoint as ckpt
     from ssdsgd.algorithms import create_kvstore, make_client
-    from ssdsgd.data import build_data
+    from ssdsgd.data import data_from_config
     from ssdsgd.eval_tally import EvalTally
     from ssdsgd.faults import FaultPlan
     from ssdsgd.metrics import MetricsLog
@@ -243,13 +243,7 @@ def _start_run(cfg, resume, overwrite):
     if nworkers != cfg.cluster.workers:
         raise RuntimeError(f"cluster.workers is {cfg.cluster.workers} but the job has {nworkers} workers")
     held, out_dir = _prepare_run_folder(cfg, kv, resume, overwrite)
-    d = cfg.data
-    data = build_data(d.dataset, batch_size=cfg.train.batch_size, rank=rank, num_workers=nworkers,
-                      seed=cfg.seed, root=d.root, shape=tuple(d.shape) if d.shape else None,
-                      num_classes=d.num_classes, synthetic_samples=d.synthetic_samples,
-                      augment=d.augment, preprocess_threads=d.preprocess_threads,
-                      train_per_class=d.train_per_class, validation=d.validation,
-                      validation_from=d.validation_from)
+    data = data_from_config(cfg, rank, nworkers)
     steps_per_epoch = data.train.steps_per_epoch
     total_steps = cfg.train.epochs * steps_per_epoch
     if cfg.train.max_steps is not None:

@@ -315,6 +315,17 @@ def test_cifar10_without_root(tmp_path):
     assert cfg.data.root == str(tmp_path)
 
 
+def test_data_format_is_for_cifar10(tmp_path):
+    for fmt in ("binary", "python", "archive", "recordio"):
+        cfg = load_config(SSGD, ["data.dataset=cifar10", f"data.root={tmp_path}", f"data.format={fmt}"])
+        assert cfg.data.format == fmt
+    assert load_config(SSGD, []).data.format == "auto"
+    assert config_error(SSGD, ["data.dataset=cifar10", f"data.root={tmp_path}", "data.format=tar"]) == (
+        "data.format: must be one of auto, binary, python, archive, recordio; got 'tar'")
+    msg = config_error(SSGD, ["data.dataset=imagenet", f"data.root={tmp_path}", "data.format=recordio"])
+    assert msg == "data.format: picks the form of a cifar10 copy; imagenet has one form, leave it auto (got recordio)"
+
+
 def test_ssh_without_hostfile():
     assert config_error(SSGD, ["cluster.launcher=ssh"]).startswith("cluster.hostfile")
 

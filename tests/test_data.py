@@ -1,5 +1,6 @@
 """Tests for ssdsgd.data on small generated datasets (nothing is downloaded)."""
 import gzip
+import io
 import os
 import pickle
 import shutil
@@ -238,6 +239,8 @@ def test_imagenet_train_shards(imagenet_root):
         for d, y in batches:
             assert d.shape == (4, 3, 32, 32) and y.shape == (4,)
             assert d.dtype == np.float32 and y.dtype == np.float32
+            # cpu(0), not the iterator's cpu_pinned(0): a hybridized network refuses the latter.
+            assert d.context == y.context == mx.cpu()
         x, labels[rank] = collect(batches)
         assert np.isfinite(x).all() and np.abs(x).max() < 3  # normalized 0..255 pixels
     # Every label is one that was written, and each worker sees its own 12 records.
@@ -291,6 +294,7 @@ def test_imagenet_val_center_crop_and_normalization(imagenet_root):
     bundle = build_imagenet(imagenet_root)
     batches = list(bundle.test.batches(3))
     assert [d.shape[0] for d, _ in batches] == [3, 3, 2]
+    assert all(d.context == y.context == mx.cpu() for d, y in batches)
     x, y = collect(batches)
     np.testing.assert_array_equal(y, [3 * i for i in range(8)])
     expected = (np.array(VAL_COLOURS) - IMAGENET_MEAN) / IMAGENET_STD  # (8, 3)
@@ -878,3 +882,185 @@ def test_idx_corrupt_gzip_named(tmp_path, idx_arrays, damage):
         f.write(content)
     message = build_error("mnist", tmp_path)
     assert message.startswith(path + ": cannot read")
+
+
+# ---------------------------------------------------------------- cifar10: the archives and RecordIO
+
+def write_cifar_archive(root, fmt, batches):
+    """The official cifar-10-binary.tar.gz or cifar-10-python.tar.gz layout (the batch files under
+    cifar-10-batches-bin/ or cifar-10-batches-py/), written in `root`; returns its path."""
+    import tarfile
+    subfolder, archive = {"bin": ("cifar-10-batches-bin", "cifar-10-binary.tar.gz"),
+                          "py": ("cifar-10-batches-py", "cifar-10-python.tar.gz")}[fmt]
+    staging = os.path.join(str(root), "staging")
+    write_cifar(os.path.join(staging, subfolder), fmt, batches)
+    path = os.path.join(str(root), archive)
+    with tarfile.open(path, "w:gz") as tar:
+        tar.add(os.path.join(staging, subfolder), arcname=subfolder)
+    shutil.rmtree(staging)
+    return path
+
+
+def write_cifar_recordio(root, batches, labels=None, size=32):
+    """train.rec/.idx (the five training batches) and test.rec/.idx as im2rec writes them, each
+    image a lossless PNG; `labels` replaces the labels written (a list per file)."""
+    os.makedirs(str(root), exist_ok=True)
+    parts = [(np.concatenate([b[0] for b in batches[:5]]), np.concatenate([b[1] for b in batches[:5]])),
+             batches[5]]
+    for i, (prefix, (images, written)) in enumerate(zip(("train", "test"), parts)):
+        record = mx.recordio.MXIndexedRecordIO(os.path.join(str(root), prefix + ".idx"),
+                                               os.path.join(str(root), prefix + ".rec"), "w")
+        for j, image in enumerate(images):
+            label = written[j] if labels is None else labels[i][j]
+            pixels = image.transpose(1, 2, 0)[:, :, ::-1]              # CHW RGB -> OpenCV's HWC BGR
+            if size != 32:
+                pixels = pixels[:size, :size]
+            header = mx.recordio.IRHeader(0, float(label), j, 0)
+            record.write_idx(j, mx.recordio.pack_img(header, np.ascontiguousarray(pixels), img_fmt=".png"))
+        record.close()
+
+
+def build_cifar(root, data_format="auto", augment=False):
+    return data.build_data("cifar10", batch_size=10, root=str(root), augment=augment,
+                           data_format=data_format, **SHARD)
+
+
+def cifar_arrays_of(bundle):
+    """Every training image and label in file order (one worker, no augmentation), and the test set."""
+    train_x, train_y = collect(bundle.train.epoch(0))
+    perm = np.random.RandomState(0).permutation(bundle.train.num_samples)   # SHARD's seed 0, epoch 0
+    order = np.argsort(perm)
+    return denormalize_cifar(train_x)[order], train_y[order], *collect(bundle.test.batches(4))
+
+
+@pytest.mark.parametrize("form", ["bin_archive", "py_archive", "recordio"])
+def test_cifar_archives_and_recordio_give_the_written_images(tmp_path, cifar_arrays, form):
+    if form == "recordio":
+        write_cifar_recordio(tmp_path, cifar_arrays)
+    else:
+        write_cifar_archive(tmp_path, form.split("_")[0], cifar_arrays)
+    bundle = build_cifar(tmp_path)
+    assert (bundle.train.num_samples, bundle.test.num_samples) == (100, 10)
+    train_x, train_y, test_x, test_y = cifar_arrays_of(bundle)
+    np.testing.assert_array_equal(train_x, np.concatenate([b[0] for b in cifar_arrays[:5]]))
+    np.testing.assert_array_equal(train_y, np.concatenate([b[1] for b in cifar_arrays[:5]]))
+    images, labels = cifar_arrays[5]
+    np.testing.assert_allclose(test_x, (images / 255.0 - CIFAR_MEAN) / CIFAR_STD, atol=1e-5)
+    np.testing.assert_array_equal(test_y, labels)
+
+
+def test_cifar_recordio_trains_with_the_batch_files_augmentation(tmp_path, cifar_arrays):
+    """The same images from RecordIO and from binary batches give the same augmented epoch:
+    one pipeline (pad-4 crop, flip, CIFAR normalisation) for every form."""
+    write_cifar_recordio(tmp_path / "rec", cifar_arrays)
+    write_cifar(str(tmp_path / "bin"), "bin", cifar_arrays)
+    from_rec = collect(build_cifar(tmp_path / "rec", augment=True).train.epoch(1))
+    from_bin = collect(build_cifar(tmp_path / "bin", augment=True).train.epoch(1))
+    np.testing.assert_array_equal(from_rec[0], from_bin[0])
+    np.testing.assert_array_equal(from_rec[1], from_bin[1])
+    assert not np.array_equal(from_rec[0], collect(build_cifar(tmp_path / "bin").train.epoch(1))[0])
+
+
+def test_cifar_format_picks_one_form_and_auto_takes_the_first(tmp_path, cifar_arrays):
+    changed = [(images, (labels + 1) % 10) for images, labels in cifar_arrays]    # tell the copies apart
+    write_cifar(str(tmp_path), "bin", cifar_arrays)
+    write_cifar_recordio(tmp_path, changed)
+    _, auto_y, _, _ = cifar_arrays_of(build_cifar(tmp_path))
+    _, rec_y, _, _ = cifar_arrays_of(build_cifar(tmp_path, "recordio"))
+    written = np.concatenate([b[1] for b in cifar_arrays[:5]])
+    np.testing.assert_array_equal(auto_y, written)                      # binary batches come first
+    np.testing.assert_array_equal(rec_y, (written + 1) % 10)
+    with pytest.raises(data.DataError, match=r"no complete CIFAR-10 copy in format python") as err:
+        build_cifar(tmp_path, "python")
+    message = str(err.value)
+    assert "python: data_batch_1, " in message and "recordio" not in message and "\n" not in message
+
+
+def test_cifar_missing_message_lists_every_form(tmp_path):
+    message = build_error("cifar10", tmp_path)
+    for text in ("binary: data_batch_1.bin", "(or in cifar-10-batches-bin/)", "python: data_batch_1,",
+                 "cifar-10-binary.tar.gz or cifar-10-python.tar.gz", "train.rec and test.rec made by im2rec"):
+        assert text in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("damage", ["cut", "not_gzip"])
+def test_cifar_damaged_archive_names_it(tmp_path, cifar_arrays, damage):
+    path = write_cifar_archive(tmp_path, "bin", cifar_arrays)
+    content = open(path, "rb").read()
+    open(path, "wb").write(content[:len(content) // 2] if damage == "cut" else b"not a gzip stream" * 10)
+    message = build_error("cifar10", tmp_path)
+    assert message.startswith(f"{path}: not a readable .tar.gz archive"), message
+
+
+def test_cifar_archive_member_errors_name_the_member(tmp_path, cifar_arrays):
+    batches = [(images, labels.copy()) for images, labels in cifar_arrays]
+    batches[2][1][4] = 12
+    path = write_cifar_archive(tmp_path, "py", batches)
+    message = build_error("cifar10", tmp_path)
+    assert message.startswith(f"{path}:cifar-10-batches-py/data_batch_3: labels must be in 0..9"), message
+
+
+def test_cifar_archive_without_a_batch_names_it(tmp_path, cifar_arrays):
+    import tarfile
+    path = write_cifar_archive(tmp_path, "bin", cifar_arrays)
+    with tarfile.open(path) as tar:
+        members = [(m, tar.extractfile(m).read() if m.isfile() else None) for m in tar.getmembers()]
+    with tarfile.open(path, "w:gz") as tar:
+        for member, content in members:
+            if not member.name.endswith("test_batch.bin"):
+                tar.addfile(member, None if content is None else io.BytesIO(content))
+    message = build_error("cifar10", tmp_path)
+    assert message == (f"{path}: the archive has no file cifar-10-batches-bin/test_batch.bin "
+                       f"(is it the official cifar-10-binary.tar.gz?)")
+
+
+@pytest.mark.parametrize("case", ["label", "size", "truncated", "garbage"])
+def test_cifar_recordio_errors_name_file_and_record(tmp_path, cifar_arrays, case):
+    labels = None
+    if case == "label":
+        labels = [np.concatenate([b[1] for b in cifar_arrays[:5]]), cifar_arrays[5][1].copy()]
+        labels[1][7] = 10
+    write_cifar_recordio(tmp_path, cifar_arrays, labels=labels, size=28 if case == "size" else 32)
+    path = str(tmp_path / ("train.rec" if case in ("size", "truncated", "garbage") else "test.rec"))
+    content = open(path, "rb").read()
+    if case == "truncated":
+        open(path, "wb").write(content[:-50])
+    elif case == "garbage":                                        # record 1's magic word zeroed
+        offset = int(open(path[:-4] + ".idx").read().splitlines()[1].split("\t")[1])
+        open(path, "wb").write(content[:offset] + b"\0" * 4 + content[offset + 4:])
+    message = build_error("cifar10", tmp_path)
+    expected = {"label": f"{path}: record 7 (id 7, byte ", "size": f"{path}: record 0 (id 0, byte 0): a 28x28 image",
+                "truncated": f"{path} is truncated: record 99 at byte ",
+                "garbage": f"{path} is corrupt or not RecordIO: no record starts at byte "}[case]
+    if case == "garbage":
+        assert message.endswith("(record 1)")
+    assert message.startswith(expected), message
+    if case == "label":
+        assert message.endswith("label 10, CIFAR-10 labels are 0..9")
+
+
+# ---------------------------------------------------------------- RecordIO labels, IDX header overflow
+
+def test_imagenet_label_beyond_num_classes_names_file_and_record(imagenet_root, tmp_path):
+    rng = np.random.RandomState(1)
+    images = rng.randint(0, 256, size=(12, 40, 48, 3)).astype(np.uint8)
+    write_recordio(str(tmp_path / "train"), images, [i % 10 for i in range(11)] + [10])
+    for name in ("val.rec", "val.idx"):
+        shutil.copy(str(imagenet_root / name), str(tmp_path / name))
+    with pytest.raises(data.DataError) as err:
+        data.build_data("imagenet", batch_size=4, root=str(tmp_path), shape=(3, 32, 32), num_classes=10, **SHARD)
+    assert str(err.value).startswith(f"{tmp_path / 'train.rec'}: record 11 (byte ")
+    assert str(err.value).endswith("has label 10, outside 0..9 (data.num_classes 10)")
+    # The val set's labels go to 21: 24 classes hold them all.
+    assert data.build_data("imagenet", batch_size=4, root=str(imagenet_root), shape=(3, 32, 32),
+                           num_classes=24, **SHARD).test.num_samples == 8
+
+
+def test_idx_header_whose_size_overflows_names_the_file(tmp_path, idx_arrays):
+    """2^31 x 2^31 x 4 bytes wraps to 0 in numpy's int64 product: the 16-byte file looked whole."""
+    write_idx_set(tmp_path, idx_arrays)
+    path = write_raw(tmp_path, "train_images", header(0x08, 3, 2 ** 31, 2 ** 31, 4))
+    message = build_error("mnist", tmp_path)
+    assert message.startswith(f"{path}: 16 bytes, but its header (2147483648, 2147483648, 4) needs "
+                              f"{16 + 2 ** 64} (truncated)"), message

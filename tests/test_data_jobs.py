@@ -1,0 +1,174 @@
+"""Real 2-worker jobs on the data forms users have, generated small: ImageNet-style RecordIO (hybridized
+and not), CIFAR-10 as im2rec RecordIO and as the two official .tar.gz archives, ResNet-50 on 224x224
+RecordIO; and bad data refused by the front end before any process starts."""
+import os
+
+import numpy as np
+import pytest
+
+from jobs import processes_with, run_job
+from test_data import (make_cifar_arrays, write_cifar, write_cifar_archive, write_cifar_recordio, write_recordio,
+                       write_raw, header, idx_bytes)
+
+SSGD = "configs/cifar10_resnet20_ssgd.yaml"
+SSD_TOPK = "configs/cifar10_resnet20_ssd_topk.yaml"
+RESNET50 = "configs/imagenet_resnet50_ssd_topk.yaml"
+FAST = ["cluster.stall_timeout=120", "cluster.timeout=200", "log.every_steps=1"]
+
+
+def write_imagenet(root, size, num_train, num_val, classes=10, bad_label_at=None):
+    """train.rec/.idx and val.rec/.idx of random size x size JPEGs, labels cycling through the classes."""
+    os.makedirs(str(root), exist_ok=True)
+    rng = np.random.RandomState(0)
+    for prefix, n in (("train", num_train), ("val", num_val)):
+        labels = [i % classes for i in range(n)]
+        if prefix == "train" and bad_label_at is not None:
+            labels[bad_label_at] = classes
+        images = rng.randint(0, 256, size=(n, size, size, 3)).astype(np.uint8)
+        write_recordio(os.path.join(str(root), prefix), images, labels)
+    return str(root)
+
+
+def check_finished(job):
+    assert job.rc == 0, job.output[-3000:]
+    summary = job.summary()
+    assert 0 <= summary["final_test_acc"] <= 1
+    assert processes_with(job.marker) == []
+    return summary
+
+
+def train_checkpoint_resume(tmp_path, config, *sets, steps_per_epoch):
+    """Job A trains the first of two epochs, evaluates and checkpoints; job B resumes it (--resume),
+    trains the second and evaluates. Both must finish, report a test accuracy and leave no process."""
+    ck = os.path.join(str(tmp_path), "ck")
+    sets = FAST + list(sets) + ["train.epochs=2", "checkpoint.every_epochs=1", f"checkpoint.dir={ck}"]
+    a = run_job(tmp_path, config, *sets, f"train.max_steps={steps_per_epoch}", name="A")
+    summary = check_finished(a)
+    assert summary["steps"] == steps_per_epoch and summary["epochs"] == 1
+    b = run_job(tmp_path, config, *sets, name="B", args=["--resume"])
+    summary = check_finished(b)
+    assert f"resuming from {ck}" in b.output and f"1 epochs, {steps_per_epoch} steps done" in b.output
+    assert summary["steps"] == 2 * steps_per_epoch
+    return a, b
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("hybridize", [True, False], ids=["hybridized", "imperative"])
+def test_imagenet_recordio_trains_evaluates_and_resumes(tmp_path, hybridize):
+    """The issue's reproduction, smaller: 64 + 20 images of 32x32 in 10 classes; it crashed at the
+    first step (batches on cpu_pinned(0)) hybridized, and at the evaluation when not."""
+    root = write_imagenet(tmp_path / "data", 32, 64, 20)
+    train_checkpoint_resume(tmp_path, SSGD, "data.dataset=imagenet", f"data.root={root}", "data.shape=[3,32,32]",
+                            "data.num_classes=10", "train.batch_size=8", f"model.hybridize={hybridize}",
+                            "data.preprocess_threads=1", steps_per_epoch=4)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("form", ["recordio", "bin_archive", "py_archive"])
+def test_cifar10_forms_train_evaluate_and_resume(tmp_path, form):
+    """100 training and 10 test images (20 per batch file) in each form, auto-detected, with the
+    SSD-SGD top-k config."""
+    root = tmp_path / "data"
+    if form == "recordio":
+        write_cifar_recordio(root, make_cifar_arrays())
+    else:
+        os.makedirs(str(root))
+        write_cifar_archive(root, form.split("_")[0], make_cifar_arrays())
+    train_checkpoint_resume(tmp_path, SSD_TOPK, f"data.root={root}", "train.batch_size=8",
+                                   steps_per_epoch=6)         # 100 // (2 x 8)
+    # The archive is read as it is, never unpacked next to it.
+    expected = {"recordio": {"train.rec", "train.idx", "test.rec", "test.idx"},
+                "bin_archive": {"cifar-10-binary.tar.gz"}, "py_archive": {"cifar-10-python.tar.gz"}}[form]
+    assert set(os.listdir(str(root))) == expected
+
+
+@pytest.mark.timeout(200)
+def test_resnet50_on_224_recordio_a_few_steps(tmp_path):
+    """The ImageNet config itself (ResNet-50, SSD-SGD, top-k, cost-model buffers) on 2 local workers,
+    2 images each per step, 3 steps, then the evaluation of 4 validation images."""
+    root = write_imagenet(tmp_path / "data", 224, 16, 4)
+    job = run_job(tmp_path, RESNET50, *FAST, f"data.root={root}", "data.num_classes=10",
+                  "cluster.launcher=local", "cluster.workers=2", "cluster.servers=1", "cluster.interface=",
+                  "cluster.hostfile=", "data.preprocess_threads=1", "train.batch_size=2", "train.max_steps=3",
+                  "checkpoint.every_epochs=0")
+    summary = check_finished(job)
+    assert summary["steps"] == 3 and summary["num_workers"] == 2
+
+
+# ---------------------------------------------------------------- bad data: one message, exit 2, no process
+
+def empty(tmp_path):
+    os.makedirs(str(tmp_path / "data"))
+    return str(tmp_path / "data")
+
+
+def too_small(tmp_path):      # 100 training images, fewer than one global batch of 2 x 64
+    write_cifar(str(tmp_path / "data"), "bin", make_cifar_arrays())
+    return str(tmp_path / "data")
+
+
+def idx_overflow(tmp_path):
+    root = str(tmp_path / "data")
+    os.makedirs(root)
+    for key, array in (("train_labels", np.zeros(60)), ("test_images", np.zeros((10, 28, 28))),
+                       ("test_labels", np.zeros(10))):
+        write_raw(root, key, idx_bytes(array))
+    write_raw(root, "train_images", header(0x08, 3, 2 ** 31, 2 ** 31, 4))
+    return root
+
+
+BAD_DATA = [
+    # (dataset, data folder maker, extra sets, the start of the one error line)
+    ("mnist", empty, [], "error: mnist: '{root}' lacks train-images-idx3-ubyte[.gz]"),
+    ("fashion_mnist", empty, [], "error: fashion_mnist: '{root}' lacks train-images-idx3-ubyte[.gz]"),
+    ("cifar10", empty, [], "error: cifar10: no complete CIFAR-10 copy found in '{root}'"),
+    ("imagenet", empty, [], "error: imagenet: missing {root}/train.rec"),
+    ("cifar10", too_small, ["train.batch_size=64"], "error: the training set has 100 samples, fewer than one "
+                                                    "global batch (num_workers 2 x batch_size 64)"),
+    ("mnist", idx_overflow, [], "error: {root}/train-images-idx3-ubyte.gz: 16 bytes, but its header "
+                                "(2147483648, 2147483648, 4) needs"),
+    ("imagenet", lambda tmp_path: write_imagenet(tmp_path / "data", 32, 16, 4, bad_label_at=5),
+     ["data.num_classes=10", "data.shape=[3,32,32]"],
+     "error: {root}/train.rec: record 5 (byte "),
+]
+
+
+IDS = ["mnist-empty", "fashion_mnist-empty", "cifar10-empty", "imagenet-empty", "batch-larger-than-data",
+       "idx-header-overflow", "recordio-label-beyond-classes"]
+DIGITS = "configs/demo_digits_ssgd.yaml"
+
+
+def check_one_message(output, dataset, make, first_line, root):
+    assert output.startswith(first_line.format(root=root)), output[-3000:]
+    if dataset != "imagenet" or make is not empty:    # the imagenet message goes on with im2rec's commands
+        assert output.count("\n") == 1, output
+    assert "Traceback" not in output and "[worker" not in output
+
+
+@pytest.mark.parametrize("dataset,make,sets,first_line", BAD_DATA, ids=IDS)
+def test_bad_data_is_refused_by_the_front_end(tmp_path, capsys, dataset, make, sets, first_line):
+    """ssdsgd.run's main in this process (a job would spend seconds importing MXNet): exit 2 and one
+    message before it takes the run folder or starts a process."""
+    from ssdsgd.run import main
+    root = make(tmp_path)
+    argv = ["--config", DIGITS, "--set", f"log.dir={tmp_path}/runs", "--set", f"data.dataset={dataset}",
+            "--set", f"data.root={root}", "--set", "model.name=mlp"]
+    assert main(argv + [arg for s in sets for arg in ("--set", s)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    check_one_message(err, dataset, make, first_line, root)
+    assert not os.path.exists(str(tmp_path / "runs"))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("dataset,make,sets,first_line", [BAD_DATA[0], BAD_DATA[-1]], ids=[IDS[0], IDS[-1]])
+def test_bad_data_job_exits_2_with_one_message_and_no_process(tmp_path, dataset, make, sets, first_line):
+    """As a job: an empty data.root used to end in three tracebacks around the message (two workers
+    and the launcher's copy), a RecordIO label beyond the classes in none (the loss clipped it)."""
+    root = make(tmp_path)
+    job = run_job(tmp_path, DIGITS, f"data.dataset={dataset}", f"data.root={root}", "model.name=mlp", *sets,
+                  name="bad")
+    assert job.rc == 2, job.output[-3000:]
+    check_one_message(job.output, dataset, make, first_line, root)
+    assert not os.path.exists(os.path.join(job.run_dir, "summary.json"))
+    assert processes_with(job.marker) == []

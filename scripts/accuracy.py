@@ -1,20 +1,23 @@
 """Accuracy and traffic of the algorithms and their ablations, over several seeds: on the digits demo
-(`--suite digits`) or on Fashion-MNIST with ResNet-20 (`--suite fmnist`).
+(`--suite digits`) or on Fashion-MNIST with ResNet-20 (`--suite fmnist`); `--suite defaults` runs a
+config that leaves every setting at the schema's default beside the one that writes them out.
 
     python scripts/accuracy.py [--suite digits] [--seeds 0 1 2] [--variants LABEL ...]
         [--set KEY=VALUE ...] [--out results/accuracy_digits]
 
 Every variant runs through the real launcher (1 scheduler, 1 server, 2 workers), one job at a
-time, seeds interleaved. Writes runs.csv (one row per job) and table.md (mean and spread per
-variant) and prints the table. `--set data.validation=0.1` tunes on a validation split carved from
-the training set (the table then says so); without it the runs report the test set.
+time, seeds interleaved. Writes runs.csv (one row per job), table.md (mean and spread per variant)
+and manifest.json (command, configs, commit, machine, date), and prints the table. `--set
+data.validation=0.1` tunes on a validation split carved from the training set (the table then says
+so); without it the runs report the test set.
 """
 import argparse
 import os
 import statistics
 import sys
 
-from results_io import job_command, job_name, job_summary, run_captured, run_folder, write_csv, write_text
+from results_io import (job_command, job_name, job_summary, run_captured, run_folder, write_csv, write_manifest,
+                        write_text)
 from ssdsgd.metrics import ACC_TAG, final_acc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -92,7 +95,13 @@ FMNIST = {
                                                               "compression.fusion=behind"]),
     "SSD-SGD + top-k 1%, no momentum correction": (F_TOPK, ["compression.momentum_correction=false"]),
 }
-SUITES = {"digits": VARIANTS, "fmnist": FMNIST}
+# A config that says only `type: ssd` and `type: topk` against the one that writes the settings out.
+DEFAULTS = {
+    "SSD-SGD + top-k 1%, fmnist_resnet20_ssd_topk.yaml": (F_TOPK, []),
+    "SSD-SGD + top-k 1%, fmnist_resnet20_short_ssd_topk.yaml (defaults)":
+        ("configs/fmnist_resnet20_short_ssd_topk.yaml", []),
+}
+SUITES = {"digits": VARIANTS, "fmnist": FMNIST, "defaults": DEFAULTS}
 
 
 def run(label, config, sets, seed, out):
@@ -171,6 +180,8 @@ def main():
         ap.error(f"unknown variant(s) {unknown}; the {args.suite} suite has: {', '.join(variants)}")
     out = os.path.abspath(args.out or f"results/accuracy_{args.suite}")
     os.makedirs(out, exist_ok=True)
+    used = sorted({os.path.join(ROOT, variants[label][0]) for label in args.variants or variants})
+    write_manifest(out, used, finished=False)
     rows = []
     for seed in args.seeds:
         for label in args.variants or list(variants):
@@ -185,6 +196,7 @@ def main():
     if pairs:
         text += "\n\n" + pairs
     write_text(os.path.join(out, "table.md"), text)
+    write_manifest(out, used, finished=True, jobs=len(rows), failed=sum(r["rc"] != 0 for r in rows))
     print(text)
     return 0 if all(r["rc"] == 0 for r in rows) else 1
 

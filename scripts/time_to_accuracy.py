@@ -1,7 +1,7 @@
 """Time to accuracy on a slow link: SSGD vs SSD-SGD vs SSD-SGD + top-k 1%, on the digits demo or on
 the Fashion-MNIST ResNet-20 configs.
 
-    sudo python scripts/time_to_accuracy.py [--suite digits|fmnist] [--rate 20] [--seeds 0 1 2]
+    sudo python scripts/time_to_accuracy.py [--suite digits|fmnist|fmnist_tta] [--rate 20] [--seeds 0 1 2]
         [--set KEY=VALUE ...] [--set-for LABEL KEY=VALUE ...] [--variants LABEL ...] [--reuse DIR ...]
         [--out results/time_to_accuracy]
 
@@ -15,7 +15,8 @@ every variant pays alike per epoch; start-up stays in. That holds where an evalu
 worker: synchronous variants, and SSD-SGD with train.eval_workers: all, as the Fashion-MNIST runs use;
 with rank 0 evaluating alone under an asynchronous variant the others go on training, so the clock
 would undercount. Not summary.json's train_seconds, the sum of the epochs' training seconds), and
-accuracy-vs-time / accuracy-vs-epoch plots through scripts/plot.py. `--set` overrides every job's
+accuracy-vs-time / accuracy-vs-epoch plots through scripts/plot.py, and manifest.json (command, configs,
+commit, machine, date). `--set` overrides every job's
 config, `--set-for LABEL KEY=VALUE` only that variant's (a longer schedule or another density for top-k),
 so that one invocation runs differently configured variants interleaved by seed, each seed's pair on
 the machine at about the same time. `--variants` runs only some variants;
@@ -32,7 +33,8 @@ import sys
 import time
 
 from netns import Namespace, NetnsError, check_tools
-from results_io import job_command, job_name, job_summary, run_captured, run_folder, stop_on_sigterm, write_csv
+from results_io import (job_command, job_name, job_summary, run_captured, run_folder, stop_on_sigterm, write_csv,
+                        write_manifest)
 from ssdsgd.metrics import read_metrics
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -47,6 +49,10 @@ SUITES = {
         "SSGD": "configs/fmnist_resnet20_ssgd.yaml",
         "SSD-SGD": "configs/fmnist_resnet20_ssd.yaml",
         "SSD-SGD + top-k 1%": "configs/fmnist_resnet20_ssd_topk.yaml"}),
+    # The README's headline comparison, each variant's settings in its own config.
+    "fmnist_tta": ("Fashion-MNIST, ResNet-20, time-to-accuracy settings", {
+        "SSGD": "configs/fmnist_resnet20_ssgd_tta.yaml",
+        "SSD-SGD + top-k 10%": "configs/fmnist_resnet20_ssd_topk10_tta.yaml"}),
 }
 
 
@@ -255,6 +261,8 @@ def main():
             [f"--set {s}" for s in args.set] +
             [f"--set-for '{label}' {s}" for label, sets in per_variant.items() for s in sets])
     planned = plan_jobs(args.seeds, variants, chosen, args.set, per_variant)
+    used = sorted({os.path.join(ROOT, config) for _, _, config, _ in planned})
+    write_manifest(out, used, finished=False, rate_mbit=args.rate)
     for seed, label, config, overrides in planned:
         print(f"[seed {seed}] {label} at {args.rate:g} Mbit/s", flush=True)
         job, ev = run(label, config, seed, args.rate, out, args.timeout, overrides)
@@ -269,6 +277,8 @@ def main():
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(text + "\n")
     print(text)
+    write_manifest(out, used, finished=True, rate_mbit=args.rate, jobs=len(jobs),
+                   failed=sum(j["rc"] != 0 for j in jobs))
     ok = [j["run_dir"] for j in jobs if j["rc"] == 0 and os.path.isdir(j["run_dir"])]
     if ok:
         subprocess.call([sys.executable, os.path.join(HERE, "plot.py"), "--runs", *ok, "--out", out])

@@ -157,6 +157,26 @@ def test_ssdsgd_run_on_four_hosts(vc, tmp_path):
     assert "every process on every host has ended" in out
 
 
+@pytest.mark.timeout(200)
+def test_cifar10_archive_trains_over_ssh_with_the_shipped_topk_config(vc, tmp_path):
+    """A user's CIFAR-10 run on hosts: the official binary archive (.tar.gz, tiny), the shipped
+    cifar10_resnet20_ssd_topk.yaml, one epoch, workers on two hosts; exit 0 and a test accuracy."""
+    from test_data import make_cifar_arrays, write_cifar_archive
+    data = tmp_path / "cifar"
+    data.mkdir()
+    write_cifar_archive(str(data), "bin", make_cifar_arrays())
+    argv, run_dir = _run_cmd(vc, tmp_path, "train.epochs=1", "train.batch_size=8", "log.every_steps=5",
+                             "cluster.stall_timeout=90", "cluster.server_timeout=30", f"data.root={data}",
+                             f"checkpoint.dir={tmp_path / 'ck'}",
+                             config=os.path.join(ROOT, "configs", "cifar10_resnet20_ssd_topk.yaml"))
+    rc, out = _finish(*_start(argv, tmp_path), timeout=180)
+    assert rc == 0, out[-3000:]
+    summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    assert summary["num_workers"] == 2 and 0 <= summary["final_test_acc"] <= 1
+    assert summary["compression"] == "topk" and summary["steps"] > 0
+    assert "every process on every host has ended" in out
+
+
 @pytest.mark.timeout(150)
 def test_launch_py_ssh_job_on_four_hosts(vc, tmp_path):
     log_dir = tmp_path / "runs"

@@ -4,6 +4,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+from procs import processes_with, role_of  # noqa: F401  (scripts/; the tests import them from here)
 from results_io import job_command, run_folder          # scripts/, on the path through pytest.ini
 from ssdsgd.metrics import metrics_file, read_metrics, read_summary
 
@@ -49,36 +50,6 @@ def start_job(tmp_path, config, *sets, name="job", env=None, args=()):
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     return proc, Job(None, "", run_folder("", log_dir, name), log_dir)
-
-
-def role_of(pid):
-    """DMLC_ROLE and DMLC_TASK_ID from a process's environment, or (None, None)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
-    except OSError:
-        return None, None
-    role = env.get(b"DMLC_ROLE")
-    task = env.get(b"DMLC_TASK_ID")
-    return (role.decode() if role else None), (int(task) if task else None)
-
-
-def processes_with(marker):
-    """PIDs of live processes whose command line contains `marker` (a test's unique tmp path)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker in cmdline and state != "Z":
-            found.append(int(pid))
-    return found
 
 
 def wait_for_progress(job, proc, timeout=60):

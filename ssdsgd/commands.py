@@ -18,6 +18,7 @@ STOCK_OPTIMIZER = "stock_optimizer"    # lr, momentum, wd, rescale_grad, schedul
 ROUND_PLAN = "round_plan"              # the buffers and global hyper-parameters of the round service
 SAVE = "save"                          # dir: write the servers' state into this checkpoint folder
 LOAD = "load"                          # dir: read it back
+HELLO = "hello"                        # rank, nonce: a worker's roll call (ssdsgd.membership)
 
 
 class CommandError(ValueError):

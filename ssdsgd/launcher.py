@@ -440,6 +440,17 @@ def _group_states(pgid):
     return states
 
 
+def _stalled_culprit(workers):
+    """(worker, reason) to name once a worker stalled. A stopped worker stalls the others too: they wait
+    for it in a synchronous step, and which heartbeat is older is chance. So a local worker whose process
+    is stopped comes first (ssh roles: their state is not visible from here), then the one silent longest."""
+    running = [w for w in workers if w.popen.returncode is None]
+    for w in running:
+        if not w.ssh and _group_states(w.popen.pid) & {'T', 't'}:
+            return w, ': its process is stopped (SIGSTOP or SIGTSTP); the other workers wait for it'
+    return max(running, key=lambda w: w.idle_seconds()), ''
+
+
 def _describe_exit(returncode):
     if returncode >= 0:
         return f'exited with code {returncode}'
@@ -481,10 +492,11 @@ def _supervise(children, timeout, stall_timeout, received, server_timeout=None):
                 if c.popen.returncode is None and silent > server_timeout:
                     c.report(c.silence(silent))
                     return 1
-            for w in workers:
-                if stall_timeout is not None and w.popen.returncode is None and w.idle_seconds() > stall_timeout:
-                    w.report(f'made no progress for {stall_timeout:g} s')
-                    return 1
+            if stall_timeout is not None and any(w.popen.returncode is None and w.idle_seconds() > stall_timeout
+                                                 for w in workers):
+                w, why = _stalled_culprit(workers)
+                w.report(f'made no progress for {stall_timeout:g} s{why}')
+                return 1
         time.sleep(POLL_SECONDS)
 
 

@@ -5,7 +5,8 @@ reads the lines starting with MARK that it prints. What it does on the host:
 - picks the host's network interface: SSDSGD_HOST_INTERFACE (the host file's `interface=`), else
   the interface that routes to the scheduler, and sets DMLC_INTERFACE and DMLC_NODE_HOST from it;
 - starts COMMAND in its own session (process group id = its PID) and reports that id, so the
-  launcher can end the whole group over ssh;
+  launcher can end the whole group over ssh; COMMAND gets SIGKILL from the kernel if this wrapper dies
+  (PR_SET_PDEATHSIG), even when the wrapper itself is SIGKILLed;
 - ends the group (SIGTERM, then SIGKILL) when its standard input closes, i.e. when the launcher's
   ssh client is gone (a dead launcher leaves nothing behind), or when it gets SIGTERM/SIGHUP/SIGINT;
 - also ends it once the launcher's job folder (SSDSGD_JOB_DIR, on the shared file system) is gone: the
@@ -15,6 +16,7 @@ reads the lines starting with MARK that it prints. What it does on the host:
 
 Standard library only.
 """
+import ctypes
 import fcntl
 import os
 import signal
@@ -29,6 +31,7 @@ JOB_DIR_ENV = 'SSDSGD_JOB_DIR'     # ssdsgd.env.JOB_DIR_ENV
 JOB_DIR_POLL = 1.0       # seconds between checks that the launcher's job folder still exists
 TERM_GRACE = 3.0         # between SIGTERM and SIGKILL
 SIOCGIFADDR = 0x8915     # <linux/sockios.h>
+PR_SET_PDEATHSIG = 1     # <linux/prctl.h>
 
 
 def interface_ip(name):
@@ -73,6 +76,18 @@ def _end_group(pgid):
             deadline -= 0.05
 
 
+def _die_with_wrapper(wrapper_pid):
+    """preexec_fn of the role: the kernel SIGKILLs it when this wrapper dies, even by SIGKILL (no handler
+    of ours runs then), so a role never trains on unsupervised (the local launcher does the same)."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl   # resolved before the fork: preexec_fn does little
+
+    def preexec():
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+        if os.getppid() != wrapper_pid:   # the wrapper died before prctl took effect
+            os._exit(1)
+    return preexec
+
+
 def main(command):
     env = dict(os.environ)
     # The names are ssdsgd.env's (no imports here; tests/test_code_shape.py checks them).
@@ -91,7 +106,8 @@ def main(command):
                   flush=True)
             return 2
     env['DMLC_INTERFACE'], env['DMLC_NODE_HOST'] = iface, address
-    child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+                             preexec_fn=_die_with_wrapper(os.getpid()))
     print(f'{MARK}pgid {child.pid} {socket.gethostname()} {iface} {address}', flush=True)
 
     def stop(*_):

@@ -23,6 +23,7 @@ from ssdsgd.compression.codec import MailboxFormat
 from ssdsgd.env import ROLE_ENV, SECRET_ENV
 from ssdsgd.eval_tally import TALLY_KEY
 from ssdsgd.launcher import RANK_MARK
+from ssdsgd.membership import RollCall, proof_keys
 from ssdsgd.remote import MARK
 from ssdsgd.rounds import BufferState, DownlinkRing, RingLayout, StagedRings
 from ssdsgd.schedule import LRSchedule
@@ -176,6 +177,16 @@ def _load_stock(stock, directory, nd):
         opt.num_update = max(opt.num_update, meta["num_update"])
 
 
+def _checkpoint(server, op, directory, nd):
+    """The SAVE or LOAD command: this server's round-plan buffers and stock optimizer state."""
+    if server.rounds is not None:
+        (server.rounds.save if op == commands.SAVE else server.rounds.load)(directory)
+    if server.stock is not None and op == commands.SAVE:
+        _save_stock(server.stock, server.kvstore.rank, directory)
+    elif server.stock is not None:
+        _load_stock(server.stock, directory, nd)
+
+
 def run_server():
     role = os.environ[ROLE_ENV]
     # `import mxnet` with DMLC_ROLE=server|scheduler would enter the stock server loop inside the
@@ -194,10 +205,14 @@ def run_server():
             self.rounds = None
             self.stock = None
             self.updater_installed = False
+            self.roll_call = RollCall(secret)
+            self.proof_keys = set(proof_keys(commands.num_servers(kvstore)))
 
         def _update(self, key, recv, stored):
             try:
-                if self.rounds is not None and self.rounds.owns(key):
+                if key in self.proof_keys:
+                    self.roll_call.answer(stored)
+                elif self.rounds is not None and self.rounds.owns(key):
                     self.rounds.push(key, recv, stored)
                 elif key == TALLY_KEY:
                     stored += recv
@@ -234,23 +249,17 @@ def run_server():
                 # output and messages with it, the rank the workers' key placement and messages use.
                 print(f"{MARK}{RANK_MARK} {self.kvstore.rank}", flush=True)
             op = msg["op"]
-            if op == commands.STOCK_OPTIMIZER:
+            if op == commands.HELLO:
+                self.roll_call.hello(msg, self.kvstore.rank)
+            elif op == commands.STOCK_OPTIMIZER:
                 sched = LRSchedule.from_dict(msg["schedule"])
                 opt = mx.optimizer.SGD(learning_rate=msg["lr"], momentum=msg["momentum"], wd=msg["wd"],
                                        rescale_grad=msg["rescale_grad"], lr_scheduler=sched)
                 self.stock = mx.optimizer.get_updater(opt)
             elif op == commands.ROUND_PLAN:
                 self.rounds = RoundService(msg, mx.nd)
-            elif op == commands.SAVE:
-                if self.rounds is not None:
-                    self.rounds.save(msg["dir"])
-                if self.stock is not None:
-                    _save_stock(self.stock, self.kvstore.rank, msg["dir"])
-            elif op == commands.LOAD:
-                if self.rounds is not None:
-                    self.rounds.load(msg["dir"])
-                if self.stock is not None:
-                    _load_stock(self.stock, msg["dir"], mx.nd)
+            elif op in (commands.SAVE, commands.LOAD):
+                _checkpoint(self, op, msg["dir"], mx.nd)
             else:
                 raise ValueError(f"unknown command op {op!r}")
 

@@ -17,9 +17,7 @@ import numpy as np
 
 from ssdsgd.config import ssd_warmup_steps
 from ssdsgd.env import HEARTBEAT_ENV, LOCKED_ENV, RUN_DIR_ENV
-from ssdsgd.launcher import RANK_MARK
 from ssdsgd.metrics import ACC_TAG
-from ssdsgd.remote import MARK as REMOTE_MARK
 
 
 def _touch(path):
@@ -239,7 +237,6 @@ def _start_run(cfg, resume, overwrite):
     # The kvstore must exist before we know our rank; its type depends only on the config.
     kv = create_kvstore(cfg)
     rank, nworkers = kv.rank, kv.num_workers
-    print(f"{REMOTE_MARK}{RANK_MARK} {rank}", flush=True)   # the launcher labels our output with the rank
     if nworkers != cfg.cluster.workers:
         raise RuntimeError(f"cluster.workers is {cfg.cluster.workers} but the job has {nworkers} workers")
     held, out_dir = _prepare_run_folder(cfg, kv, resume, overwrite)

@@ -28,11 +28,19 @@ def client_class(cfg):
 
 
 def create_kvstore(cfg):
-    """The KVStore the config's client runs on (the rank is known only once it exists)."""
+    """The KVStore the config's client runs on (the rank is known only once it exists), once every
+    worker and server has proven that it belongs to the job (ssdsgd.membership)."""
     import mxnet as mx
+
+    from ssdsgd.launcher import RANK_MARK
+    from ssdsgd.membership import prove_worker
+    from ssdsgd.remote import MARK
     cls = client_class(cfg)
     os.environ.update(cls.kvstore_environment())
-    return mx.kv.create(cls.kvstore_type(cfg))
+    kv = mx.kv.create(cls.kvstore_type(cfg))
+    print(f"{MARK}{RANK_MARK} {kv.rank}", flush=True)   # the launcher labels our output with the rank
+    prove_worker(kv)
+    return kv
 
 
 def make_client(cfg, kv, params, schedule, log, *, total_steps, steps_per_epoch, measure_backward=None):

@@ -1,0 +1,146 @@
+"""Every node proves it belongs to the job (ssdsgd.membership): a stranger that joins is named at once."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from jobs import processes_with, role_of, start_job
+from ssdsgd import membership
+
+SSGD = "configs/demo_digits_ssgd.yaml"
+SSD_TOPK = "configs/demo_digits_ssd_topk.yaml"
+
+# A plain MXNet client, as anyone who can reach the scheduler's port could run: it imports mxnet first
+# (so it wins the race against the job's own workers), then joins with the DMLC_* settings it reads
+# on stdin, says which rank it got, and sits there.
+STRANGER = """
+import json, os, sys, time
+import mxnet as mx
+print("ready", flush=True)
+os.environ.update(json.loads(sys.stdin.readline()))
+kv = mx.kv.create("dist_sync")
+print(f"stranger rank {kv.rank} of {kv.num_workers}", flush=True)
+time.sleep(300)
+"""
+
+
+def _environment(pid):
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return dict(item.decode().split("=", 1) for item in f.read().split(b"\0") if b"=" in item)
+
+
+def _connected_to(pid, port):
+    """Whether process `pid` has an established TCP connection to `port` (from /proc/<pid>/net/tcp)."""
+    inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[len("socket:["):-1] for fd in os.listdir(f"/proc/{pid}/fd")
+              if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:[")}
+    with open(f"/proc/{pid}/net/tcp") as f:
+        rows = [line.split() for line in list(f)[1:]]
+    return any(cols[3] == "01" and int(cols[2].split(":")[1], 16) == port and cols[9] in inodes for cols in rows)
+
+
+def _wait(what, condition, timeout=60):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        try:
+            found = condition()
+        except OSError:
+            found = None      # a process just ended or closed a socket: look again
+        if found:
+            return found
+        time.sleep(0.005)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def let_a_stranger_in(job, proc, stranger):
+    """Hand the stranger the DMLC_* settings of the job's scheduler (read from /proc, as tests/jobs.py
+    role_of reads a role's) so that it registers after server 0 and before the job's workers. ps-lite
+    ranks the first W+S nodes that register, whatever their roles: a stranger before the server would
+    leave it no place (the scheduler then aborts in van.cc, `there is no socket to node 8`); this way
+    it takes a worker's place, as when it connects as soon as the scheduler listens and wins the race.
+    The job's workers are held with SIGSTOP (from their start, before they connect) until it has.
+    Returns the time the first of them registers: every node is in, the roll call can start."""
+    def roles():
+        pids = {role_of(pid): pid for pid in processes_with(job.marker)}
+        assert proc.poll() is None, proc.stdout.read()
+        wanted = [("scheduler", 0), ("server", 0), ("worker", 0), ("worker", 1)]
+        return pids if all(r in pids for r in wanted) else None
+
+    pids = _wait("the job's processes", roles)
+    workers = [pids[("worker", 0)], pids[("worker", 1)]]
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        env = {k: v for k, v in _environment(pids[("scheduler", 0)]).items() if k.startswith("DMLC_")}
+        port = int(env["DMLC_PS_ROOT_PORT"])
+        assert not any(_connected_to(pid, port) for pid in workers)
+        _wait("server 0 to register", lambda: _connected_to(pids[("server", 0)], port))
+        env.update(DMLC_ROLE="worker", DMLC_TASK_ID="0")
+        stranger.stdin.write(json.dumps(env) + "\n")
+        stranger.stdin.flush()
+        _wait("the stranger to register", lambda: _connected_to(stranger.pid, port))
+        time.sleep(0.5)       # its registration reaches the scheduler
+    finally:
+        for pid in workers:
+            os.kill(pid, signal.SIGCONT)
+    _wait("a worker of the job to register", lambda: any(_connected_to(pid, port) for pid in workers))
+    return time.time()
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("config", [SSGD, SSD_TOPK])
+def test_a_stranger_worker_is_named_at_once(tmp_path, config):
+    """Before: the stranger was admitted as a worker rank; the job hung (or died 13-14 s later with
+    `server 0 killed by SIGABRT ... init 1048576 first`). Now the servers name its rank within seconds."""
+    stranger = subprocess.Popen([sys.executable, "-c", STRANGER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = None
+    try:
+        assert stranger.stdout.readline().strip() == "ready"
+        proc, job = start_job(tmp_path, config, "train.epochs=500", name="stranger")
+        t0 = let_a_stranger_in(job, proc, stranger)
+        out, _ = proc.communicate(timeout=60)
+        elapsed = time.time() - t0
+    finally:
+        os.killpg(stranger.pid, signal.SIGKILL)
+        joined, _ = stranger.communicate()
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # Exactly one rank is named: the stranger's (it says which, if it got out of kv.create, which waits in
+    # ps-lite's start barrier, before the job ended).
+    named = re.findall(r"worker ranks? ([\d, ]+) ha(?:s|ve) not proven", out)
+    assert len(set(named)) == 1 and named[0].isdigit(), out[-3000:]
+    rank = int(named[0])
+    admitted = re.search(r"stranger rank (\d+) of 2", joined)
+    assert admitted is None or int(admitted.group(1)) == rank, joined
+    print(f"stranger joined as worker rank {rank}; the job ended {elapsed:.1f} s after "
+          f"every node was in")
+    assert proc.returncode == 1, out[-3000:]
+    assert re.search(r"^launch: server 0 .*exited with code 1", out, re.M), out[-3000:]
+    assert "init 1048576 first" not in out and "SIGABRT" not in out
+    assert elapsed < membership.HELLO_TIMEOUT + 5
+    assert processes_with(job.marker) == []
+
+
+def test_tags_depend_on_secret_server_worker_and_nonce():
+    base = membership.tag("s" * 64, 0, 1, "n")
+    assert base.dtype == np.float32 and base.shape == (membership.TAG_PIECES,)
+    assert np.array_equal(base, base.astype(np.uint16).astype(np.float32))     # exact in float32
+    for other in (membership.tag("t" * 64, 0, 1, "n"), membership.tag("s" * 64, 1, 1, "n"),
+                  membership.tag("s" * 64, 0, 0, "n"), membership.tag("s" * 64, 0, 1, "m")):
+        assert not np.array_equal(base, other)
+
+
+def test_proof_keys_land_on_their_servers():
+    from ssdsgd.compression.fusion import KEY_HASH
+    for servers in (1, 2, 3):
+        keys = membership.proof_keys(servers)
+        assert [(k * KEY_HASH) % servers for k in keys] == list(range(servers))
+        assert min(keys) > (1 << 20) + 3          # above the probe and tally keys

@@ -74,8 +74,13 @@ def test_cifar10_forms_train_evaluate_and_resume(tmp_path, form):
     else:
         os.makedirs(str(root))
         write_cifar_archive(root, form.split("_")[0], make_cifar_arrays())
-    train_checkpoint_resume(tmp_path, SSD_TOPK, f"data.root={root}", "train.batch_size=8",
-                                   steps_per_epoch=6)         # 100 // (2 x 8)
+    if form == "recordio":          # checkpoint and resume once; the archives train and evaluate one epoch
+        train_checkpoint_resume(tmp_path, SSD_TOPK, f"data.root={root}", "train.batch_size=8",
+                                steps_per_epoch=6)         # 100 // (2 x 8)
+    else:
+        job = run_job(tmp_path, SSD_TOPK, *FAST, f"data.root={root}", "train.batch_size=8", "train.epochs=1",
+                      f"checkpoint.dir={tmp_path / 'ck'}")
+        assert check_finished(job)["steps"] == 6
     # The archive is read as it is, never unpacked next to it.
     expected = {"recordio": {"train.rec", "train.idx", "test.rec", "test.idx"},
                 "bin_archive": {"cifar-10-binary.tar.gz"}, "py_archive": {"cifar-10-python.tar.gz"}}[form]
@@ -84,13 +89,13 @@ def test_cifar10_forms_train_evaluate_and_resume(tmp_path, form):
 
 @pytest.mark.timeout(200)
 def test_resnet50_on_224_recordio_a_few_steps(tmp_path):
-    """The ImageNet config itself (ResNet-50, SSD-SGD, top-k, cost-model buffers) on 2 local workers,
+    """The ImageNet config itself (ResNet-50, SSD-SGD, top-k, 32 MiB buffers) on 2 local workers,
     2 images each per step, 3 steps, then the evaluation of 4 validation images."""
     root = write_imagenet(tmp_path / "data", 224, 16, 4)
     job = run_job(tmp_path, RESNET50, *FAST, f"data.root={root}", "data.num_classes=10",
                   "cluster.launcher=local", "cluster.workers=2", "cluster.servers=1", "cluster.interface=",
                   "cluster.hostfile=", "data.preprocess_threads=1", "train.batch_size=2", "train.max_steps=3",
-                  "checkpoint.every_epochs=0")
+                  "checkpoint.every_epochs=0", f"checkpoint.dir={tmp_path / 'ck'}")
     summary = check_finished(job)
     assert summary["steps"] == 3 and summary["num_workers"] == 2
 

@@ -26,6 +26,22 @@ _Loader.add_implicit_resolver(
     list("-+0123456789."))
 
 
+def _mapping_without_duplicates(loader, node, deep=False):
+    """A YAML mapping; a key given twice is an error (PyYAML would keep the last one silently, so a
+    section written twice would lose the first one's keys)."""
+    seen = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise ConfigError(f"{key}: given twice in the same section (lines {seen[key] + 1} and "
+                              f"{key_node.start_mark.line + 1})")
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
 def _yaml_load(text):
     return yaml.load(text, Loader=_Loader)
 
@@ -477,7 +493,8 @@ def apply_override(raw, keys, value):
     for i, key in enumerate(keys):
         path = ".".join(keys[: i + 1])
         if not isinstance(schema, dict) or key not in schema:
-            raise ConfigError(f"{path}: unknown key")
+            known = f" (known here: {', '.join(sorted(schema))})" if isinstance(schema, dict) else ""
+            raise ConfigError(f"{path}: unknown key{known}")
         schema = schema[key]
         if i == len(keys) - 1:
             if isinstance(schema, dict):
@@ -498,6 +515,8 @@ def load_config(path, overrides=()):
             raw = _yaml_load(f)
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        except ConfigError as err:
+            raise ConfigError(f"{path}: {err}") from None
     if raw is None:
         # An empty file would silently run a default job: almost certainly the wrong file.
         raise ConfigError(f"{path}: the file is empty; a config sets at least the keys that differ "

@@ -1,4 +1,4 @@
-"""`python -m ssdsgd.run --config FILE [--set k=v ...]`: one command for a whole job.
+"""`ssdsgd-run --config FILE [--set k=v ...] [--resume] [--dry-run]`: one command for a whole job.
 
 Reads the `cluster` section and starts scheduler, servers and workers through the launcher, each
 running `python -m ssdsgd.train` with the same config and overrides.
@@ -10,8 +10,9 @@ from ssdsgd.config import ROOTED_DATASETS
 from ssdsgd.train import config_from_args, parse_args
 
 
-def preflight(cfg):
-    """Problems that can be found before any process starts; None if there are none."""
+def preflight(cfg, read_data=True):
+    """Problems that can be found before any process starts; None if there are none. read_data: also
+    read the data set once, as rank 0 will (else only check that data.root exists)."""
     from ssdsgd.models import ModelError, check_model_name
     try:
         check_model_name(cfg.model.name)
@@ -22,7 +23,7 @@ def preflight(cfg):
         what = "is a file, not a folder" if os.path.exists(root) else "does not exist"
         return (f"data.root: {root} {what} (put the {cfg.data.dataset} files in that folder; "
                 f"nothing is downloaded)")
-    if cfg.data.dataset in ROOTED_DATASETS:
+    if cfg.data.dataset in ROOTED_DATASETS and read_data:
         # Read the data once here, as rank 0 will: a missing, damaged or too small data set then
         # stops the job with one line, before any process starts (the workers meet the same error).
         from ssdsgd.data import DataError, data_from_config
@@ -47,11 +48,38 @@ def take_folders(cfg, args):
     return prepare(cfg, args.resume, args.overwrite, what)
 
 
+def _own_options(ap):
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print the effective config and the planned processes, start nothing")
+
+
+def dry_run(cfg, args):
+    """The config as the job would run it and the launcher's plan; what preflight would refuse is
+    printed as a warning (the data or host file may live only where the job will run)."""
+    import yaml
+
+    from ssdsgd.launcher import UsageError
+    print(f"# effective config of {args.config}" + "".join(f" --set {s}" for s in args.set))
+    print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
+    problem = preflight(cfg, read_data=False)
+    if problem:
+        print(f"# warning: a run would stop here: {problem}")
+        return 0
+    print("# planned processes")
+    try:
+        return _launch(cfg, args, args.resume, "<run folder>", dry_run=True)
+    except UsageError as err:
+        print(f"# warning: a run would stop here: {err}")
+        return 0
+
+
 def main(argv=None):
-    args = parse_args(argv)
+    args = parse_args(argv, prog="ssdsgd-run", description=__doc__.splitlines()[0], extra=_own_options)
     cfg = config_from_args(args)
     if cfg is None:
         return 2
+    if args.dry_run:
+        return dry_run(cfg, args)
     problem = preflight(cfg)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
@@ -118,7 +146,7 @@ def _run_with_restarts(cfg, args, run_dir):
     return code
 
 
-def _launch(cfg, args, resume, run_dir):
+def _launch(cfg, args, resume, run_dir, dry_run=False):
     from ssdsgd.env import LOCKED_ENV, RUN_DIR_ENV
     from ssdsgd.launcher import run_job, ssh_options
     cl = cfg.cluster
@@ -129,8 +157,8 @@ def _launch(cfg, args, resume, run_dir):
         command.append("--resume")
     env = {LOCKED_ENV: "1", RUN_DIR_ENV: os.path.abspath(run_dir)}     # the roles do not take the locks again
     return run_job(command, cl.workers, cl.servers, launcher=cl.launcher, hostfile=cl.hostfile,
-                   env=env, timeout=cl.timeout, interface=cl.interface, stall_timeout=cl.stall_timeout or None,
-                   server_timeout=cl.server_timeout or None,
+                   env=env, timeout=cl.timeout, dry_run=dry_run, interface=cl.interface,
+                   stall_timeout=cl.stall_timeout or None, server_timeout=cl.server_timeout or None,
                    port=cl.port, ssh_options=ssh_options(cl.ssh_user, cl.ssh_identity, cl.ssh_config,
                                                          cl.ssh_options))
 

@@ -16,15 +16,19 @@ from ssdsgd.env import ROLE_ENV, ROLE_NAME_ENV, SECRET_ENV
 from ssdsgd.errors import JobError
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m ssdsgd.train", description=__doc__.splitlines()[0])
+def parse_args(argv=None, prog="python -m ssdsgd.train", description=None, extra=None):
+    """The options every command of a job takes; extra(parser) adds a command's own."""
+    ap = argparse.ArgumentParser(prog=prog, description=description or __doc__.splitlines()[0])
     ap.add_argument("--config", required=True, help="experiment YAML file")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
-                    help="override a config key (repeatable), e.g. --set train.epochs=3")
+    ap.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY.PATH=VALUE",
+                    help="override config keys (repeatable, several after one --set), e.g. "
+                         "--set train.epochs=3 train.lr=0.05")
     ap.add_argument("--resume", action="store_true",
                     help="continue from the newest complete checkpoint in checkpoint.dir")
     ap.add_argument("--overwrite", action="store_true",
                     help="start afresh even though checkpoint.dir holds checkpoints: delete them first")
+    if extra:
+        extra(ap)
     return ap.parse_args(argv)
 
 

@@ -82,7 +82,7 @@ RESUME_MAY_CHANGE = (
     "data.root", "data.preprocess_threads",
     "train.max_steps", "train.eval_every_epochs", "train.eval_workers",
     "checkpoint.dir", "checkpoint.every_epochs",
-    "log.dir", "log.every_steps",
+    "log.dir", "log.every_steps", "log.tensorboard",
 )
 RESUME_MUST_MATCH = (
     "seed", "cluster.workers", "cluster.servers",

@@ -311,6 +311,9 @@ SCHEMA = {
     "log": {
         "dir": Field(str, "runs"),
         "every_steps": Field(int, 10, min=1),
+        "tensorboard": Field(bool, True,
+                             doc="rank 0 also writes its scalars (loss, accuracy, images/s, bytes, lr) as "
+                                 "TensorBoard event files in the run folder's tensorboard/ (tensorboardX)"),
     },
 }
 

@@ -30,27 +30,49 @@ def read_metrics(directory, rank=0):
         return [json.loads(line) for line in f]
 
 
+TENSORBOARD_DIR = "tensorboard"
+# Metrics record key -> TensorBoard tag (the scalars worth a curve; x axis: the global step).
+TENSORBOARD_TAGS = {"loss": "train/loss", "images_per_sec": "speed/images_per_sec", "lr": "train/lr",
+                    "push_bytes": "traffic/push_bytes_per_step", "pull_bytes": "traffic/pull_bytes_per_step",
+                    "staleness": "train/staleness", "compute_seconds": "speed/compute_seconds_per_step",
+                    "client_seconds": "speed/client_seconds_per_step", "test_acc": "eval/test_acc",
+                    "val_acc": "eval/val_acc", "epoch_seconds": "speed/epoch_seconds"}
+
+
 class MetricsLog:
     """One JSON object per line. Rank 0 writes metrics.jsonl, rank r>0 metrics.rank<r>.jsonl.
 
     keep_until_step: a resumed run's log keeps the records up to the checkpoint's step (and those
-    without a step) and appends after them, so every step is recorded once, across any resumes."""
+    without a step) and appends after them, so every step is recorded once, across any resumes.
+    tensorboard: also write the TENSORBOARD_TAGS scalars as TensorBoard events (a resumed run adds an
+    event file; a failed attempt's steps after its checkpoint stay in the older one)."""
 
-    def __init__(self, directory, rank, keep_until_step=None):
+    def __init__(self, directory, rank, keep_until_step=None, tensorboard=False):
         self.rank = rank
         self.path = os.path.join(directory, metrics_file(rank))
         if keep_until_step is not None and os.path.exists(self.path):
             _keep_records(self.path, keep_until_step)
         self.file = open(self.path, "w" if keep_until_step is None else "a")
+        self.tensorboard = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+            self.tensorboard = SummaryWriter(os.path.join(directory, TENSORBOARD_DIR), flush_secs=10)
 
     def write(self, **record):
         record.setdefault("rank", self.rank)
         record.setdefault("time", round(time.time(), 3))
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
+        if self.tensorboard is not None and isinstance(record.get("step"), int):
+            for key, tag in TENSORBOARD_TAGS.items():
+                value = record.get(key)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self.tensorboard.add_scalar(tag, value, record["step"], walltime=record["time"])
 
     def close(self):
         self.file.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
 
 def _keep_records(path, last_step):

@@ -262,7 +262,8 @@ def _start_run(cfg, resume, overwrite):
         if rank == 0:
             print(f"resuming from {resume_dir}: {start_epoch} epochs, {step} steps done", flush=True)
     # A resumed run appends to its metrics, dropping what a failed attempt logged after the checkpoint.
-    log = MetricsLog(out_dir, rank, keep_until_step=step if resume else None)
+    log = MetricsLog(out_dir, rank, keep_until_step=step if resume else None,
+                     tensorboard=cfg.log.tensorboard and rank == 0)
     schedule = schedule_from_config(cfg.train, steps_per_epoch)
     client = make_client(cfg, kv, params, schedule, log, total_steps=total_steps, steps_per_epoch=steps_per_epoch,
                          measure_backward=lambda: _time_backward(net, loss_fn, data.train, params))
@@ -356,8 +357,21 @@ def _log_steps(run, counters, epoch, step, loss, rec):
         print(f"epoch {epoch} step {step}/{run.total_steps} loss {mean_loss:.4f} "
               f"{ips:.1f} img/s push {human_bytes(w['push'] / w['n'])}/step "
               f"pull {human_bytes(w['pull'] / w['n'])}/step "
-              f"staleness {rec.staleness}", flush=True)
+              f"staleness {rec.staleness}, {_progress(run, step, now)}", flush=True)
     counters.new_window(now)
+
+
+def _clock(seconds):
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _progress(run, step, now):
+    """'41% 0:02:10 elapsed, ETA 0:03:07': this attempt's pace so far (its evaluations included)
+    applied to the steps left."""
+    done, elapsed = step - run.step, now - run.t_start
+    eta = elapsed / done * (run.total_steps - step) if done else 0.0
+    return f"{100 * step // max(1, run.total_steps)}% {_clock(elapsed)} elapsed, ETA {_clock(eta)}"
 
 
 def _end_epoch(run, counters, epoch, step, epoch_seconds):

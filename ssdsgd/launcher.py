@@ -81,6 +81,29 @@ class Host(NamedTuple):
     python: Optional[str] = None
 
 
+HOST_LIST = re.compile(r'[A-Za-z0-9_.-]+(:\d+)?(,[A-Za-z0-9_.-]+(:\d+)?)*')
+
+
+def is_host_list(spec):
+    """`h1:2,h2:2` or `h1,h2` (not a file of that name): a bare single name stays a host file's name, so a
+    missing file is reported as such."""
+    return not os.path.isfile(spec) and bool(HOST_LIST.fullmatch(spec)) and (',' in spec or ':' in spec)
+
+
+def read_hosts(spec):
+    """-H: a host file, or a list as horovodrun and mpirun take it (is_host_list): host:slots,
+    comma-separated."""
+    if not is_host_list(spec):
+        return read_hostfile(spec)
+    hosts = []
+    for item in spec.split(','):
+        name, _, slots = item.partition(':')
+        if slots and int(slots) < 1:
+            raise UsageError(f'-H {spec}: {item} has no slots (host:N takes N >= 1)')
+        hosts.append(Host(name, slots=int(slots) if slots else 1))
+    return hosts
+
+
 def read_hostfile(path):
     """Return [Host] from a host file; '#' starts a comment. `slots=N` is the MPI-style count of
     processes the host takes before the next host gets one (default 1)."""
@@ -259,7 +282,7 @@ def _plan(command, num_workers, num_servers, launcher, hostfile, env, port, inte
     elif launcher == 'ssh':
         if not hostfile:
             raise UsageError('--launcher ssh needs -H HOSTFILE')
-        hosts = read_hostfile(hostfile)
+        hosts = read_hosts(hostfile)
         if not interface:
             raise UsageError('--launcher ssh needs --interface (the network the hosts reach this machine on)')
         root_uri = interface_ip(interface)
@@ -717,7 +740,8 @@ def _parser():
     p.add_argument('-s', '--num-servers', type=int, help='number of servers (default: the number of workers)')
     p.add_argument('--launcher', choices=('local', 'ssh'), default='local')
     p.add_argument('-H', '--hostfile',
-                   help='ssh launcher: one `host[:sshport] [slots=N] [interface=IF] [python=PATH]` per line')
+                   help='ssh launcher: a file with one `host[:sshport] [slots=N] [interface=IF] [python=PATH]` a '
+                        'line, or a list `h1:2,h2:2` (host:slots, as horovodrun and mpirun take it)')
     p.add_argument('--env', type=lambda t: _env_item(t, allow_name=True), action='append', default=[],
                    metavar='K=V|NAME', help='environment variable for every process; a bare NAME passes its '
                                             'value from here (repeat for more)')

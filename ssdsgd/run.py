@@ -7,6 +7,7 @@ import os
 import sys
 
 from ssdsgd.config import ROOTED_DATASETS
+from ssdsgd.launcher import is_host_list
 from ssdsgd.train import config_from_args, parse_args
 
 
@@ -34,7 +35,7 @@ def preflight(cfg, read_data=True):
     if cfg.cluster.launcher == "ssh":
         for key in ("hostfile", "ssh_identity", "ssh_config"):
             path = getattr(cfg.cluster, key)
-            if path and not os.path.isfile(path):
+            if path and not os.path.isfile(path) and not (key == "hostfile" and is_host_list(path)):
                 return f"cluster.{key}: file {path} does not exist"
     return None
 

@@ -434,6 +434,21 @@ def test_mpi_slots_placement():
         ('server 0', 'a'), ('worker 0', 'a'), ('worker 1', 'b'), ('worker 2', 'a')]
 
 
+def test_host_list_as_horovodrun_and_mpirun_take_it(tmp_path, monkeypatch):
+    """-H h1:2,h2:2 is host:slots, comma-separated; a file of that name, or a single bare name, is a host file."""
+    monkeypatch.chdir(tmp_path)
+    assert launch.read_hosts('h1:2,h2') == [Host('h1', slots=2), Host('h2')]
+    assert launch.read_hosts('h1:3') == [Host('h1', slots=3)]
+    with pytest.raises(UsageError, match='cannot read hostfile hosts'):
+        launch.read_hosts('hosts')                              # a missing host file stays one
+    (tmp_path / 'a,b').write_text('c slots=2\n')
+    assert launch.read_hosts('a,b') == [Host('c', slots=2)]
+    with pytest.raises(UsageError, match='h1:0 has no slots'):
+        launch.read_hosts('h1:0,h2')
+    planned = build_ssh_commands(['true'], launch.read_hosts('a:2,b'), 2, 1, {}, '/')
+    assert [(name, argv[-2]) for name, argv, _ in planned] == [('server 0', 'a'), ('worker 0', 'a'), ('worker 1', 'b')]
+
+
 def test_ssh_usage_errors(tmp_path, capsys):
     missing = str(tmp_path / 'no-such-hostfile')
     assert run_job(['true'], 1, 1, launcher='ssh', hostfile=missing, interface='lo') == 2

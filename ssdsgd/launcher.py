@@ -471,7 +471,14 @@ def _stalled_culprit(workers):
     for w in running:
         if not w.ssh and _group_states(w.popen.pid) & {'T', 't'}:
             return w, ': its process is stopped (SIGSTOP or SIGTSTP); the other workers wait for it'
-    return max(running, key=lambda w: w.idle_seconds()), ''
+    culprit = max(running, key=lambda w: w.idle_seconds())
+    if culprit.ssh:
+        # Every process is up (a dead one is reported first) and none is stopped that we can see: a link
+        # that drops large packets or a firewall stalls the job just so (ps-lite retries nothing).
+        return culprit, (f' (every role is still running: check the network between the hosts and their '
+                         f'firewalls; `ping -M do -s 1472 {culprit.host}` sends the largest packet a 1500-byte '
+                         f'MTU carries)')
+    return culprit, ''
 
 
 def _describe_exit(returncode):

@@ -75,6 +75,23 @@ class MetricsLog:
             self.tensorboard.close()
 
 
+CSV_FILE = "metrics.csv"
+CSV_COLUMNS = ["time", "epoch", "step", "loss", "images_per_sec", "push_bytes", "pull_bytes", "lr", "staleness",
+               "wait_seconds", "compute_seconds", "client_seconds", "residual_norm", "test_acc", "val_acc",
+               "epoch_seconds", "eval_seconds"]
+
+
+def write_metrics_csv(directory):
+    """metrics.csv from rank 0's metrics.jsonl (its step and evaluation lines; written at the end of a
+    run, so it holds the whole history across resumes): one row per line, CSV_COLUMNS."""
+    import csv
+    with open(os.path.join(directory, CSV_FILE + ".tmp"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(r for r in read_metrics(directory) if "loss" in r or "epoch_seconds" in r)
+    os.replace(os.path.join(directory, CSV_FILE + ".tmp"), os.path.join(directory, CSV_FILE))
+
+
 def _keep_records(path, last_step):
     """Rewrite a metrics file (atomically) without the records of steps after last_step. A line that
     does not parse (a write cut short by a crash) is dropped."""

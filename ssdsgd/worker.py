@@ -421,7 +421,8 @@ def _evaluate_if_due(run, counters, epoch, step, epoch_seconds):
 
 def _finish_run(run, counters, step, epochs_run, t_start):
     """The final weights (rank 0), every worker's part file, then rank 0's summary."""
-    from ssdsgd.metrics import FINAL_PARAMS_FILE, SUMMARY_FILE, summary_table, worker_part_file, write_json_atomic
+    from ssdsgd.metrics import (FINAL_PARAMS_FILE, SUMMARY_FILE, summary_table, worker_part_file, write_json_atomic,
+                                write_metrics_csv)
     rank, out_dir = run.kv.rank, run.out_dir
     checkpoint = None
     if rank == 0:
@@ -436,6 +437,7 @@ def _finish_run(run, counters, step, epochs_run, t_start):
         parts = [json.load(open(os.path.join(out_dir, worker_part_file(r)))) for r in range(run.kv.num_workers)]
         wall = counters.earlier_wall_seconds + time.perf_counter() - t_start
         summary = summarize(run.cfg, run, counters, parts, step, epochs_run, wall, checkpoint)
+        write_metrics_csv(out_dir)
         write_json_atomic(os.path.join(out_dir, SUMMARY_FILE), summary)
         print(summary_table(summary), flush=True)
         print(f"run folder: {out_dir}", flush=True)

@@ -1,5 +1,6 @@
 """Watching a run: rank 0's progress lines carry the percentage, the elapsed time and an ETA, and its
 scalars are in TensorBoard event files that read back to the metrics.jsonl values."""
+import csv
 import glob
 import os
 import re
@@ -44,3 +45,7 @@ def test_progress_eta_and_tensorboard_scalars(tmp_path):
     assert [s for s, _ in scalars["eval/test_acc"]] == [s for s, _ in accs] == [22, 44]
     assert [v for _, v in scalars["eval/test_acc"]] == pytest.approx([v for _, v in accs], rel=1e-6)
     assert {"speed/images_per_sec", "traffic/push_bytes_per_step", "train/lr"} <= set(scalars)
+    with open(os.path.join(job.run_dir, "metrics.csv")) as f:          # the same lines as CSV
+        rows = list(csv.DictReader(f))
+    assert [(int(r["step"]), float(r["loss"])) for r in rows if r["loss"]] == losses
+    assert [(int(r["step"]), float(r["test_acc"])) for r in rows if r["test_acc"]] == accs

@@ -204,17 +204,19 @@ def main(argv=None):
     os.makedirs(out, exist_ok=True)
     write_manifest(out, [CONFIG], finished=False, settings=SETTINGS)
     marker = os.path.join(out, "runs")
+    scratch = tempfile.mkdtemp(prefix="ssdsgd-chaos-")      # checkpoints: megabytes, not results
     t0 = time.monotonic()
     sets = SETTINGS + [f"train.epochs={args.epochs}", f"seed={args.seed}",
-                       f"checkpoint.dir={os.path.join(out, 'reference_ck')}"]
+                       f"checkpoint.dir={os.path.join(scratch, 'reference_ck')}"]
     ref = subprocess.run(job_command(CONFIG, "reference", marker, sets), cwd=ROOT, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, env=dict(os.environ, OMP_NUM_THREADS="1", **SLOW_WORKER))
     if ref.returncode != 0:
         print(ref.stdout[-3000:], file=sys.stderr)
+        shutil.rmtree(scratch, ignore_errors=True)
         return 1
     reference, ref_seconds = run_folder(ref.stdout, marker, "reference"), time.monotonic() - t0
     disk = small_disk()
-    ck = os.path.join(disk, "ck") if disk else os.path.join(out, "chaos_ck")
+    ck = os.path.join(disk, "ck") if disk else os.path.join(scratch, "chaos_ck")
     try:
         job, faults, seconds = chaos(args, out, ck, disk, reference)
         problems = check(job, faults, reference, marker)
@@ -224,6 +226,7 @@ def main(argv=None):
         if disk:
             subprocess.run(["umount", "-l", disk])
             os.rmdir(disk)
+        shutil.rmtree(scratch, ignore_errors=True)
     with open(os.path.join(out, "faults.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["fault", "kind", "target", "at_seconds", "epochs_saved",
                                           "seconds_to_restart", "seconds_to_next_checkpoint"])

@@ -85,11 +85,13 @@ MANIFEST = "manifest.json"      # how a results folder was made, written by the 
 
 
 def _git(*args):
+    """git's output in the repository ('' when it printed nothing), or None when git could not say."""
     try:
-        return subprocess.run(["git", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                              text=True, timeout=30).stdout.strip() or None
+        proc = subprocess.run(["git", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
 
 
 def machine():
@@ -123,7 +125,7 @@ def write_manifest(out, configs, **extra):
             texts[os.path.relpath(os.path.abspath(path), ROOT)] = f.read()
     status = _git("status", "--porcelain", "--untracked-files=no")
     manifest = {"command": [os.path.relpath(sys.argv[0], ROOT) if sys.argv[0] else "", *sys.argv[1:]],
-                "cwd": os.getcwd(), "configs": texts, "commit": _git("rev-parse", "HEAD"),
+                "cwd": os.getcwd(), "configs": texts, "commit": _git("rev-parse", "HEAD") or None,
                 "uncommitted_changes": bool(status) if status is not None else None,
                 "machine": machine(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}
     with open(os.path.join(out, MANIFEST), "w") as f:

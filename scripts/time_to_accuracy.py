@@ -279,9 +279,9 @@ def main():
     print(text)
     write_manifest(out, used, finished=True, rate_mbit=args.rate, jobs=len(jobs),
                    failed=sum(j["rc"] != 0 for j in jobs))
-    ok = [j["run_dir"] for j in jobs if j["rc"] == 0 and os.path.isdir(j["run_dir"])]
-    if ok:
-        subprocess.call([sys.executable, os.path.join(HERE, "plot.py"), "--runs", *ok, "--out", out])
+    if evals:
+        subprocess.call([sys.executable, os.path.join(HERE, "plot.py"), "--evals", os.path.join(out, "evals.csv"),
+                         "--title", f"{SUITES[args.suite][0]} at {args.rate:g} Mbit/s", "--out", out])
     return 0 if all(j["rc"] == 0 for j in jobs) else 1
 
 

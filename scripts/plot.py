@@ -99,7 +99,7 @@ def _bar_chart(rows, field, fallback=None, scale=1.0, value_fmt="%.0f"):
     algs, rates, labels, values = _grouped(rows, field, fallback)
     if not values:
         return None
-    fig, ax = _figure(4.5 + 0.42 * len(algs) * len(rates), 4.8)
+    fig, ax = _figure(max(7.0, 1.5 + 0.42 * len(algs) * len(rates)), 5.2)
     width = 0.8 / max(1, len(algs))
     for i, alg in enumerate(algs):
         xs, ys, lo, hi = [], [], [], []
@@ -123,10 +123,10 @@ def _bar_chart(rows, field, fallback=None, scale=1.0, value_fmt="%.0f"):
     return fig, ax
 
 
-def _finish_bars(fig, ax, title, ylabel):
-    ax.set_title(title + "\nmedian over repeats; error bars: min to max", fontsize=11)
+def _finish_bars(fig, ax, title, ylabel, note="median over repeats"):
+    ax.set_title(f"{title}\n{note}; error bars: min to max", fontsize=11)
     ax.set_ylabel(ylabel)
-    fig.legend(loc="outside right upper", fontsize=8)           # beside the bars, never over them
+    fig.legend(loc="outside lower center", ncols=3, fontsize=8)  # below the bars, never over them
 
 
 def _field(rows, steady, whole):
@@ -163,8 +163,8 @@ def bytes_figure(rows):
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
     which = "steady-state window" if field.startswith("steady") else "whole job incl. start-up"
-    _finish_bars(fig, ax, f"Loopback bytes sent per training step, all workers ({which})",
-                 "kernel bytes per step (MB, log scale)")
+    _finish_bars(fig, ax, "Loopback bytes sent per training step, all workers",
+                 "kernel bytes per step (MB, log scale)", f"{which}, median over repeats")
     return fig
 
 
@@ -173,7 +173,8 @@ def rss_figure(rows):
     if made is None:
         return None
     fig, ax = made
-    _finish_bars(fig, ax, "Worker peak resident memory (VmHWM, max over workers)", "peak RSS of a worker (MB)")
+    _finish_bars(fig, ax, "Worker peak resident memory", "peak RSS of a worker (MB)",
+                 "VmHWM, max over workers, median over repeats")
     return fig
 
 

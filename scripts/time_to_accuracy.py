@@ -27,6 +27,7 @@ other runs of the machine.
 import argparse
 import csv
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -277,11 +278,13 @@ def main():
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(text + "\n")
     print(text)
+    plot = ["python", "scripts/plot.py", "--evals", os.path.join(os.path.relpath(out, ROOT), "evals.csv"),
+            "--title", f"{SUITES[args.suite][0]} at {args.rate:g} Mbit/s", "--out", os.path.relpath(out, ROOT)]
+    names = ["accuracy_vs_time.png", "accuracy_vs_train_time.png", "accuracy_vs_epoch.png"]
     write_manifest(out, used, finished=True, rate_mbit=args.rate, jobs=len(jobs),
-                   failed=sum(j["rc"] != 0 for j in jobs))
+                   failed=sum(j["rc"] != 0 for j in jobs), plots={n: shlex.join(plot) for n in names} if evals else {})
     if evals:
-        subprocess.call([sys.executable, os.path.join(HERE, "plot.py"), "--evals", os.path.join(out, "evals.csv"),
-                         "--title", f"{SUITES[args.suite][0]} at {args.rate:g} Mbit/s", "--out", out])
+        subprocess.call([sys.executable, *plot[1:]], cwd=ROOT)
     return 0 if all(j["rc"] == 0 for j in jobs) else 1
 
 

@@ -15,7 +15,7 @@ from ssdsgd.config import SCHEMA
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT_ROOTS = ("results", "bench_results")
 # Paths the README shows as examples of files a user would add; they are not meant to exist.
-EXAMPLE_PATHS = {"ssdsgd/compression/maxk.py"}
+EXAMPLE_PATHS = {"ssdsgd/compression/maxk.py", "ssdsgd/algorithms/toy.py"}   # the extending examples
 
 
 def _read(rel):

@@ -20,9 +20,11 @@ from ssdsgd.config import load_config
 
 
 def readme_example(first_line):
-    """The README's python block that starts with `first_line`, as a module."""
-    with open(os.path.join(ROOT, "README.md")) as f:
-        blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    """The python block of README.md or docs/design.md that starts with `first_line`, as a module."""
+    blocks = []
+    for doc in ("README.md", os.path.join("docs", "design.md")):
+        with open(os.path.join(ROOT, doc)) as f:
+            blocks += re.findall(r"```python\n(.*?)```", f.read(), re.S)
     (code,) = [b for b in blocks if b.startswith(first_line)]
     module = types.ModuleType("readme_" + first_line.split("/")[-1].split(".")[0])
     exec(compile(code, f"README.md ({first_line})", "exec"), module.__dict__)

@@ -58,9 +58,13 @@ def test_imagenet_recordio_trains_evaluates_and_resumes(tmp_path, hybridize):
     """The issue's reproduction, smaller: 64 + 20 images of 32x32 in 10 classes; it crashed at the
     first step (batches on cpu_pinned(0)) hybridized, and at the evaluation when not."""
     root = write_imagenet(tmp_path / "data", 32, 64, 20)
-    train_checkpoint_resume(tmp_path, SSGD, "data.dataset=imagenet", f"data.root={root}", "data.shape=[3,32,32]",
-                            "data.num_classes=10", "train.batch_size=8", f"model.hybridize={hybridize}",
-                            "data.preprocess_threads=1", steps_per_epoch=4)
+    sets = ["data.dataset=imagenet", f"data.root={root}", "data.shape=[3,32,32]", "data.num_classes=10",
+            "train.batch_size=8", f"model.hybridize={hybridize}", "data.preprocess_threads=1"]
+    if hybridize:                   # checkpoint and resume once; the imperative net trains and evaluates
+        train_checkpoint_resume(tmp_path, SSGD, *sets, steps_per_epoch=4)
+    else:
+        job = run_job(tmp_path, SSGD, *FAST, *sets, "train.epochs=1", f"checkpoint.dir={tmp_path / 'ck'}")
+        assert check_finished(job)["steps"] == 4
 
 
 @pytest.mark.timeout(200)

@@ -16,9 +16,8 @@ import os
 import statistics
 import sys
 
-from results_io import (job_command, job_name, job_summary, run_captured, run_folder, write_csv, write_manifest,
-                        write_text)
-from ssdsgd.metrics import ACC_TAG, final_acc
+from results_io import (job_command, job_name, job_summary, run_captured, run_folder, summary_row, write_csv,
+                        write_manifest, write_text)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -110,12 +109,7 @@ def run(label, config, sets, seed, out):
     s = job_summary(proc, run_folder(proc.stdout, os.path.join(out, "runs"), name))
     if s is None:
         return {"variant": label, "seed": seed, "rc": proc.returncode}
-    acc, eval_set = final_acc(s)
-    tag = ACC_TAG[eval_set]
-    return {"variant": label, "seed": seed, "rc": 0, "eval_set": eval_set, "final_acc": acc,
-            "best_acc": s[f"best_{tag}_acc"], "images_per_sec": s["images_per_sec"],
-            "push_bytes_per_step": s["bytes_per_step"]["push"], "pull_bytes_per_step": s["bytes_per_step"]["pull"],
-            "max_staleness": s["max_staleness"], "mean_staleness": s["mean_staleness"], "steps": s["steps"]}
+    return {"variant": label, "seed": seed, "rc": 0, **summary_row(s)}
 
 
 def _staleness(rows):

@@ -17,8 +17,8 @@ import subprocess
 import sys
 import time
 
-from results_io import MANIFEST, job_command, job_name, run_folder, write_csv, write_manifest, write_text
-from ssdsgd.metrics import ACC_TAG, final_acc, read_metrics, read_summary
+from results_io import MANIFEST, job_command, job_name, run_folder, summary_row, write_csv, write_manifest, write_text
+from ssdsgd.metrics import ACC_TAG, read_metrics, read_summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUITES = {"cifar10": "cifar10_resnet20", "imagenet": "imagenet_resnet50", "fmnist": "fmnist_resnet20"}
@@ -62,11 +62,7 @@ def run_job(label, config, seed, sets, out):
            "log": os.path.relpath(log_path, out)}
     if proc.returncode != 0 or not os.path.exists(os.path.join(folder, "summary.json")):
         return row
-    s = read_summary(folder)
-    acc, eval_set = final_acc(s)
-    return dict(row, eval_set=eval_set, final_acc=acc, best_acc=s[f"best_{ACC_TAG[eval_set]}_acc"],
-                images_per_sec=s["images_per_sec"], wall_seconds=s["wall_seconds"], steps=s["steps"],
-                push_bytes_per_step=s["bytes_per_step"]["push"], pull_bytes_per_step=s["bytes_per_step"]["pull"])
+    return dict(row, **summary_row(read_summary(folder)))
 
 
 def table(rows):

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 
-from ssdsgd.metrics import read_summary
+from ssdsgd.metrics import ACC_TAG, final_acc, read_summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,6 +56,15 @@ def job_summary(proc, run_dir):
         print(proc.stdout[-3000:], file=sys.stderr)
         return None
     return read_summary(run_dir)
+
+
+def summary_row(s):
+    """A job's figures for a table's CSV row, from its summary.json dict."""
+    acc, eval_set = final_acc(s)
+    return {"eval_set": eval_set, "final_acc": acc, "best_acc": s[f"best_{ACC_TAG[eval_set]}_acc"],
+            "images_per_sec": s["images_per_sec"], "wall_seconds": s["wall_seconds"], "steps": s["steps"],
+            "push_bytes_per_step": s["bytes_per_step"]["push"], "pull_bytes_per_step": s["bytes_per_step"]["pull"],
+            "max_staleness": s["max_staleness"], "mean_staleness": s["mean_staleness"]}
 
 
 def read_jsonl(path):

@@ -415,6 +415,8 @@ def _resolve_auto(c):
     null, one epoch, is resolved where the epoch's length is known: ssd_warmup_steps.)"""
     alg, comp = c["algorithm"], c["compression"]
     sparsifier = is_sparsifier(comp["type"])
+    if alg["max_staleness"] is None:
+        alg["max_staleness"] = alg["delay"]
     if alg["local"]["lr_scale"] is None:
         alg["local"]["lr_scale"] = 4.0 if alg["local"]["optimizer"] == "glu" else float(c["cluster"]["workers"])
     if comp["momentum_correction"] is None:
@@ -533,8 +535,6 @@ def load_config(path, overrides=()):
     _check_consistency(data)
     if data["name"] is None:
         data["name"] = os.path.splitext(os.path.basename(path))[0]
-    if data["algorithm"]["max_staleness"] is None:
-        data["algorithm"]["max_staleness"] = data["algorithm"]["delay"]
     return Config(data)
 
 

@@ -174,16 +174,15 @@ def planned_steps(cfg, steps_per_epoch):
 
 
 def _read_summary(run_dir):
-    from ssdsgd.metrics import SUMMARY_FILE
-    path = os.path.join(run_dir, SUMMARY_FILE)
-    if not os.path.exists(path):
-        return None
+    """The run folder's summary.json: None if there is none, {} if it cannot be read as an object."""
+    from ssdsgd.metrics import read_summary
     try:
-        with open(path) as f:
-            summary = json.load(f)
-        return summary if isinstance(summary, dict) else {}
+        summary = read_summary(run_dir)
+    except FileNotFoundError:
+        return None
     except (OSError, ValueError):
         return {}
+    return summary if isinstance(summary, dict) else {}
 
 
 def finished_message(run_dir, cfg):
@@ -228,8 +227,9 @@ def prepare(cfg, resume, overwrite, what, log=print):
     (new_run_folder); a resume continues in the folder of the run it resumes (recorded in the
     checkpoint), or a new one if that folder is gone. A fresh run into a checkpoint.dir that already
     holds checkpoints is refused unless overwrite, which removes them first. RunFinished if a resume
-    has nothing left to train. On refusal nothing is left behind: folders this call created are removed."""
-    from ssdsgd.checkpoint import CheckpointError, resume_point
+    has nothing left to train, FolderError or CheckpointError if the job cannot start. On refusal
+    nothing is left behind: folders this call created are removed."""
+    from ssdsgd.checkpoint import resume_point
     if resume and overwrite:
         raise FolderError("--resume and --overwrite contradict each other: --resume continues the "
                           "checkpoints in checkpoint.dir, --overwrite deletes them")
@@ -244,10 +244,7 @@ def prepare(cfg, resume, overwrite, what, log=print):
             held.append(lock(root, what, "checkpoint.dir"))
             _check_checkpoints(root, resume, overwrite, log)
         if resume:
-            try:
-                run_dir = resumed_run_folder(resume_point(cfg)[1])
-            except CheckpointError as err:
-                raise FolderError(str(err)) from None
+            run_dir = resumed_run_folder(resume_point(cfg)[1])      # CheckpointError if it cannot be resumed
             if run_dir is None:
                 log("--resume: the run folder of the checkpoint's run is gone; the resumed run writes a new one")
         if run_dir is None:

@@ -42,8 +42,8 @@ def preflight(cfg, read_data=True):
 
 def take_folders(cfg, args):
     """Lock checkpoint.dir and the run folder (new, or the resumed run's), clean what interrupted saves
-    left, check the checkpoint to resume from: (held locks, run folder). FolderError (RunFinished for
-    a resume with nothing left to train) if the job cannot start."""
+    left, check the checkpoint to resume from: (held locks, run folder); a JobError (RunFinished for a
+    resume with nothing left to train) if the job cannot start."""
     from ssdsgd.folders import prepare
     what = "python -m ssdsgd.run --config " + args.config
     return prepare(cfg, args.resume, args.overwrite, what)
@@ -85,14 +85,15 @@ def main(argv=None):
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    from ssdsgd.folders import FolderError, RunFinished, make_private, release
+    from ssdsgd.errors import JobError
+    from ssdsgd.folders import RunFinished, make_private, release
     make_private()                  # run and checkpoint folders: 0700, files 0600 (roles inherit it)
     try:
         held, run_dir = take_folders(cfg, args)
     except RunFinished as done:
         print(f"run: {done}", file=sys.stderr)
         return 0
-    except FolderError as err:
+    except JobError as err:                # a folder in use, a checkpoint that cannot be resumed, ...
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"run folder: {run_dir}", flush=True)

@@ -239,7 +239,7 @@ def _start_run(cfg, resume, overwrite):
     rank, nworkers = kv.rank, kv.num_workers
     if nworkers != cfg.cluster.workers:
         raise RuntimeError(f"cluster.workers is {cfg.cluster.workers} but the job has {nworkers} workers")
-    held, out_dir = _prepare_run_folder(cfg, kv, resume, overwrite)
+    held, out_dir, point = _prepare_run_folder(cfg, kv, resume, overwrite)
     data = data_from_config(cfg, rank, nworkers)
     steps_per_epoch = data.train.steps_per_epoch
     total_steps = cfg.train.epochs * steps_per_epoch
@@ -252,7 +252,7 @@ def _start_run(cfg, resume, overwrite):
 
     resume_dir, start_epoch, step, saved, manifest, saved_counters = None, 0, 0, None, None, None
     if resume:
-        resume_dir, manifest = ckpt.resume_point(cfg)
+        resume_dir, manifest = point
         arrays, meta = ckpt.load_npz(os.path.join(resume_dir, ckpt.worker_file(rank)))
         _load_net_state(net, params, arrays)
         saved = (arrays, meta)
@@ -281,33 +281,35 @@ def _start_run(cfg, resume, overwrite):
 
 
 def _prepare_run_folder(cfg, kv, resume, overwrite):
-    """(folder locks, run folder). Under ssdsgd.run the front end chose the run folder and holds the
-    locks (SSDSGD_RUN_DIR); under another launcher rank 0 does both (folders.prepare, locks held until
-    this process ends) and the other workers, after a barrier, take the folder the resumed checkpoint
-    records or the one `latest` points at. Rank 0 writes the run's config: config.yaml for a new run,
-    config.resume-step<N>.yaml for each resume (the first one stays)."""
+    """(folder locks, run folder, the verified checkpoint to resume from or None). Under ssdsgd.run the
+    front end chose the run folder and holds the locks (SSDSGD_RUN_DIR); under another launcher rank 0
+    does both (folders.prepare, locks held until this process ends) and the other workers, after a
+    barrier, take the folder the resumed checkpoint records or the one `latest` points at. Rank 0 writes
+    the run's config: config.yaml for a new run, config.resume-step<N>.yaml for each resume (the first
+    one stays)."""
     from ssdsgd import folders
     from ssdsgd.checkpoint import resume_point
     from ssdsgd.config import dump_config
     from ssdsgd.metrics import CONFIG_FILE
-    held, out_dir = [], os.environ.get(RUN_DIR_ENV)
+    held, out_dir, point = [], os.environ.get(RUN_DIR_ENV), None
     if not os.environ.get(LOCKED_ENV):
         # Started by another launcher than ssdsgd.run: nobody opens a file in the run folder before
         # rank 0 has chosen it and holds the locks.
         if kv.rank == 0:
             held, out_dir = folders.prepare(cfg, resume, overwrite, "rank 0 of a job started without ssdsgd.run")
         kv._barrier()
-        if kv.rank != 0:
-            out_dir = (folders.resumed_run_folder(resume_point(cfg)[1]) if resume else None) \
-                or folders.latest_run_folder(cfg)
+    if resume:
+        point = resume_point(cfg)              # (folder, manifest), verified once per worker
+    if not os.environ.get(LOCKED_ENV) and kv.rank != 0:
+        out_dir = (folders.resumed_run_folder(point[1]) if resume else None) or folders.latest_run_folder(cfg)
     if not out_dir or not os.path.isdir(out_dir):
         raise RuntimeError(f"the run folder {out_dir!r} does not exist (the front end or rank 0 makes it)")
     if kv.rank == 0:
         name = CONFIG_FILE
         if resume:
-            name = f"config.resume-step{resume_point(cfg)[1]['step']}.yaml"
+            name = f"config.resume-step{point[1]['step']}.yaml"
         dump_config(cfg, os.path.join(out_dir, name))
-    return held, out_dir
+    return held, out_dir, point
 
 
 def _print_start(run, steps_per_epoch):

@@ -48,9 +48,9 @@ from ssdsgd.metrics import read_metrics, read_summary
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "demo_digits_ssd_topk.yaml")
 # Strict mode (every round waits for every worker: the result does not depend on timing), one buffer
-# (no link-cost plan), short failure detection.
+# (no link-cost plan), short failure detection (each site adds its stall timeout).
 SETTINGS = ["algorithm.strict=true", "compression.buffers=one", "checkpoint.every_epochs=1",
-            "cluster.stall_timeout=30", "cluster.server_timeout=10", "log.every_steps=11"]
+            "cluster.server_timeout=10", "log.every_steps=11"]
 SLOW_WORKER = {"SSDSGD_TEST_FAULT": "slow:1:0.03"}    # a longer epoch: time to hit the job between saves
 KINDS = ("kill", "stop", "pause", "disk", "blip", "cut")
 LOOPBACK_KINDS = ("kill", "stop", "disk")             # the loopback run's default
@@ -110,6 +110,7 @@ def wait_until(test, seconds, what, job):
 class Loopback:
     """Every role on this machine (the launcher's local mode)."""
     cluster = False
+    settings = SETTINGS + ["cluster.stall_timeout=30"]
 
     def __init__(self, marker):
         self.marker = marker
@@ -132,6 +133,9 @@ class Loopback:
 class Cluster:
     """The virtual cluster (see the module docstring); the jobs run from h0 with --launcher ssh."""
     cluster = True
+    # A restarted worker's start (imports, connecting, the roll call, loading the checkpoint) counts
+    # against the stall timeout; over ssh on a busy machine it took more than 30 s.
+    settings = SETTINGS + ["cluster.stall_timeout=60"]
 
     def __init__(self, marker, scratch):
         import vcluster
@@ -265,15 +269,19 @@ def one_fault(i, kind, rng, job, site, disk, t_start):
             else round(to_restart + to_save, 2)}
 
 
-def chaos(args, out, ck, disk, site, kinds):
-    sets = SETTINGS + [f"train.epochs={args.epochs}", f"seed={args.seed}", f"checkpoint.dir={ck}",
+def chaos(args, out, ck, disk, site, kinds, faults):
+    """Run the chaos job, appending each fault's record to `faults`; (job, seconds)."""
+    sets = site.settings + [f"train.epochs={args.epochs}", f"seed={args.seed}", f"checkpoint.dir={ck}",
                        f"cluster.max_restarts={args.faults + 2}"]
     job = Job(site.command("chaos", sets), site.env, os.path.join(out, "chaos.log"), ck)
     rng = random.Random(args.seed)
-    faults, t_start = [], time.monotonic()
+    t_start = time.monotonic()
     try:
         for i, kind in enumerate(draw(rng, kinds, args.faults)):
-            faults.append(one_fault(i, kind, rng, job, site, disk, t_start))
+            try:
+                faults.append(one_fault(i, kind, rng, job, site, disk, t_start))
+            except ChaosError as err:
+                raise ChaosError(f"fault {i + 1} ({kind}): {err}") from None
         job.proc.wait(timeout=1800)
     finally:
         if job.proc.poll() is None:
@@ -281,7 +289,7 @@ def chaos(args, out, ck, disk, site, kinds):
             job.proc.wait()
         job.reader.join(timeout=10)
         job.log.close()
-    return job, faults, time.monotonic() - t_start
+    return job, time.monotonic() - t_start
 
 
 def check(job, faults, reference, site):
@@ -364,7 +372,8 @@ def main(argv=None):
     stop_on_sigterm()       # SIGTERM unwinds: the job is ended, the links brought up, the cluster deleted
     os.makedirs(out, exist_ok=True)
     layout = "virtual cluster, --launcher ssh" if args.cluster else "loopback"
-    write_manifest(out, [CONFIG], finished=False, settings=SETTINGS, layout=layout)
+    settings = (Cluster if args.cluster else Loopback).settings
+    write_manifest(out, [CONFIG], finished=False, settings=settings, layout=layout)
     marker = os.path.join(out, "runs")
     scratch = tempfile.mkdtemp(prefix="ssdsgd-chaos-")      # checkpoints: megabytes, not results
     disk = small_disk()
@@ -389,7 +398,7 @@ def main(argv=None):
         w.writerows(faults)
     text = summary(args, faults, problems, seconds, ref_seconds, disk is not None, layout)
     write_text(os.path.join(out, "summary.md"), text)
-    write_manifest(out, [CONFIG], finished=True, settings=SETTINGS, layout=layout, passed=not problems,
+    write_manifest(out, [CONFIG], finished=True, settings=settings, layout=layout, passed=not problems,
                    faults=len(faults), restarts=sum(f["restarted"] for f in faults))
     print(text)
     return 0 if not problems else 1
@@ -398,19 +407,20 @@ def main(argv=None):
 def run(args, out, scratch, disk, site, kinds):
     """The reference job, then the chaos job and its checks: (problems, faults, seconds, reference seconds)."""
     t0 = time.monotonic()
-    sets = SETTINGS + [f"train.epochs={args.epochs}", f"seed={args.seed}",
-                       f"checkpoint.dir={os.path.join(scratch, 'reference_ck')}"]
+    sets = site.settings + [f"train.epochs={args.epochs}", f"seed={args.seed}",
+                            f"checkpoint.dir={os.path.join(scratch, 'reference_ck')}"]
     ref = subprocess.run(site.command("reference", sets), cwd=ROOT, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, env=site.env)
     if ref.returncode != 0:
         return [f"reference: the uninterrupted job failed (exit {ref.returncode}):\n{ref.stdout[-3000:]}"], [], 0, 0
     reference, ref_seconds = run_folder(ref.stdout, site.marker, "reference"), time.monotonic() - t0
     ck = os.path.join(disk, "ck") if disk else os.path.join(scratch, "chaos_ck")
+    faults, t0 = [], time.monotonic()
     try:
-        job, faults, seconds = chaos(args, out, ck, disk, site, kinds)
+        job, seconds = chaos(args, out, ck, disk, site, kinds, faults)
         problems = check(job, faults, reference, site)
-    except ChaosError as err:
-        problems, faults, seconds = [str(err)], [], 0.0
+    except ChaosError as err:     # the faults injected so far stay in the results
+        problems, seconds = [str(err)], time.monotonic() - t0
     problems += [f"process left: {x}" for x in leftovers(site)]
     return problems, faults, seconds, ref_seconds
 

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from jobs import ROOT, processes_with
 
 import vcluster  # scripts/, on the path through pytest.ini

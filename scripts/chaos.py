@@ -190,11 +190,11 @@ class Cluster:
 def fill(folder):
     """Write zeros into folder/filler until the file system is full."""
     path = os.path.join(folder, "filler")
-    with open(path, "wb") as f:
+    # Unbuffered: a buffered file keeps the tail of the write that failed and raises ENOSPC again at close.
+    with open(path, "wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"\0" * (1 << 20))
-                f.flush()
         except OSError as err:
             if err.errno != errno.ENOSPC:
                 raise

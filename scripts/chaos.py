@@ -3,7 +3,7 @@
 
     sudo python scripts/chaos.py [--faults 10] [--seed 0] [--epochs 40] [--kinds kill stop disk]
         [--out results/chaos]
-    sudo python scripts/chaos.py --cluster [--faults 10] [--epochs 50] [--out results/chaos_cluster]
+    sudo python scripts/chaos.py --cluster [--faults 10] [--epochs 150] [--out results/chaos_cluster]
 
 First an uninterrupted reference job, then the chaos job with a checkpoint every epoch. After each
 checkpoint the job has written since the last fault, one fault at a random moment:
@@ -104,6 +104,8 @@ class Job:
 def wait_until(test, seconds, what, job):
     t0 = time.monotonic()
     while not test():
+        if job.proc.poll() == 0:
+            raise ChaosError(f"the job finished while waiting for {what}: too few --epochs for the faults")
         if job.proc.poll() is not None:
             raise ChaosError(f"the job ended (exit {job.proc.returncode}) while waiting for {what}")
         if time.monotonic() - t0 > seconds:
@@ -355,12 +357,13 @@ def parse_args(argv):
     ap.add_argument("--faults", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0, help="of the training and of the faults")
     ap.add_argument("--epochs", type=int, default=None,
-                    help="enough for a checkpoint between faults (default 40, with --cluster 50)")
+                    help="enough for the faults (default 40, with --cluster 150: a pause or a blip is followed "
+                         "by 15 s without a fault, many epochs on an idle machine)")
     ap.add_argument("--kinds", nargs="+", choices=KINDS, default=None,
                     help=f"faults to draw from (default {' '.join(LOOPBACK_KINDS)}, with --cluster all)")
     ap.add_argument("--out", default=None, help="default results/chaos, with --cluster results/chaos_cluster")
     args = ap.parse_args(argv)
-    args.epochs = args.epochs or (50 if args.cluster else 40)
+    args.epochs = args.epochs or (150 if args.cluster else 40)
     args.kinds = args.kinds or list(KINDS if args.cluster else LOOPBACK_KINDS)
     args.out = os.path.abspath(args.out or os.path.join(ROOT, "results", "chaos_cluster" if args.cluster else "chaos"))
     if not args.cluster and set(args.kinds) & set(LINK_KINDS):

@@ -339,13 +339,15 @@ def leftovers(site, seconds=5.0):
     return site.leftovers()
 
 
-def small_disk():
-    """A 64 MiB tmpfs for checkpoint.dir (root only), or None. Mounted before the virtual cluster is
-    made, so the hosts' mount namespaces (copied from this one) hold it too."""
+def small_disk(epochs):
+    """A tmpfs for checkpoint.dir (root only) holding every epoch's checkpoint (about 1 MB each) with
+    room to spare, or None. Mounted before the virtual cluster is made, so the hosts' mount namespaces
+    (copied from this one) hold it too."""
     if os.geteuid() != 0 or not shutil.which("mount"):
         return None
     disk = tempfile.mkdtemp(prefix="ssdsgd-chaos-disk-")
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", disk]).returncode != 0:
+    options = f"size={2 * epochs + 64}m,mode=0700"
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", disk]).returncode != 0:
         os.rmdir(disk)
         return None
     return disk
@@ -389,7 +391,7 @@ def main(argv=None):
     write_manifest(out, [CONFIG], finished=False, settings=settings, layout=layout)
     marker = os.path.join(out, "runs")
     scratch = tempfile.mkdtemp(prefix="ssdsgd-chaos-")      # checkpoints: megabytes, not results
-    disk = small_disk()
+    disk = small_disk(args.epochs)
     kinds = [k for k in args.kinds if k != "disk" or disk]
     site, faults, problems, seconds, ref_seconds = None, [], [], 0.0, 0.0
     try:

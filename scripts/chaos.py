@@ -285,7 +285,7 @@ def one_fault(i, kind, rng, job, site, disk, t_start):
 def chaos(args, out, ck, disk, site, kinds, faults):
     """Run the chaos job, appending each fault's record to `faults`; (job, seconds)."""
     sets = site.settings + [f"train.epochs={args.epochs}", f"seed={args.seed}", f"checkpoint.dir={ck}",
-                       f"cluster.max_restarts={args.faults + 2}"]
+                            f"cluster.max_restarts={args.faults + 2}"]
     job = Job(site.command("chaos", sets), site.env, os.path.join(out, "chaos.log"), ck)
     rng = random.Random(args.seed)
     t_start = time.monotonic()

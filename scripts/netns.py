@@ -41,6 +41,15 @@ def check_tools():
         raise NetnsError(f"missing tool(s): {', '.join(missing)} (install iproute2)")
 
 
+def tools_problem():
+    """What check_tools() says is missing here (as text), or None when namespaces can be made."""
+    try:
+        check_tools()
+    except NetnsError as e:
+        return str(e)
+    return None
+
+
 def _run(argv, what):
     proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:

@@ -14,8 +14,9 @@ import argparse
 import os
 import sys
 
-from netns import Namespace, NetnsError, check_tools
-from results_io import job_command, job_name, job_summary, run_captured, stop_on_sigterm, write_csv, write_text
+from netns import Namespace, tools_problem
+from results_io import (job_command, job_name, job_summary, results_folder, run_captured, stop_on_sigterm, write_csv,
+                        write_text)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -80,13 +81,11 @@ def main():
     ap.add_argument("--out", default="results/wire_bytes")
     args = ap.parse_args()
     stop_on_sigterm()
-    try:
-        check_tools()
-    except NetnsError as e:
-        print(f"wire_bytes: {e}", file=sys.stderr)
+    problem = tools_problem()
+    if problem:
+        print(f"wire_bytes: {problem}", file=sys.stderr)
         return 2
-    out = os.path.abspath(args.out)
-    os.makedirs(out, exist_ok=True)
+    out = results_folder(args.out)
     rows = []
     for label, (sets, _) in VARIANTS.items():
         print(f"{label}", flush=True)

@@ -23,10 +23,10 @@ import mxnet as mx
 import numpy as np
 
 from ssdsgd.compression.codec import FP16_MAX, encode_message, encode_sparse
+from ssdsgd.compression.flatviews import FlatViews
 from ssdsgd.compression.fusion import plan_for_config, tensor_counts, warmup_stages
 from ssdsgd.compression.memory import Memory
 from ssdsgd.compression.registry import is_sparsifier, make_compressor
-from ssdsgd.flatviews import FlatViews
 
 
 def flatten(arrays):

@@ -16,10 +16,10 @@ import os
 import statistics
 import sys
 
-from results_io import (job_command, job_name, job_summary, results_folder, run_captured, run_folder, summary_row,
-                        write_csv, write_manifest, write_text)
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
+from scripts.results_io import (job_command, job_name, job_summary, results_folder, run_captured, run_folder,
+                                summary_row, write_csv, write_manifest, write_text)
 
 SSGD = "configs/demo_digits_ssgd.yaml"
 SSD = "configs/demo_digits_ssd.yaml"

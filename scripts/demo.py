@@ -6,11 +6,10 @@ import os
 import subprocess
 import sys
 
-from results_io import run_folder
-
-from ssdsgd.metrics import comparison_table, read_summary
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
+from scripts.results_io import run_folder
+from ssdsgd.metrics import comparison_table, read_summary
 
 CONFIGS = ["configs/demo_digits_ssgd.yaml", "configs/demo_digits_ssd.yaml", "configs/demo_digits_ssd_topk.yaml"]
 

@@ -50,7 +50,7 @@ NOTES = {
     "data.preprocess_threads": "imagenet: decoding threads of MXNet's ImageRecordIter per worker",
     "model.name": "small_cnn, linear, mlp, or a gluoncv model zoo name (cifar_resnet20_v1, resnet50_v1, ...)",
     "model.hybridize": "train through MXNet's static graph; false trains imperatively (faster on some CPUs: "
-                       "scripts/bench_step.py tells); evaluation always runs a static graph",
+                       "bench/bench_step.py tells); evaluation always runs a static graph",
     "train.epochs": "epochs to train",
     "train.momentum": "momentum of the global (server) update",
     "train.wd": "weight decay",

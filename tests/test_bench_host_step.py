@@ -1,14 +1,14 @@
-"""scripts/bench_host_step.py: a tiny real run, its bit-for-bit check, and the refused configs."""
+"""bench/bench_host_step.py: a tiny real run, its bit-for-bit check, and the refused configs."""
 import csv
 import os
 import subprocess
 import sys
 
-import bench_host_step  # scripts/, on the path through pytest.ini
+from bench import bench_host_step
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "scripts", "bench_host_step.py")
+SCRIPT = os.path.join(ROOT, "bench", "bench_host_step.py")
 CONFIG = os.path.join(ROOT, "configs", "fmnist_resnet20_ssd_topk.yaml")
 # a small model on small images, so that a run takes seconds
 TINY = bench_host_step.DEFAULT_SETS + ["model.name=small_cnn", "data.shape=[3,8,8]", "train.batch_size=8"]

@@ -1,4 +1,4 @@
-"""scripts/bench_step.py: the table's medians and ratios, a tiny real run, and the --shape error."""
+"""bench/bench_step.py: the table's medians and ratios, a tiny real run, and the --shape error."""
 import argparse
 import csv
 import os
@@ -6,11 +6,11 @@ import signal
 import subprocess
 import sys
 
-import bench_step  # scripts/, on the path through pytest.ini
+from bench import bench_step
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "scripts", "bench_step.py")
+SCRIPT = os.path.join(ROOT, "bench", "bench_step.py")
 
 
 def test_table_reports_median_per_mode_and_ratio_to_imperative():

@@ -7,7 +7,7 @@ import os
 import re
 import subprocess
 
-import gen_config_doc  # scripts/, on the path through pytest.ini
+from scripts import gen_config_doc
 import pytest
 
 from ssdsgd.config import SCHEMA
@@ -57,7 +57,7 @@ def _expand(path):
 
 
 def _repo_paths(text):
-    pattern = r"(?<![\w/.-])((?:configs|scripts|ssdsgd|tests|docs|launch)/[\w./{},*-]+\.(?:yaml|py|md|example))"
+    pattern = r"(?<![\w/.-])((?:configs|scripts|bench|ssdsgd|tests|docs|launch)/[\w./{},*-]+\.(?:yaml|py|md|example))"
     return sorted(set(re.findall(pattern, text)))
 
 

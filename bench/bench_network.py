@@ -1,7 +1,7 @@
 """Bandwidth-limited network benchmark: every job on per-host shaped links (default) or on one shaped loopback.
 
 Two topologies (--topology):
-  hosts (default): each job gets a fresh virtual cluster (scripts/vcluster.py): one network namespace
+  hosts (default): each job gets a fresh virtual cluster (bench/vcluster.py): one network namespace
     per host, each with its own link (eth0 on a bridge), `tbf rate R mbit burst 256kb latency 50ms` on
     both directions of every host link (no qdisc for rate 0 = unlimited), one sshd per host. Host h0
     runs the launcher and the scheduler (the ssh launcher runs the scheduler where it runs itself; its
@@ -17,7 +17,7 @@ Two topologies (--topology):
     per-host topology existed; the README's older figures).
 
 For each repeat, rate and algorithm (interleaved: repeat 1 runs A B C ... at every rate, then repeat 2),
-the loopback topology creates a namespace (scripts/netns.py: lo mtu 9000, `tbf rate R mbit burst 256kb
+the loopback topology creates a namespace (bench/netns.py: lo mtu 9000, `tbf rate R mbit burst 256kb
 latency 50ms`, no qdisc for rate 0 = unlimited), runs `python -m ssdsgd` inside it for a fixed
 number of steps, and records:
   - the job's summary.json (images/s, wall time, steps, push/pull bytes per step of rank 0),
@@ -36,11 +36,11 @@ worker never pulls or waits) and dense pushes (asynchronous, so the worker never
 the same topology as the other jobs (hosts: a 3-host cluster, launcher, server, worker).
 
 Usage (root; ip and tc from iproute2; hosts also sshd, ssh, ssh-keygen from openssh):
-  python scripts/bench_network.py                       # full suite: 3 repeats x rates 0,100,20 x 7 algorithms
-  python scripts/bench_network.py --topology loopback   # the same on one shared loopback
-  python scripts/bench_network.py --quick --out /tmp/bench_quick
-  python scripts/bench_network.py --algorithms ssgd,ssd_topk --rates 0,50 --steps 40 --repeats 1
-  python scripts/bench_network.py --table-only --out bench_results   # re-make table.md from runs.csv
+  python bench/bench_network.py                       # full suite: 3 repeats x rates 0,100,20 x 7 algorithms
+  python bench/bench_network.py --topology loopback   # the same on one shared loopback
+  python bench/bench_network.py --quick --out /tmp/bench_quick
+  python bench/bench_network.py --algorithms ssgd,ssd_topk --rates 0,50 --steps 40 --repeats 1
+  python bench/bench_network.py --table-only --out bench_results   # re-make table.md from runs.csv
 """
 import argparse
 import contextlib
@@ -55,15 +55,13 @@ import sys
 import threading
 import time
 
-import netns
-import vcluster
 import yaml
-from results_io import COMPUTE_BOUND, rate_name, read_jsonl, stop_on_sigterm
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
+from bench import netns, vcluster
+from scripts.results_io import COMPUTE_BOUND, rate_name, read_jsonl, stop_on_sigterm
 from ssdsgd.metrics import SUMMARY_FILE, metrics_file
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 
 DEFAULT_CONFIG = "configs/bench_cifar_resnet20.yaml"
 

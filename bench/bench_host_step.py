@@ -20,7 +20,7 @@ either way.
 Reported: the median milliseconds per step of each piece, and a forward and backward pass of the
 model in the same process for scale.
 
-    OMP_NUM_THREADS=1 python scripts/bench_host_step.py [--config configs/fmnist_resnet20_ssd_topk.yaml] \
+    OMP_NUM_THREADS=1 python bench/bench_host_step.py [--config configs/fmnist_resnet20_ssd_topk.yaml] \
         [--set compression.density=0.1 ...] [--steps 40] [--out results/bench_host_step]
 """
 import argparse
@@ -31,9 +31,11 @@ import sys
 import time
 
 import numpy as np
-from results_io import write_csv, write_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
+from scripts.results_io import write_csv, write_text
+
 # The time-to-accuracy setting of the README's Fashion-MNIST runs.
 DEFAULT_SETS = ["compression.density=0.1", "compression.momentum_masking=false", "model.hybridize=false"]
 
@@ -216,5 +218,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, ROOT)
     main()

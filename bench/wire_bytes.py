@@ -1,6 +1,6 @@
 """Bytes on the wire of the compressed push path, from the kernel's own counters.
 
-    sudo python scripts/wire_bytes.py [--seed 0] [--out results/wire_bytes]
+    sudo python bench/wire_bytes.py [--seed 0] [--out results/wire_bytes]
 
 Runs the digits demo (SSD-SGD + top-k, 2 workers, 1 server) once per wire variant, each in a
 fresh network namespace, and compares the namespace's loopback byte counter with what the workers
@@ -14,12 +14,11 @@ import argparse
 import os
 import sys
 
-from netns import Namespace, tools_problem
-from results_io import (job_command, job_name, job_summary, results_folder, run_captured, stop_on_sigterm, write_csv,
-                        write_text)
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
+from bench.netns import Namespace, tools_problem
+from scripts.results_io import (job_command, job_name, job_summary, results_folder, run_captured, stop_on_sigterm,
+                                write_csv, write_text)
 
 CONFIG = "configs/demo_digits_ssd_topk.yaml"
 TOPK10 = ["compression.density=0.1", "algorithm.delay=1", "compression.downlink=sparse"]

@@ -13,7 +13,7 @@ floor(density * buffer size) distinct uniform random indices per worker and buff
 Buffers are capped at 2**24 elements (codec.MAX_BUFFER_ELEMENTS), so a larger model is split into
 equal buffers, as the server would hold them.
 
-    OMP_NUM_THREADS=1 nice -n 19 python scripts/bench_server.py      # -> results/bench_server/
+    OMP_NUM_THREADS=1 nice -n 19 python bench/bench_server.py      # -> results/bench_server/
 """
 import argparse
 import csv
@@ -253,7 +253,7 @@ def main(argv=None):
 def write_table(args, rows, fits, methods, load0, load1, wall, cpu):
     get = {(r["sweep"], r["model"], r["codec"], r["impl"], r["workers"], r["density"]): r for r in rows}
     lines = ["# Server CPU per round: BufferState.receive(), old (dense materialisation) vs new (scatter-add)", "",
-             f"`OMP_NUM_THREADS=1 nice -n 19 python scripts/bench_server.py` "
+             f"`OMP_NUM_THREADS=1 nice -n 19 python bench/bench_server.py` "
              f"({' '.join(sys.argv[1:]) or 'defaults'}); numpy {np.__version__}, Python "
              f"{platform.python_version()}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores. "
              f"time.process_time() summed over the receive() calls of a round (the last one applies the round), "

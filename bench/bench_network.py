@@ -52,7 +52,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
 import yaml
@@ -404,19 +403,6 @@ def _wait_for_job(proc, sampler, deadline):
 
 
 @contextlib.contextmanager
-def _signals_ignored():
-    """A second Ctrl-C (or a SIGTERM) must not interrupt a teardown and leave namespaces behind."""
-    main = threading.current_thread() is threading.main_thread()
-    stops = (signal.SIGINT, signal.SIGTERM)
-    old = {s: signal.signal(s, signal.SIG_IGN) for s in stops} if main else {}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-
-
-@contextlib.contextmanager
 def virtual_cluster(hosts, rate_mbit, queue_ms):
     """A VCluster of `hosts` hosts, every link shaped at rate_mbit (0/None: unlimited); always deleted."""
     vc = vcluster.VCluster(hosts, rate_mbit or None, latency=f"{queue_ms:g}ms")
@@ -424,7 +410,7 @@ def virtual_cluster(hosts, rate_mbit, queue_ms):
     try:
         yield vc
     finally:
-        with _signals_ignored():
+        with netns.signals_ignored():
             vc.delete()
 
 

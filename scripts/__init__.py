@@ -6,8 +6,8 @@ results_io.py is their shared home for results folders: job commands, CSV and ta
 Benchmark and test infrastructure (network namespaces, the virtual cluster, the benchmarks and probes) is
 the `bench` package beside this one.
 
-Each tool runs as a file from any working directory (`python scripts/accuracy.py ...`). Python then puts
-only this folder on sys.path, so each tool first adds the checkout's root, and imports its siblings as
-`scripts.x`, the benchmark helpers as `bench.x`, and ssdsgd from the same checkout. The tests import them
-the same way (pytest.ini puts the root on the path).
+Each tool runs as a file (`python scripts/accuracy.py ...`, from the checkout's root as the README shows).
+Python then puts only this folder on sys.path, so each tool first adds the checkout's root, and imports
+its siblings as `scripts.x`, the benchmark helpers as `bench.x`, and ssdsgd from the same checkout. The
+tests import them the same way (pytest.ini puts the root on the path).
 """

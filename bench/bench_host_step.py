@@ -34,7 +34,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
-from scripts.results_io import write_csv, write_text
+from scripts.results_io import write_csv, write_manifest, write_text
 
 # The time-to-accuracy setting of the README's Fashion-MNIST runs.
 DEFAULT_SETS = ["compression.density=0.1", "compression.momentum_masking=false", "model.hybridize=false"]
@@ -214,6 +214,7 @@ def main(argv=None):
     write_csv(os.path.join(args.out, "steps.csv"), rows)
     text = table(rows, args, sets)
     write_text(os.path.join(args.out, "table.md"), text)
+    write_manifest(args.out, [args.config], sets=sets)
     print(text)
 
 

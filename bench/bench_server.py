@@ -26,6 +26,9 @@ import time
 
 import numpy as np
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
+from scripts.results_io import write_manifest
 from ssdsgd.compression.codec import MAX_BUFFER_ELEMENTS, MailboxFormat
 from ssdsgd.ps.rounds import BufferState
 
@@ -236,6 +239,7 @@ def main(argv=None):
             w.writeheader()
             w.writerows(data)
     write_table(args, rows, fits, methods, load0, load1, time.time() - wall0, time.process_time() - cpu0)
+    write_manifest(args.out, [])
 
 
 def write_table(args, rows, fits, methods, load0, load1, wall, cpu):

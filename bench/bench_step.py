@@ -26,7 +26,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
-from scripts.results_io import stop_on_sigterm, write_csv, write_text
+from scripts.results_io import stop_on_sigterm, write_csv, write_manifest, write_text
 
 MODES = ("imperative", "hybridized")
 
@@ -165,6 +165,7 @@ def main(argv=None):
     write_csv(os.path.join(args.out, "steps.csv"), rows)
     text = table(rows, args)
     write_text(os.path.join(args.out, "table.md"), text)
+    write_manifest(args.out, [])
     print(text)
     return 0
 

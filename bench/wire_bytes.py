@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
 from bench.netns import Namespace, tools_problem
 from scripts.results_io import (job_command, job_name, job_summary, results_folder, run_captured, stop_on_sigterm,
-                                write_csv, write_text)
+                                write_csv, write_manifest, write_text)
 
 CONFIG = "configs/demo_digits_ssd_topk.yaml"
 TOPK10 = ["compression.density=0.1", "algorithm.delay=1", "compression.downlink=sparse"]
@@ -85,6 +85,7 @@ def main():
         print(f"wire_bytes: {problem}", file=sys.stderr)
         return 2
     out = results_folder(args.out)
+    write_manifest(out, [os.path.join(ROOT, CONFIG)], finished=False)
     rows = []
     for label, (sets, _) in VARIANTS.items():
         print(f"{label}", flush=True)
@@ -92,6 +93,8 @@ def main():
     write_csv(os.path.join(out, "jobs.csv"), rows)
     text = table(rows)
     write_text(os.path.join(out, "table.md"), text)
+    write_manifest(out, [os.path.join(ROOT, CONFIG)], finished=True, jobs=len(rows),
+                   failed=sum(r["rc"] != 0 for r in rows))
     print(text)
     return 0 if all(r["rc"] == 0 for r in rows) else 1
 

@@ -1,11 +1,13 @@
 """bench/bench_host_step.py: a tiny real run, its bit-for-bit check, and the refused configs."""
 import csv
+import json
 import os
 import subprocess
 import sys
 
-from bench import bench_host_step
 import pytest
+
+from bench import bench_host_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "bench", "bench_host_step.py")
@@ -31,6 +33,8 @@ def test_tiny_run_times_every_piece_both_ways(tmp_path):
     for piece in ("| land |", "| gradient copy (part of encode) |", "local update"):
         assert piece in text
     assert "median over 4 steps" in text and "forward and backward" in text
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert list(manifest["configs"]) == ["configs/fmnist_resnet20_ssd_topk.yaml"] and manifest["sets"] == TINY
 
 
 def test_the_two_ways_must_end_bit_for_bit_equal(monkeypatch):

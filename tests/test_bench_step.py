@@ -1,13 +1,15 @@
 """bench/bench_step.py: the table's medians and ratios, a tiny real run, and the --shape error."""
 import argparse
 import csv
+import json
 import os
 import signal
 import subprocess
 import sys
 
-from bench import bench_step
 import pytest
+
+from bench import bench_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "bench", "bench_step.py")
@@ -46,6 +48,8 @@ def test_tiny_run_writes_every_timed_step(tmp_path, task):
     text = (out / "table.md").read_text()
     assert text.count("| 2 |") == 2
     assert text.startswith("Forward + backward" if task == "train" else "Evaluation")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["command"][:2] == ["bench/bench_step.py", "--model"] and manifest["configs"] == {}
 
 
 @pytest.mark.parametrize("flags, named", [(["--shape", "3,x"], "'3,x'"), (["--shape", "32,32"], "'32,32'"),

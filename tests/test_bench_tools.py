@@ -8,9 +8,10 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from bench import bench_network as bn
 from bench import netns
-import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -522,6 +523,9 @@ def test_hosts_topology_smoke(tmp_path):
     assert row["host_links"].count(" worker ") == 2 and float(row["steady_server_cpu_seconds_per_step"]) >= 0
     assert float(row["steady_worker_cpu_seconds_per_step"]) > 0       # a worker always computes
     assert "— per-host links" in (out / "table.md").read_text()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [manifest[k] for k in ("finished", "jobs", "exit_status", "appended")] == [True, 1, 0, False]
+    assert list(manifest["configs"]) == ["configs/demo_digits_ssd.yaml"]
     # nothing left: no namespace or key folder of the bench's clusters, no process of the job
     mine = f"{vcluster.PREFIX}{proc.pid}-"
     assert mine not in subprocess.run(["ip", "netns", "list"], stdout=subprocess.PIPE, text=True).stdout

@@ -495,7 +495,7 @@ def test_encoder_messages_decode_on_the_server_to_the_sent_topk():
 # --------------------------------------------------------------------------- 10. real 2-worker job
 
 def _digits_param_sizes():
-    from ssdsgd.worker.loop import build_net
+    from ssdsgd.worker.models import build_net
     cfg = load_config(os.path.join(ROOT, TOPK_CONFIG))
     _, params = build_net(cfg, 10, (1, 8, 8))
     return [int(np.prod(p.shape)) for p in params]

@@ -8,10 +8,11 @@ what they share (the in-memory sets, the split, DataError) is in datasets.py.
 Nothing is ever downloaded: cifar10 and imagenet must already be on local disk, and a
 missing or damaged file raises `DataError` saying what to put where.
 """
-from ssdsgd.config import DATASETS
+from ssdsgd.config import DATASETS, ROOTED_DATASETS
 from ssdsgd.config import IN_MEMORY_DATASETS as IN_MEMORY
 from ssdsgd.worker import small_sets
 from ssdsgd.worker.datasets import VALIDATION_SEED, DataBundle, DataError, split_train  # noqa: F401 (the API)
+from ssdsgd.worker.datasets import steps_per_epoch
 
 
 def build_data(dataset, *, batch_size, rank, num_workers, seed, root=None, shape=None,
@@ -65,3 +66,20 @@ def data_from_config(cfg, rank, num_workers):
                       train_per_class=d.train_per_class, validation=d.validation,
                       validation_from=d.validation_from, data_format=d.format)
 
+
+def check_data(cfg):
+    """Raise the DataError every worker would meet, once, before any process starts (the front end's
+    preflight). A data set on disk is read as rank 0 will read it; digits and synthetic are counted with
+    their checks, not read (reading digits costs seconds of scikit-learn imports, drawing synthetic
+    images up to gigabytes), so that a batch larger than the data set is refused too."""
+    d, workers = cfg.data, cfg.cluster.workers
+    if d.dataset in ROOTED_DATASETS:
+        data_from_config(cfg, 0, workers)
+        return
+    shape = tuple(d.shape) if d.shape else None
+    if d.dataset == "digits":
+        split = dict(train_per_class=d.train_per_class, validation=d.validation, validation_from=d.validation_from)
+        images = small_sets.count_digits(shape, d.num_classes, split)
+    else:
+        images = small_sets.count_synthetic(shape, d.synthetic_samples)
+    steps_per_epoch(images, cfg.train.batch_size, workers)

@@ -64,7 +64,6 @@ def split_train(x, y, train_per_class=None, validation=0, validation_from="subse
     return x[train], y[train], x[val], y[val]
 
 
-
 def bundle(x_train, y_train, x_test, y_test, shard, split, image_shape, train_transform=None,
             test_transform=None):
     """Training shard plus the test set, or the validation split carved from the training set."""
@@ -75,7 +74,6 @@ def bundle(x_train, y_train, x_test, y_test, shard, split, image_shape, train_tr
     return DataBundle(train=ShardedTrainSet(x_train, y_train, transform=train_transform, **shard),
                       test=TestSet(x_test, y_test, transform=test_transform),
                       num_classes=10, image_shape=image_shape, eval_set=eval_set)
-
 
 
 class ShardedTrainSet:
@@ -161,7 +159,6 @@ def check_shape(shape):
 def check_ten_classes(dataset, num_classes):
     if num_classes not in (None, 10):
         raise DataError(f"{dataset} has 10 classes; data.num_classes is {num_classes}")
-
 
 
 def random_crop_flip(images, rng, pad, flip=True):

@@ -13,7 +13,13 @@ from ssdsgd.worker.datasets import (
     check_shape,
     check_ten_classes,
     random_crop_flip,
+    split_train,
 )
+
+# Images per class (0..9) of the digits training split (build_digits: 80 % of scikit-learn's 1797, stratified,
+# random_state 0), from which the front end counts a digits training set without importing scikit-learn
+# (seconds); tests/test_data.py checks them against the split itself.
+DIGITS_TRAIN_PER_CLASS = (142, 146, 142, 146, 145, 145, 145, 143, 139, 144)
 
 
 def build_digits(shape, num_classes, shard, split):
@@ -22,12 +28,8 @@ def build_digits(shape, num_classes, shard, split):
     from sklearn.model_selection import train_test_split
 
     check_ten_classes("digits", num_classes)
-    shape = check_shape(shape or (1, 8, 8))
-    channels, height, width = shape
-    scale = height // 8
-    if channels not in (1, 3) or height != width or height != 8 * scale:
-        raise DataError(f"digits supports data.shape (C, 8*m, 8*m) with C in {{1, 3}}, "
-                        f"e.g. (1, 8, 8) or (3, 32, 32); got {shape}")
+    shape, scale = _digits_shape(shape)
+    channels = shape[0]
     digits = load_digits()
     x_train, x_test, y_train, y_test = train_test_split(
         digits.data, digits.target, test_size=0.2, random_state=0, stratify=digits.target)
@@ -40,6 +42,25 @@ def build_digits(shape, num_classes, shard, split):
 
     return bundle(to_images(x_train), y_train, to_images(x_test), y_test, shard, split, shape)
 
+
+def _digits_shape(shape):
+    """The (C, H, W) of a digits data.shape (default (1, 8, 8)), checked, and its upscale factor H / 8."""
+    shape = check_shape(shape or (1, 8, 8))
+    channels, height, width = shape
+    scale = height // 8
+    if channels not in (1, 3) or height != width or height != 8 * scale:
+        raise DataError(f"digits supports data.shape (C, 8*m, 8*m) with C in {{1, 3}}, "
+                        f"e.g. (1, 8, 8) or (3, 32, 32); got {shape}")
+    return shape, scale
+
+
+def count_digits(shape, num_classes, split):
+    """The number of training images build_digits gives, without reading digits, and its DataErrors (split_train
+    on labels alone: how many images a split keeps depends only on the images per class)."""
+    check_ten_classes("digits", num_classes)
+    _digits_shape(shape)
+    labels = np.repeat(np.arange(10), DIGITS_TRAIN_PER_CLASS)
+    return len(split_train(labels, labels, **split)[1])
 
 
 def build_idx(dataset, root, shape, num_classes, augment, shard, split):
@@ -65,9 +86,8 @@ def build_idx(dataset, root, shape, num_classes, augment, shard, split):
     return bundle(x_train, y_train, x_test, y_test, shard, split, shape, train_transform, normalize)
 
 
-
 def build_synthetic(shape, num_classes, num_samples, shard):
-    shape = check_shape(shape or (3, 32, 32))
+    shape = _synthetic_shape(shape)
     num_classes = num_classes or 10
     num_test = max(num_samples // 4, shard["batch_size"])
     rng = np.random.RandomState(shard["seed"])
@@ -85,3 +105,13 @@ def build_synthetic(shape, num_classes, num_samples, shard):
     return DataBundle(train=ShardedTrainSet(x_train, y_train, **shard),
                       test=TestSet(x_test, y_test),
                       num_classes=num_classes, image_shape=shape)
+
+
+def _synthetic_shape(shape):
+    return check_shape(shape or (3, 32, 32))
+
+
+def count_synthetic(shape, num_samples):
+    """The number of training images build_synthetic draws, without drawing them, and its DataErrors."""
+    _synthetic_shape(shape)
+    return num_samples

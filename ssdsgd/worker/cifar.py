@@ -11,7 +11,7 @@ import zlib
 import mxnet as mx
 import numpy as np
 
-from ssdsgd.worker.datasets import DataError, bundle, check_ten_classes, random_crop_flip
+from ssdsgd.worker.datasets import DataError, check_ten_classes, in_memory_bundle, random_crop_flip
 from ssdsgd.worker.recordio import record_label, records
 
 # gluoncv's CIFAR-10 recipe (scripts/classification/cifar/train_cifar10.py).
@@ -42,7 +42,7 @@ def build_cifar10(root, shape, num_classes, augment, shard, split, fmt):
         y_train = np.concatenate([labels for _, labels in parts[:5]])
         x_test, y_test = parts[5]
     transform = _cifar_train_transform if augment else _cifar_eval_transform
-    return bundle(x_train, y_train, x_test, y_test, shard, split, (3, 32, 32), transform, _cifar_normalize)
+    return in_memory_bundle(x_train, y_train, x_test, y_test, shard, split, (3, 32, 32), transform, _cifar_normalize)
 
 
 def _cifar_candidates(root):

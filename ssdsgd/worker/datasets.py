@@ -64,8 +64,8 @@ def split_train(x, y, train_per_class=None, validation=0, validation_from="subse
     return x[train], y[train], x[val], y[val]
 
 
-def bundle(x_train, y_train, x_test, y_test, shard, split, image_shape, train_transform=None,
-            test_transform=None):
+def in_memory_bundle(x_train, y_train, x_test, y_test, shard, split, image_shape, train_transform=None,
+                     test_transform=None):
     """Training shard plus the test set, or the validation split carved from the training set."""
     x_train, y_train, x_val, y_val = split_train(x_train, y_train, **split)
     eval_set = "test"

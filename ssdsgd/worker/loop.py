@@ -19,7 +19,7 @@ from ssdsgd.env import HEARTBEAT_ENV
 from ssdsgd.metrics import ACC_TAG
 from ssdsgd.worker.counters import Counters, StepTimes, summarize
 from ssdsgd.worker.evaluate import evaluate_if_due
-from ssdsgd.worker.models import aux_params, with_weights
+from ssdsgd.worker.models import net_state, with_weights
 # Scripts (bench_step, bench_host_step) build the model as the loop does, importing these from here.
 from ssdsgd.worker.models import build_eval_net, build_net  # noqa: F401
 from ssdsgd.worker.start import start_run
@@ -179,8 +179,7 @@ def _save_checkpoint(run, counters, epochs_done, step):
     if rank == 0:
         commands.send(kv, commands.SAVE, dir=os.path.abspath(directory))
     arrays, meta = client.state()
-    arrays.update({f"param{i}": p.data().asnumpy() for i, p in enumerate(params)})
-    arrays.update({f"aux{i}": p.data().asnumpy() for i, p in enumerate(aux_params(net))})
+    arrays.update(net_state(net, params))
     meta = dict(meta, step=step, counters=counters.state(time.perf_counter() - run.t_start))
     ckpt.save_npz(os.path.join(directory, ckpt.worker_file(rank)), arrays, meta)
     kv._barrier()

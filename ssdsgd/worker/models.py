@@ -116,3 +116,23 @@ def with_weights(params, weights, fn):
     finally:
         for p, s in zip(params, saved):
             s.copyto(p.data())
+
+
+def _net_groups(net, params):
+    """(name, parameters) of what a checkpoint keeps of a net: the trained weights, the BatchNorm statistics."""
+    return (("param", params), ("aux", aux_params(net)))
+
+
+def net_state(net, params):
+    """{"param<i>", "aux<i>": numpy array} of the local weights and BatchNorm statistics, for a checkpoint."""
+    return {f"{name}{i}": p.data().asnumpy() for name, group in _net_groups(net, params) for i, p in enumerate(group)}
+
+
+def load_net_state(net, params, arrays):
+    """Local weights and BatchNorm statistics from this worker's checkpoint file (net_state's arrays)."""
+    for name, group in _net_groups(net, params):
+        for i, p in enumerate(group):
+            saved = arrays[f"{name}{i}"]
+            if saved.shape != p.shape:
+                raise RuntimeError(f"checkpoint {name}{i} has shape {saved.shape}, model has {p.shape}")
+            p.data()[:] = saved

@@ -9,9 +9,9 @@ from ssdsgd.worker.datasets import (
     DataError,
     ShardedTrainSet,
     TestSet,
-    bundle,
     check_shape,
     check_ten_classes,
+    in_memory_bundle,
     random_crop_flip,
     split_train,
 )
@@ -40,7 +40,7 @@ def build_digits(shape, num_classes, shard, split):
         images = np.kron(images, np.ones((1, 1, scale, scale), np.float32))
         return np.repeat(images, channels, axis=1)
 
-    return bundle(to_images(x_train), y_train, to_images(x_test), y_test, shard, split, shape)
+    return in_memory_bundle(to_images(x_train), y_train, to_images(x_test), y_test, shard, split, shape)
 
 
 def _digits_shape(shape):
@@ -83,7 +83,7 @@ def build_idx(dataset, root, shape, num_classes, augment, shard, split):
             images = random_crop_flip(images, rng, pad=2, flip=dataset == "fashion_mnist")
         return normalize(images)
 
-    return bundle(x_train, y_train, x_test, y_test, shard, split, shape, train_transform, normalize)
+    return in_memory_bundle(x_train, y_train, x_test, y_test, shard, split, shape, train_transform, normalize)
 
 
 def build_synthetic(shape, num_classes, num_samples, shard):

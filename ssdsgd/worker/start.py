@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from ssdsgd.env import LOCKED_ENV, RUN_DIR_ENV
-from ssdsgd.worker.models import aux_params, build_eval_net, build_net
+from ssdsgd.worker.models import aux_params, build_eval_net, build_net, load_net_state
 
 
 class Run:
@@ -73,7 +73,7 @@ def _load_checkpoint(point, rank, net, params, steps_per_epoch):
     from ssdsgd import checkpoint as ckpt
     resume_dir, manifest = point
     arrays, meta = ckpt.load_npz(os.path.join(resume_dir, ckpt.worker_file(rank)))
-    _load_net_state(net, params, arrays)
+    load_net_state(net, params, arrays)
     ckpt.check_against_run(manifest, resume_dir, steps_per_epoch, meta)
     start_epoch, step = manifest["epochs_done"], manifest["step"]
     saved_counters = meta.pop("counters")
@@ -120,16 +120,6 @@ def _print_start(run, steps_per_epoch):
     print(f"{cfg.name}: {cfg.algorithm.type} + compression {cfg.compression.type}, {run.kv.num_workers} workers, "
           f"{num_servers(run.kv)} servers, {steps_per_epoch} steps/epoch, {run.total_steps} steps, "
           f"{sum(p.data().size for p in run.params)} parameters", flush=True)
-
-
-def _load_net_state(net, params, arrays):
-    """Local weights and BatchNorm statistics from this worker's checkpoint file."""
-    for name, group in (("param", params), ("aux", aux_params(net))):
-        for i, p in enumerate(group):
-            saved = arrays[f"{name}{i}"]
-            if saved.shape != p.shape:
-                raise RuntimeError(f"checkpoint {name}{i} has shape {saved.shape}, model has {p.shape}")
-            p.data()[:] = saved
 
 
 def _time_backward(net, loss_fn, train_set, params, repeats=3):

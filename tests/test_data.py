@@ -398,10 +398,6 @@ def test_zero_steps_per_epoch():
         data.build_data("digits", batch_size=800, rank=0, num_workers=2, seed=0)
 
 
-DIGITS_SPLITS = [{}, {"train_per_class": 20}, {"train_per_class": 20, "validation": 0.5},
-                 {"train_per_class": 30, "validation": 100, "validation_from": "rest"}, {"validation": 37}]
-
-
 def test_digits_images_per_class_are_the_splits():
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
@@ -411,6 +407,10 @@ def test_digits_images_per_class_are_the_splits():
     _, _, y_train, _ = train_test_split(digits.data, digits.target, test_size=0.2, random_state=0,
                                         stratify=digits.target)
     assert tuple(np.bincount(y_train)) == DIGITS_TRAIN_PER_CLASS
+
+
+DIGITS_SPLITS = [{}, {"train_per_class": 20}, {"train_per_class": 20, "validation": 0.5},
+                 {"train_per_class": 30, "validation": 100, "validation_from": "rest"}, {"validation": 37}]
 
 
 @pytest.mark.parametrize("split", DIGITS_SPLITS)

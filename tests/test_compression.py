@@ -908,7 +908,7 @@ def test_allocate_by_threshold_sends_every_nonzero_when_budget_allows():
 
 # ------------------------------------------------------------------ 10. quantised link costs
 
-from ssdsgd.algorithms.ssd import quantise_costs  # noqa: E402
+from ssdsgd.algorithms.probe import quantise_costs  # noqa: E402
 
 
 def _q(x, steps_per_octave=2):

@@ -217,12 +217,12 @@ def test_config_downlink_needs_a_sparsifier():
 
 def test_checksum_guard_names_the_version_and_the_buffer():
     """Every check_every-th round carries the CRC-32 of the server's weights; a replica one ulp off
-    is refused at the next checked round, and RoundClient names the buffer and its keys."""
+    is refused at the next checked round, and the worker's Downlink names the buffer and its keys."""
     from types import SimpleNamespace
 
     import mxnet as mx
 
-    from ssdsgd.algorithms.ssd import RoundClient
+    from ssdsgd.algorithms.downlink import Downlink
     from ssdsgd.ps.rounds import ReplicaMismatch, weights_checksum
     size, workers, k, slots = 40, 2, 3, 4
     server, replica = make_pair(size, workers, k, 20, 0.9, 0.5, 1e-4, slots)
@@ -249,11 +249,13 @@ def test_checksum_guard_names_the_version_and_the_buffer():
     replica.weights[0] += np.float32(1)
     play(range(5, 7))
     ring_buf = mx.nd.array(server.ring.array)
-    client = SimpleNamespace(buffers=[SimpleNamespace(weight_key=3, size=size)], replicas=[replica],
-                             downlink=[{"rings": [{"key": 9, "cap": workers * k, "bitmap": False}], "slots": slots}],
-                             ring_bufs=[[ring_buf]], pulled_ring=[0], stats={})
+    transport = SimpleNamespace(buffers=[SimpleNamespace(weight_key=3, size=size)], stages=[None])
+    downlink = Downlink(transport, {}, slots, steps_per_epoch=None)          # no compression: no plan
+    assert downlink.plans == [None] and downlink.land(0) is None
+    downlink.plans = [{"rings": [{"key": 9, "cap": workers * k, "bitmap": False}], "slots": slots}]
+    downlink.replicas, downlink.ring_bufs, downlink.pulled = [replica], [[ring_buf]], [0]
     with pytest.raises(RuntimeError, match=r"downlink: buffer 0 \(keys 3/9\): .* version 6 differs"):
-        RoundClient._land_ring(client, 0)
+        downlink.land(0)
 
 
 # ---- real jobs on loopback ------------------------------------------------------------------------

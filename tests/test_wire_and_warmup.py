@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jobs import ROOT, processes_with, run_job
 
-from ssdsgd.algorithms.ssd import density_stage
+from ssdsgd.algorithms.policy import density_stage
 from ssdsgd.compression.codec import DIGIT, FP16_MAX, MailboxFormat, make_decoder
 from ssdsgd.compression.compressor import TopK
 from ssdsgd.compression.encoders import SparseEncoder, make_stages, tensor_counts

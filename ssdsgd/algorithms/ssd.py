@@ -5,7 +5,6 @@ buffers and clock polls are the round transport (transport.py); the sparse downl
 servers' state is downlink.py. This module ties them together with the local optimizer (glu.py), the
 encoders (ssdsgd.compression) and the checkpoint state.
 """
-import threading
 import time
 from typing import NamedTuple
 
@@ -17,7 +16,7 @@ from ssdsgd.algorithms.downlink import Downlink
 from ssdsgd.algorithms.glu import GLU, GlobalMomentum, LocalSGD
 from ssdsgd.algorithms.policy import StepPolicy
 from ssdsgd.algorithms.probe import probe_costs
-from ssdsgd.algorithms.transport import RoundTransport
+from ssdsgd.algorithms.transport import PullWatch, RoundTransport
 from ssdsgd.compression.codec import MAX_ROUND_FP16
 from ssdsgd.compression.encoders import local_clip_bound, make_stages, time_encoding
 from ssdsgd.compression.flatviews import FlatBuffer, FlatViews
@@ -37,28 +36,6 @@ class BufferViews(NamedTuple):
     pulled: FlatBuffer            # the pull buffer's weights (its last element, the version, left out)
     staged: FlatBuffer            # the staging buffer (a replica's weights)
     made_of: list                 # the parameters' arrays, states, pull and staging buffers, in that order
-
-
-class PullWatch:
-    """Tells, without blocking the training loop, whether pulled arrays have landed.
-
-    MXNet has no non-blocking readiness query; a daemon thread waits on the arrays instead
-    (wait_to_read releases the GIL inside the engine call)."""
-
-    def __init__(self, arrays):
-        self._landed = threading.Event()
-        if not arrays:
-            self._landed.set()
-            return
-        threading.Thread(target=self._wait, args=(list(arrays),), daemon=True).start()
-
-    def _wait(self, arrays):
-        for a in arrays:
-            a.wait_to_read()
-        self._landed.set()
-
-    def landed(self):
-        return self._landed.is_set()
 
 
 def _describe_plan(sizes):

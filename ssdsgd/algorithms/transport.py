@@ -10,6 +10,7 @@ Three keys per fused buffer (see ssdsgd.compression.fusion):
 The KVStore is dist_async, so a push is acknowledged as soon as the server has filed it and never
 blocks on the other workers; the rounds are synchronous on the server side.
 """
+import threading
 import time
 
 import mxnet as mx
@@ -18,6 +19,28 @@ import numpy as np
 from ssdsgd.algorithms.policy import density_stage
 from ssdsgd.compression.encoders import flatten
 from ssdsgd.ps import commands
+
+
+class PullWatch:
+    """Tells, without blocking the training loop, whether pulled arrays have landed.
+
+    MXNet has no non-blocking readiness query; a daemon thread waits on the arrays instead
+    (wait_to_read releases the GIL inside the engine call)."""
+
+    def __init__(self, arrays):
+        self._landed = threading.Event()
+        if not arrays:
+            self._landed.set()
+            return
+        threading.Thread(target=self._wait, args=(list(arrays),), daemon=True).start()
+
+    def _wait(self, arrays):
+        for a in arrays:
+            a.wait_to_read()
+        self._landed.set()
+
+    def landed(self):
+        return self._landed.is_set()
 
 
 class RoundTransport:

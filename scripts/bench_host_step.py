@@ -60,7 +60,6 @@ def build(cfg_path, sets):
 
     from ssdsgd.algorithms.policy import density_stage
     from ssdsgd.algorithms.ssd import RoundClient
-    from ssdsgd.compression.codec import MailboxFormat
     from ssdsgd.config import load_config
     from ssdsgd.ps.rounds import DownlinkRing, RingLayout
     from ssdsgd.schedule import LRSchedule
@@ -101,7 +100,7 @@ def build(cfg_path, sets):
     ring = client.downlink.plans[0]["rings"][stage]
     server = copy.deepcopy(replica)
     b = client.stages[stage][0][0]
-    server.formats = [MailboxFormat("sparse", b.size, b.k, b.fp16, b.bitmap)]
+    server.formats = [b.wire]
     server.ring = DownlinkRing(RingLayout.of_plan(b.size, client.downlink.plans[0], ring))
     return client, params, server, stage, fwd_bwd
 

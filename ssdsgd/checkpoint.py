@@ -36,6 +36,7 @@ import zipfile
 
 import numpy as np
 
+from ssdsgd.compression.fusion import describe_sizes, plan_for_config
 from ssdsgd.config import ROUNDS, STOCK, client_kind
 from ssdsgd.errors import CheckpointError
 from ssdsgd.fingerprint import (  # noqa: F401  (read through checkpoint by the run folders and tests)
@@ -290,7 +291,6 @@ def served_plan_problem(cfg, directory, manifest):
     """Re-make the plan of a round-based checkpoint from the parameter shapes of worker0.npz and the
     costs it recorded, as the resumed workers will, and check it against the manifest's plan and the
     shapes of the server buffer files; what is wrong, or None. No mxnet, no large reads."""
-    from ssdsgd.compression.fusion import plan_for_config
     if not round_based(cfg):
         return None
     worker0 = os.path.join(directory, "worker0.npz")
@@ -300,18 +300,16 @@ def served_plan_problem(cfg, directory, manifest):
         return f"{worker0} holds no parameters"
     _, meta = load_npz_meta(worker0)
     cost = (meta or {}).get("cost_model")
-    if cfg.compression.buffers == "cost_model" and not cost:
-        return (f"compression.buffers is cost_model but {worker0} has no recorded costs, so the buffer plan "
-                f"the servers saved cannot be made again")
+    problem = costs_problem(cfg, cost, worker0)
+    if problem:
+        return problem
     try:
         sizes = [b.size for b in plan_for_config(params, cfg.cluster.servers, cfg.compression, cost)]
     except (TypeError, ValueError) as err:
         return f"the plan cannot be made again from the checkpoint: {err}"
-    saved = (manifest.get("plan") or {}).get("buffer_sizes")
-    if saved is not None and saved != sizes:
-        return (f"the manifest's buffer plan ({len(saved)} buffers of {_short(saved)} elements) is not the plan "
-                f"this config makes from the checkpoint's shapes and costs ({len(sizes)} buffers of "
-                f"{_short(sizes)}); its server files cannot be served")
+    problem = plan_problem((manifest.get("plan") or {}).get("buffer_sizes"), sizes)
+    if problem:
+        return problem
     listed = sorted(f for f in manifest["files"] if f.startswith(SERVER_BUFFER))
     want = [server_buffer_file(b) for b in range(len(sizes))]
     if sorted(want) != listed:
@@ -325,8 +323,23 @@ def served_plan_problem(cfg, directory, manifest):
     return None
 
 
-def _short(sizes):
-    return ", ".join(map(str, sizes[:12])) + ("..." if len(sizes) > 12 else "")
+def costs_problem(cfg, cost, source):
+    """compression.buffers: cost_model plans from the costs measured at job start; a checkpoint whose
+    `source` (a worker file) did not record them cannot have its plan made again."""
+    if cfg.compression.buffers == "cost_model" and not cost:
+        return (f"compression.buffers is cost_model but {source} has no recorded costs, so the buffer plan "
+                f"the servers saved cannot be made again")
+    return None
+
+
+def plan_problem(saved_sizes, sizes):
+    """The buffer plan the manifest records against the one made again from the same shapes and costs
+    (by the front end from worker0.npz, by every resumed worker from its parameters)."""
+    if saved_sizes is not None and saved_sizes != sizes:
+        return (f"the manifest's buffer plan ({describe_sizes(saved_sizes)}) is not the plan this config makes "
+                f"from the checkpoint's shapes and costs ({describe_sizes(sizes)}); its server files cannot be "
+                f"served")
+    return None
 
 
 def load_npz_meta(path):

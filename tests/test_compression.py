@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jobs import ROOT, processes_with, run_job
 
-from ssdsgd.compression.codec import MailboxFormat, make_decoder
+from ssdsgd.compression.codec import WireFormat
 from ssdsgd.compression.compressor import RandomK, SampledThreshold, TopK
 from ssdsgd.compression.encoders import SparseEncoder, local_clip_bound, make_encoders, make_stages, tensor_counts
 from ssdsgd.compression.fusion import KEY_HASH, make_plan, plan_cost_model
@@ -70,7 +70,7 @@ def test_sparse_codec_round_trip_against_numpy_scatter():
     payload = np.concatenate([idx.astype(np.float32), vals])
     want = np.zeros(size, np.float32)
     want[idx] = vals                                    # numpy scatter (distinct indices)
-    sparse = make_decoder("sparse", size, k)(payload)
+    sparse = WireFormat("sparse", size, k).decode(payload)
     assert sparse.idx.shape == (k,) and sparse.vals.dtype == np.float32    # O(k), not a dense array
     got = sparse.to_dense()
     assert got.shape == (size,) and got.dtype == np.float32
@@ -82,26 +82,26 @@ def test_sparse_codec_round_trip_against_numpy_scatter():
     want = np.zeros(size, np.float64)
     for i, v in zip(idx, vals):
         want[i] += v
-    got = make_decoder("sparse", size, 6)(np.concatenate([idx.astype(np.float32), vals])).to_dense()
+    got = WireFormat("sparse", size, 6).decode(np.concatenate([idx.astype(np.float32), vals])).to_dense()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
     assert got[5] == pytest.approx(3.75) and got[0] == pytest.approx(2.0)
 
     # Indices near the 2**24 cap stay exact in float32.
     big = 1 << 24
     idx = np.array([big - 1, big - 2, 0], np.int64)
-    got = make_decoder("sparse", big, 3)(np.concatenate([idx.astype(np.float32),
+    got = WireFormat("sparse", big, 3).decode(np.concatenate([idx.astype(np.float32),
                                                          np.array([1, 2, 3], np.float32)])).to_dense()
     assert got[big - 1] == 1 and got[big - 2] == 2 and got[0] == 3 and got.sum() == 6
 
 
 def test_dense_codec_is_identity_and_codecs_validate():
     x = np.random.default_rng(1).standard_normal(13).astype(np.float32)
-    np.testing.assert_array_equal(make_decoder("dense", 13)(x), x)
+    np.testing.assert_array_equal(WireFormat("dense", 13).decode(x), x)
     with pytest.raises(ValueError):
-        make_decoder("dense", 13)(x[:12])
+        WireFormat("dense", 13).decode(x[:12])
     with pytest.raises(ValueError):
-        make_decoder("dense", 13)(np.zeros(14, np.float32))
-    dec = make_decoder("sparse", 10, 3)
+        WireFormat("dense", 13).decode(np.zeros(14, np.float32))
+    dec = WireFormat("sparse", 10, 3).decode
     for bad_len in (5, 7, 3, 0):
         with pytest.raises(ValueError):
             dec(np.zeros(bad_len, np.float32))
@@ -211,7 +211,7 @@ def test_error_feedback_loses_nothing(compressor):
         for i, g in enumerate(grads):
             total_g[i] += g.reshape(-1)
         payload = enc.encode([mx.nd.array(grads[i]) for i in buf.params], step).asnumpy()
-        dense, idx, _ = np_decode(payload, buf.size, buf.k, buf.bitmap)
+        dense, idx, _ = np_decode(payload, buf.size, buf.topk_count, buf.wire.bitmap)
         # exactly k_i distinct indices inside each tensor's range
         for o, n, c in zip(buf.offsets, buf.sizes, buf.counts):
             mine = idx[(idx >= o) & (idx < o + n)]
@@ -235,7 +235,7 @@ def test_without_error_feedback_each_step_sends_its_own_topk():
     for step in range(10):
         grads = [untied(rng, int(np.prod(s))).reshape(s) for s in SHAPES3]
         payload = enc.encode([mx.nd.array(grads[i]) for i in buf.params], step).asnumpy()
-        dense, idx, vals = np_decode(payload, buf.size, buf.k, buf.bitmap)
+        dense, idx, vals = np_decode(payload, buf.size, buf.topk_count, buf.wire.bitmap)
         for p, o, n, c in zip(buf.params, buf.offsets, buf.sizes, buf.counts):
             g = grads[p].reshape(-1)
             mine = idx[(idx >= o) & (idx < o + n)] - o
@@ -280,8 +280,8 @@ def test_ahead_fusion_sends_every_tensor_its_own_k():
     grads = [untied(rng, int(np.prod(s))).reshape(s) * (100.0 if i == 0 else 1e-3)
              for i, s in enumerate(BIG_SMALL)]
     payload = enc.encode([mx.nd.array(grads[i]) for i in buf.params], 0).asnumpy()
-    assert payload.shape == (buf.mailbox_len - 2,) == (2 * 102,)
-    dense, idx, _ = np_decode(payload, buf.size, buf.k, buf.bitmap)
+    assert payload.shape == (buf.wire.length - 2,) == (2 * 102,)
+    dense, idx, _ = np_decode(payload, buf.size, buf.topk_count, buf.wire.bitmap)
     for p, o, n in zip(buf.params, buf.offsets, buf.sizes):
         mine = idx[(idx >= o) & (idx < o + n)]
         assert mine.size == want_counts[p] >= 1, f"tensor {p}"
@@ -296,13 +296,13 @@ def test_behind_fusion_lets_the_big_tensor_take_every_slot():
     gradient mass sits in the big one. This is the "tensor missing" problem SAFusion avoids."""
     comp = comp_config("compression.density=0.001", "compression.fusion=behind")
     (buf,), (enc,) = make_encoders(BIG_SMALL, 1, comp, 0)
-    assert enc.behind and buf.k == 102
+    assert enc.behind and buf.topk_count == 102
     rng = np.random.default_rng(8)
     grads = [untied(rng, int(np.prod(s))).reshape(s) * (100.0 if i == 0 else 1e-3)
              for i, s in enumerate(BIG_SMALL)]
     payload = enc.encode([mx.nd.array(grads[i]) for i in buf.params], 0).asnumpy()
     assert payload.shape == (2 * 102,)
-    dense, idx, _ = np_decode(payload, buf.size, buf.k, buf.bitmap)
+    dense, idx, _ = np_decode(payload, buf.size, buf.topk_count, buf.wire.bitmap)
     fused = np.concatenate([grads[p].reshape(-1) for p in buf.params])
     assert set(idx.tolist()) == np_topk_set(fused, 102)          # one top-k over the fused buffer
     for p, o, n in zip(buf.params, buf.offsets, buf.sizes):
@@ -326,7 +326,7 @@ def test_tensors_below_min_dense_bytes_are_sent_whole():
     for step in range(3):
         grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
         payload = enc.encode([mx.nd.array(grads[i]) for i in buf.params], step).asnumpy()
-        dense, idx, _ = np_decode(payload, buf.size, buf.k, buf.bitmap)
+        dense, idx, _ = np_decode(payload, buf.size, buf.topk_count, buf.wire.bitmap)
         for p, o, n in zip(buf.params, buf.offsets, buf.sizes):
             mine = idx[(idx >= o) & (idx < o + n)]
             if whole[p]:
@@ -343,7 +343,7 @@ SMALL_CNN_LIKE = [(16, 1, 3, 3), (16,), (32, 16, 3, 3), (32,), (64, 512), (64,),
 
 def _plan_fields(buffers):
     return [(b.id, b.params, b.offsets, b.sizes, b.counts, b.server, b.weight_key, b.mailbox_key,
-             b.clock_key, b.codec, b.k, b.mailbox_len) for b in buffers]
+             b.clock_key, b.codec, b.topk_count, b.wire.length) for b in buffers]
 
 
 @pytest.mark.parametrize("buffers,servers", [("one", 1), ("one", 2), ("fixed", 2), ("cost_model", 1),
@@ -361,7 +361,7 @@ def test_workers_build_identical_plans(buffers, servers):
     for b in plan0:
         assert b.offsets == list(np.cumsum([0] + b.sizes[:-1]))
         assert b.counts == [max(1, int(0.01 * sizes[p])) for p in b.params]
-        assert b.mailbox_len == 2 + 2 * sum(b.counts)
+        assert b.wire.length == 2 + 2 * sum(b.counts)
         for key in (b.weight_key, b.mailbox_key, b.clock_key):
             assert (key * KEY_HASH) % servers == b.server
             keys.append(key)
@@ -370,7 +370,7 @@ def test_workers_build_identical_plans(buffers, servers):
     rng = np.random.default_rng(10)
     for b, e0, e1 in zip(plan0, enc0, enc1):
         grads = [mx.nd.array(rng.standard_normal(SMALL_CNN_LIKE[p])) for p in b.params]
-        assert e0.encode(grads, 0).shape == e1.encode(grads, 0).shape == (b.mailbox_len - 2,)
+        assert e0.encode(grads, 0).shape == e1.encode(grads, 0).shape == (b.wire.length - 2,)
 
 
 # ------------------------------------------------------------------------------- 8. cost model
@@ -434,7 +434,7 @@ def test_cost_model_matches_brute_force(seed):
 def test_buffer_state_applies_scatter_summed_sparse_rounds():
     size, k, workers, batch, mu, wd = 40, 6, 2, 8, 0.9, 1e-3
     lr = lambda t: 0.2 / t                                    # noqa: E731  (1-based update count)
-    state = BufferState(size, workers, batch, mu, wd, lr, [MailboxFormat("sparse", size, k)])
+    state = BufferState(size, workers, batch, mu, wd, lr, [WireFormat("sparse", size, k)])
     rng = np.random.default_rng(11)
     w0 = rng.standard_normal(size).astype(np.float32)
     state.bind(w0)
@@ -471,7 +471,7 @@ def test_encoder_messages_decode_on_the_server_to_the_sent_topk():
     encs = [make_encoders(shapes, 1, comp, rank) for rank in range(2)]
     (buf,) = encs[0][0]
     lr, batch = (lambda t: 0.05), 4                           # noqa: E731
-    state = BufferState(buf.size, 2, batch, 0.0, 0.0, lr, [MailboxFormat("sparse", buf.size, buf.k, bitmap=buf.bitmap)])
+    state = BufferState(buf.size, 2, batch, 0.0, 0.0, lr, [buf.wire])
     state.bind(np.zeros(buf.size, np.float32))
     rng = np.random.default_rng(12)
     w = np.zeros(buf.size)
@@ -481,7 +481,7 @@ def test_encoder_messages_decode_on_the_server_to_the_sent_topk():
             grads = [untied(rng, int(np.prod(s))).reshape(s) for s in shapes]
             enc = encs[rank][1][0]
             msg = enc.message([mx.nd.array(grads[p]) for p in buf.params], step, rank)
-            assert msg.shape == (buf.mailbox_len,)
+            assert msg.shape == (buf.wire.length,)
             state.receive(msg.asnumpy())
             for p, o, c in zip(buf.params, buf.offsets, buf.counts):
                 g = grads[p].reshape(-1)
@@ -584,7 +584,7 @@ def test_momentum_correction_against_numpy_dgc(small, min_dense_bytes):
     for step in range(12):
         grads = [untied(rng, 200), rng.standard_normal(small).astype(np.float32)]
         payload = enc.encode([mx.nd.array(grads[p]) for p in buf.params], step).asnumpy()
-        dense, _, _ = np_decode(payload, buf.size, buf.k, buf.bitmap)
+        dense, _, _ = np_decode(payload, buf.size, buf.topk_count, buf.wire.bitmap)
         sent = _split(buf, dense)
         want = _np_dgc_send(u[0], v, grads[0], m, 10)
         np.testing.assert_allclose(sent[0], want, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
@@ -607,7 +607,7 @@ def test_momentum_correction_without_masking_sends_the_momentum_sgd_updates_dela
     for step in range(12):
         g = untied(rng, 200)
         payload = enc.encode([mx.nd.array(g)], step).asnumpy()
-        sent, _, _ = np_decode(payload, buf.size, buf.k, buf.bitmap)
+        sent, _, _ = np_decode(payload, buf.size, buf.topk_count, buf.wire.bitmap)
         want = _np_dgc_send(u, v, g, m, 10, masking=False)
         np.testing.assert_allclose(sent, want, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
         u_ref = m * u_ref + g
@@ -653,7 +653,7 @@ def test_masking_min_wait_masks_only_values_that_were_held_back():
             enc.memory.load_state_dict(saved)
         g = untied(rng, n)
         g[:4] *= 20
-        sent, _, _ = np_decode(enc.encode([mx.nd.array(g)], step).asnumpy(), buf.size, buf.k, buf.bitmap)
+        sent, _, _ = np_decode(enc.encode([mx.nd.array(g)], step).asnumpy(), buf.size, buf.topk_count, buf.wire.bitmap)
         want, waited = _np_dgc_send_waited(u, v, last_sent, step, g, m, k, min_wait=2)
         np.testing.assert_allclose(sent, want, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
         np.testing.assert_allclose(enc.memory.velocity[0], u, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
@@ -702,8 +702,9 @@ def test_lr_weighted_memory_applies_each_gradient_at_its_own_lr():
     applied, applied_plain = np.zeros(n), np.zeros(n)
     for step in range(len(lrs) - 1):
         g = untied(rng, n)
-        sent, _, _ = np_decode(enc.encode([mx.nd.array(g)], step).asnumpy(), buf.size, buf.k, buf.bitmap)
-        sent_plain, _, _ = np_decode(plain.encode([mx.nd.array(g)], step).asnumpy(), buf.size, buf.k, buf.bitmap)
+        sent, _, _ = np_decode(enc.encode([mx.nd.array(g)], step).asnumpy(), buf.size, buf.topk_count, buf.wire.bitmap)
+        sent_plain, _, _ = np_decode(plain.encode([mx.nd.array(g)], step).asnumpy(), buf.size, buf.topk_count,
+                                     buf.wire.bitmap)
         applied += lrs[step] * sent
         applied_plain += lrs[step] * sent_plain
         mom = m * mom + lrs[step] * g
@@ -753,7 +754,7 @@ def test_local_clipping_with_momentum_correction_against_numpy():
         grads = [untied(rng, 200) * 4 * (1 + step % 4),
                  untied(rng, 50) * (0.1 if step % 2 == 0 else 3.0)]
         payload = enc.encode([mx.nd.array(grads[p]) for p in buf.params], step).asnumpy()
-        sent = _split(buf, np_decode(payload, buf.size, buf.k, buf.bitmap)[0])
+        sent = _split(buf, np_decode(payload, buf.size, buf.topk_count, buf.wire.bitmap)[0])
         for p in (0, 1):
             g = grads[p].astype(np.float64)
             norm = np.linalg.norm(g)
@@ -779,7 +780,7 @@ def test_clipping_reaches_warmup_stages_and_tensors_sent_whole():
         enc.memory.residual.clear()
         grads = [untied(rng, 200) * 10, np.full(5, 10.0, np.float32)]
         payload = enc.encode([mx.nd.array(grads[p]) for p in buf.params], 0).asnumpy()
-        sent = _split(buf, np_decode(payload, buf.size, buf.k, buf.bitmap)[0])
+        sent = _split(buf, np_decode(payload, buf.size, buf.topk_count, buf.wire.bitmap)[0])
         np.testing.assert_allclose(np.linalg.norm(sent[1]), bound, rtol=1e-5)     # whole, clipped
         np.testing.assert_allclose(sent[1], bound / np.sqrt(5), rtol=1e-5)
         # The sparse tensor: what was sent plus what was kept is the clipped gradient.

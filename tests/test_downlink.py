@@ -4,7 +4,7 @@ applies them with the same numpy update and must stay bit for bit equal to the s
 import numpy as np
 import pytest
 
-from ssdsgd.compression.codec import MailboxFormat
+from ssdsgd.compression.codec import WireFormat
 from ssdsgd.ps.rounds import BufferState, DownlinkRing, RingLayout, RoundError, StagedRings, read_ring
 from ssdsgd.schedule import LRSchedule
 
@@ -24,7 +24,7 @@ def bits_equal(a, b):
 
 
 def make_pair(size, workers, k, rounds, momentum, delay_momentum, wd, slots, warmup=5, decay_only=False):
-    fmt = [MailboxFormat("sparse", size, k)]
+    fmt = [WireFormat("sparse", size, k)]
     server = BufferState(size, workers, B, momentum, wd, schedule(rounds), fmt, delay_momentum, warmup, decay_only)
     replica = BufferState(size, workers, B, momentum, wd, schedule(rounds), [], delay_momentum, warmup, decay_only)
     server.ring = DownlinkRing(RingLayout(slots, workers * k, size))
@@ -120,7 +120,7 @@ def test_staged_rings_route_each_round_to_its_density_stage():
     pulls stage 1's ring while it still misses stage 0's last round cannot catch up (it then
     rebuilds from the dense state). A stage without a ring publishes nothing."""
     size, workers, k0, k1, slots, first = 200, 2, 30, 3, 2, 4
-    fmts = [MailboxFormat("sparse", size, k0), MailboxFormat("sparse", size, k1)]
+    fmts = [WireFormat("sparse", size, k0), WireFormat("sparse", size, k1)]
     server = BufferState(size, workers, B, 0.9, 1e-4, schedule(10), fmts, 0.5, 2)
     replica = BufferState(size, workers, B, 0.9, 1e-4, schedule(10), [], 0.5, 2)
     rings = [DownlinkRing(RingLayout(slots, workers * k0, size)), DownlinkRing(RingLayout(slots, workers * k1, size))]
@@ -166,8 +166,8 @@ def test_round_service_publishes_each_stage_ring_in_its_own_key():
     plan = {"num_workers": workers, "batch_size": B, "momentum": 0.0, "wd": 0.0,
             "schedule": LRSchedule("constant", base_lr=0.1, total_updates=10).to_dict(),
             "buffers": [{"id": 0, "size": size, "weight_key": 0, "clock_key": 1,
-                         "mailboxes": [{"key": 2, "codec": "sparse", "k": ks[0]},
-                                       {"key": 3, "codec": "sparse", "k": ks[1]}],
+                         "mailboxes": [{"key": 2, "codec": "sparse", "size": size, "topk_count": ks[0]},
+                                       {"key": 3, "codec": "sparse", "size": size, "topk_count": ks[1]}],
                          "downlink": {"rings": [{"key": 4, "cap": workers * ks[0]}, {"key": 5, "cap": workers * ks[1]}],
                                       "first_rounds": [0, 2], "mom_key": 6, "slots": 1, "check_every": 0}}]}
     svc = RoundService(plan, mx.nd)

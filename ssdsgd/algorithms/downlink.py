@@ -61,7 +61,7 @@ class Downlink:
         for bi, b in enumerate(buffers):
             rings = []
             for stage, (bufs, _) in enumerate(self.stages):
-                cap = min(kv.num_workers * bufs[bi].k, b.size)
+                cap = min(kv.num_workers * bufs[bi].topk_count, b.size)
                 bitmap = use_bitmap(b.size, cap, comp.index_coding)   # the ring is fp32
                 layout = RingLayout(slots, cap, b.size, bitmap)
                 ring_bytes, dense_bytes = 4 * layout.length, 4 * (b.size + 1)

@@ -20,9 +20,11 @@ from ssdsgd.algorithms.transport import PullWatch, RoundTransport
 from ssdsgd.compression.codec import MAX_ROUND_FP16
 from ssdsgd.compression.encoders import local_clip_bound, make_stages, time_encoding
 from ssdsgd.compression.flatviews import FlatBuffer, FlatViews
+from ssdsgd.compression.fusion import describe_sizes
 from ssdsgd.compression.registry import is_sparsifier
 from ssdsgd.config import ROUNDS, ssd_warmup_steps
 from ssdsgd.env import BIGARRAY_BOUND_ENV
+from ssdsgd.checkpoint import costs_problem, plan_problem
 from ssdsgd.errors import CheckpointError
 from ssdsgd.ps.commands import num_servers
 from ssdsgd.ps.rounds import BufferState
@@ -36,12 +38,6 @@ class BufferViews(NamedTuple):
     pulled: FlatBuffer            # the pull buffer's weights (its last element, the version, left out)
     staged: FlatBuffer            # the staging buffer (a replica's weights)
     made_of: list                 # the parameters' arrays, states, pull and staging buffers, in that order
-
-
-def _describe_plan(sizes):
-    if not isinstance(sizes, list):
-        return repr(sizes)
-    return f"{len(sizes)} buffers of {', '.join(map(str, sizes[:12]))}{'...' if len(sizes) > 12 else ''} elements"
 
 
 class RoundClient(Client):
@@ -134,9 +130,10 @@ class RoundClient(Client):
                              f"one or fixed (a global top-k per buffer), or fusion: ahead")
         total = sum(b.size for b in self.buffers)
         self.stats.update(buffers=len(self.buffers), buffer_sizes=[b.size for b in self.buffers],
-                          density_sent=sum(b.k for b in self.buffers) / total)
+                          density_sent=sum(b.topk_count for b in self.buffers) / total)
         if len(self.stages) > 1:
-            self.stats["warmup_density_sent"] = [sum(b.k for b in bufs) / total for bufs, _ in self.stages[:-1]]
+            self.stats["warmup_density_sent"] = [sum(b.topk_count for b in bufs) / total
+                                                 for bufs, _ in self.stages[:-1]]
         if is_sparsifier(comp.type):
             self.stats["compress_seconds_per_step"] = time_encoding(self.buffers, self.encoders, shapes)
         self.transport = RoundTransport(kv, self.stages, self.steps_per_epoch, self.wait_note)
@@ -168,21 +165,14 @@ class RoundClient(Client):
         this worker's saved local weights (see load_state), so nothing is pulled here."""
         kv, train = self.kv, self.cfg.train
         saved_meta = saved_meta or {}
-        if resume_dir and self.cfg.compression.buffers == "cost_model" and not saved_meta.get("cost_model"):
-            raise CheckpointError(f"{resume_dir}: compression.buffers is cost_model but the checkpoint has no "
-                                  f"recorded costs, so its buffer plan cannot be made again; resume refused")
+        if resume_dir:
+            self._refuse(resume_dir, costs_problem(self.cfg, saved_meta.get("cost_model"), "the checkpoint"))
         self._plan(saved_cost=saved_meta.get("cost_model"))
+        sizes = [b.size for b in self.buffers]
         if resume_dir and saved_plan is not None:
-            mine = [b.size for b in self.buffers]
-            if saved_plan.get("buffer_sizes") != mine:
-                raise CheckpointError(
-                    f"{resume_dir}: the checkpoint's buffer plan ({_describe_plan(saved_plan.get('buffer_sizes'))}) "
-                    f"is not the plan this run makes from the same config and costs ({_describe_plan(mine)}); "
-                    f"its server files cannot be served, resume refused")
+            self._refuse(resume_dir, plan_problem(saved_plan.get("buffer_sizes"), sizes))
         if kv.rank == 0:
-            sizes = [b.size for b in self.buffers]
-            print(f"buffer plan ({self.cfg.compression.buffers}): {len(sizes)} buffers of "
-                  f"{', '.join(map(str, sizes)) if len(sizes) <= 12 else f'{min(sizes)}..{max(sizes)}'} elements"
+            print(f"buffer plan ({self.cfg.compression.buffers}): {describe_sizes(sizes)}"
                   + (f", from costs {self.stats['cost_model']}" if "cost_model" in self.stats else ""), flush=True)
         per_buffer = list(zip(*[bufs for bufs, _ in self.stages]))     # buffer -> itself per stage
         plan = dict(num_workers=kv.num_workers, batch_size=train.batch_size,
@@ -201,6 +191,11 @@ class RoundClient(Client):
                     self.transport.pull_weights(bi)
                     self._apply_pull(bi)
         mx.nd.waitall()
+
+    @staticmethod
+    def _refuse(resume_dir, problem):
+        if problem:
+            raise CheckpointError(f"{resume_dir}: {problem}; resume refused")
 
     def state(self):
         """This worker's algorithm state for a checkpoint: (arrays, meta)."""

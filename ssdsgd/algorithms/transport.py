@@ -116,7 +116,7 @@ class RoundTransport:
             vals += [mx.nd.concat(flat, mx.nd.zeros(1), dim=0), mx.nd.zeros(1)]
             for bufs, _ in self.stages:
                 keys.append(bufs[bi].mailbox_key)
-                vals.append(mx.nd.zeros(bufs[bi].mailbox_len, dtype=bufs[bi].mailbox_dtype))
+                vals.append(mx.nd.zeros(bufs[bi].wire.length, dtype=bufs[bi].wire.dtype))
         keys += [key for extra in extra_keys for key, _ in extra]
         vals += [mx.nd.zeros(n) for extra in extra_keys for _, n in extra]
         kv.init(keys, vals)               # rank 0's values count; ends with a barrier

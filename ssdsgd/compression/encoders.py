@@ -72,7 +72,7 @@ class SparseEncoder:
         self.grad_views.copy_to(self.grads_flat)
         flat = self.grads_flat.array.asnumpy()          # the one host copy of the buffer per step
         if self.behind:
-            idx, val = self._select(self.memory.accumulate(-1 - b.id, flat, step), b.k, -1 - b.id, step)
+            idx, val = self._select(self.memory.accumulate(-1 - b.id, flat, step), b.topk_count, -1 - b.id, step)
         else:
             accs = [self.memory.accumulate(b.params[j], flat[off:off + n], step)
                     for j, (off, n) in enumerate(zip(self.offsets, b.sizes))]
@@ -82,7 +82,7 @@ class SparseEncoder:
                      for j, acc in enumerate(accs)]
             idx = np.concatenate([i + off for (i, _), off in zip(parts, self.offsets)])
             val = np.concatenate([v for _, v in parts])
-        bitmap_size = b.size if b.bitmap else None
+        bitmap_size = b.size if b.wire.bitmap else None
         return mx.nd.array(encode_sparse(idx, val, self.fp16, bitmap_size), dtype=np.float32)
 
     def message(self, grads, step, rank):
@@ -148,16 +148,19 @@ def local_clip_bound(clip_norm, batch_size, num_workers):
     return clip_norm * batch_size * num_workers ** 0.5
 
 
-def make_encoders(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, seed=0, clip=None, lr_of=None):
+def make_encoders(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, seed=0, clip=None, lr_of=None,
+                  counts=None):
     """Buffer plan plus one encoder per buffer, for the `compression` config section (steady-state
     density; make_stages adds the warm-up stages).
 
     cost: {'alpha', 'beta', 'backward'} measured at job start (needed for buffers: cost_model).
     clip: the per-tensor L2 bound of local gradient clipping (local_clip_bound), None: off.
     lr_of: step -> the servers' lr for that step's round; used with compression.lr_weighted.
+    counts: tensor_counts(shapes, comp), if the caller has them.
     """
-    buffers = plan_for_config(shapes, num_servers, comp, cost)
-    whole = tensor_counts(shapes, comp)[2]
+    counts = counts or tensor_counts(shapes, comp)
+    buffers = plan_for_config(shapes, num_servers, comp, cost, counts)
+    whole = counts.whole
     if not is_sparsifier(comp.type):
         return buffers, [DenseEncoder() for _ in buffers]
     memory = Memory(comp.error_feedback, momentum if comp.momentum_correction else 0.0, clip,
@@ -178,12 +181,13 @@ def make_stages(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, see
     then the steady state. The steady state decides the buffers (the cost model plans for it);
     the warm-up stages reuse them with their own counts, mailbox keys and encoders, sharing the
     compressor and the error-feedback memory."""
+    counts = tensor_counts(shapes, comp)
     buffers, encoders = make_encoders(shapes, num_servers, comp, rank, momentum=momentum, cost=cost,
-                                      seed=seed, clip=clip, lr_of=lr_of)
+                                      seed=seed, clip=clip, lr_of=lr_of, counts=counts)
     if not comp.warmup:
         return [(buffers, encoders)]
-    stage_counts = [tensor_counts(shapes, comp, density)[1] for density in comp.warmup]
-    whole = tensor_counts(shapes, comp)[2]                   # min_dense_bytes: the same in every stage
+    stage_counts = [tensor_counts(shapes, comp, density).counts for density in comp.warmup]
+    whole = counts.whole                                     # min_dense_bytes: the same in every stage
     memory, compressor = encoders[0].memory, encoders[0].compressor
     stages = [(bufs, _sparse_encoders(bufs, compressor, memory, whole, comp))
               for bufs in warmup_stages(buffers, stage_counts, num_servers)]

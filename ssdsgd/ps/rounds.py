@@ -53,7 +53,7 @@ class BufferState:
         self.decay_only = decay_only  # the pushes carry their own momentum; self.mom is the decay's
         self.wd = wd
         self.schedule = schedule
-        self.formats = formats        # codec.MailboxFormat per density stage
+        self.formats = formats        # codec.WireFormat per density stage
         self.weights = None           # np.float32 (size,), set by bind()
         self.mom = np.zeros(size, np.float32)
         self.version = 0              # number of rounds applied

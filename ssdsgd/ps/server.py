@@ -17,7 +17,7 @@ import traceback
 import numpy as np
 
 from ssdsgd.checkpoint import SERVER_STOCK, CheckpointError, load_npz, save_npz, server_buffer_file, server_stock_file
-from ssdsgd.compression.codec import MailboxFormat
+from ssdsgd.compression.codec import WireFormat
 from ssdsgd.env import ROLE_ENV, SECRET_ENV, rank_line
 from ssdsgd.ps import commands
 from ssdsgd.ps.eval_tally import TALLY_KEY
@@ -50,8 +50,7 @@ class RoundService:
             # One mailbox per density stage (compression.warmup), the steady state last.
             for stage, box in enumerate(buf["mailboxes"]):
                 self.roles[box["key"]] = (b, "mailbox", stage)
-                formats.append(MailboxFormat(box["codec"], buf["size"], box.get("k"), box.get("fp16", False),
-                                             box.get("bitmap", False)))
+                formats.append(WireFormat.from_dict(box))
             self.states[b] = BufferState(buf["size"], plan["num_workers"], plan["batch_size"],
                                          plan["momentum"], plan["wd"], schedule, formats,
                                          plan.get("delay_momentum"), plan.get("warmup", 0),

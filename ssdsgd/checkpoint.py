@@ -12,7 +12,7 @@ checkpoint, so a crash while saving never leaves something that looks complete. 
 manifest is validated field by field (types, ranges, every file the plan needs), the fingerprint
 and every hash are checked; any problem stops the job before it starts, with a message saying which.
 
-Manifest format 2 (format 1, without `plan` and `config`, is still read):
+Manifest format 2:
   {"format": 2, "fingerprint": sha256 hex, "config": {the hashed config parts}, "name": str,
    "run_dir": the run folder, absolute (optional: a resume goes on writing there),
    "epochs_done": int >= 1 (the folder's E), "step": int, epochs_done <= step,
@@ -45,9 +45,9 @@ from ssdsgd.metrics import write_json_atomic
 
 MANIFEST = "manifest.json"
 FORMAT = 2
-READABLE_FORMATS = (1, 2)
 WORKER, SERVER_BUFFER, SERVER_STOCK = "worker", "server-buffer", "server-stock"   # <name><n>.npz
 FILE_NAME = re.compile(rf"({WORKER}|{SERVER_BUFFER}|{SERVER_STOCK})(\d+)\.npz")
+SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def worker_file(rank):
@@ -60,7 +60,6 @@ def server_buffer_file(b):
 
 def server_stock_file(rank):
     return f"{SERVER_STOCK}{rank}.npz"
-SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def round_based(cfg):
@@ -149,11 +148,9 @@ def manifest_problem(m, cfg, folder_epoch=None):
     if not isinstance(m, dict):
         return f"the manifest is not a JSON object (got {type(m).__name__})"
     fmt = m.get("format")
-    if not _is_int(fmt) or fmt not in READABLE_FORMATS:
-        return f"unknown checkpoint format {fmt!r} (this version reads {', '.join(map(str, READABLE_FORMATS))})"
-    required = {"fingerprint": str, "epochs_done": int, "step": int, "files": dict}
-    if fmt >= 2:
-        required.update(plan=dict, config=dict)
+    if not _is_int(fmt) or fmt != FORMAT:
+        return f"unknown checkpoint format {fmt!r} (this version reads {FORMAT})"
+    required = {"fingerprint": str, "epochs_done": int, "step": int, "files": dict, "plan": dict, "config": dict}
     for key, kind in required.items():
         if key not in m:
             return f"the manifest has no {key!r}"
@@ -182,24 +179,23 @@ def manifest_problem(m, cfg, folder_epoch=None):
                     f"server-stock<r>.npz)")
         if not isinstance(digest, str) or not SHA256.fullmatch(digest):
             return f"files: {name}: not a sha256 hex digest: {digest!r}"
+    problem = _plan_problem(m["plan"], cfg)
+    if problem:
+        return f"plan: {problem}"
+    return _files_problem(m["files"], m["plan"], workers)
+
+
+def _files_problem(files, plan, workers):
+    """The manifest's files against those the plan needs: worker<r>.npz of every worker, and the servers'."""
     needed = {worker_file(r) for r in range(workers)}
-    if fmt >= 2:
-        problem = _plan_problem(m["plan"], cfg)
-        if problem:
-            return f"plan: {problem}"
-        plan = m["plan"]
-        if plan["kind"] == ROUNDS:
-            needed |= {server_buffer_file(b) for b in range(len(plan["buffer_sizes"]))}
-        else:
-            needed |= {server_stock_file(r) for r in range(plan["servers"])}
-        extra = sorted(set(m["files"]) - needed)
-        if extra:
-            return f"files: lists {', '.join(extra)}, which this plan does not have"
-    elif round_based(cfg):
-        needed.add(server_buffer_file(0))
+    if plan["kind"] == ROUNDS:
+        needed |= {server_buffer_file(b) for b in range(len(plan["buffer_sizes"]))}
     else:
-        needed |= {server_stock_file(r) for r in range(cfg.cluster.servers)}
-    missing = sorted(needed - set(m["files"]), key=lambda n: (len(n), n))
+        needed |= {server_stock_file(r) for r in range(plan["servers"])}
+    extra = sorted(set(files) - needed)
+    if extra:
+        return f"files: lists {', '.join(extra)}, which this plan does not have"
+    missing = sorted(needed - set(files), key=lambda n: (len(n), n))
     if missing:
         return f"files: {', '.join(missing)} missing (the plan needs them)"
     return None

@@ -100,9 +100,6 @@ def _check_compression(c, sparsifier):
     sparse_only = {
         "fp16_values": (comp["fp16_values"], "only sparse pushes have an fp16 wire format"),
         "index_coding": (comp["index_coding"] != "auto", "only sparse messages carry indices"),
-        "clip_norm": (comp["clip_norm"] is not None, "local gradient clipping runs in the sparse encoders"),
-        "lr_weighted": (comp["lr_weighted"], "it weights the error-feedback memory of the sparse encoders"),
-        "lookahead": (comp["lookahead"] > 0, "it looks ahead by the error-feedback residual of the sparse encoders"),
         "warmup": (bool(comp["warmup"]), "a density warm-up needs a sparsifier"),
         "downlink": (comp["downlink"] == "sparse", "sparse rebuilds the global weights from the rounds' sparse "
                                                   "updates, so it needs a sparsifier"),
@@ -115,24 +112,9 @@ def _check_compression(c, sparsifier):
         raise ConfigError("compression.allocation: gradient re-allocates the per-tensor quotas of "
                           "sparsification ahead of fusion; it needs compression.fusion: ahead and a "
                           f"sparsifier (got fusion {comp['fusion']}, type {comp['type']})")
-    if comp["clip_norm"] is not None and comp["fusion"] != "ahead":
-        raise ConfigError("compression.clip_norm: clips each tensor's gradient, and fusion: behind fuses the "
-                          "tensors before the error-feedback memory sees them; use compression.fusion: ahead")
-    if comp["masking_min_wait"] and not (comp["momentum_masking"] and comp["momentum_correction"]):
-        raise ConfigError("compression.masking_min_wait: narrows momentum factor masking; it needs "
-                          "compression.momentum_correction: true and compression.momentum_masking: true")
     if not comp["momentum_masking"] and not comp["momentum_correction"]:
         raise ConfigError("compression.momentum_masking: masks the momentum of DGC's momentum correction; "
                           "false needs compression.momentum_correction: true")
-    if comp["lr_weighted"] and not (comp["error_feedback"] or comp["momentum_correction"]):
-        raise ConfigError("compression.lr_weighted: weights what error feedback and momentum correction hold "
-                          "back; true needs compression.error_feedback or momentum_correction: true")
-    if comp["lookahead"] > 0 and not comp["error_feedback"]:
-        raise ConfigError("compression.lookahead: looks ahead by the error-feedback residual; it needs "
-                          "compression.error_feedback: true")
-    if comp["decay_momentum"] and not comp["momentum_correction"]:
-        raise ConfigError("compression.decay_momentum: without momentum correction the servers' momentum "
-                          "already carries the weight decay; true needs compression.momentum_correction: true")
     if any(d < comp["density"] for d in comp["warmup"]):
         raise ConfigError(f"compression.warmup: a warm-up density below compression.density "
                           f"({comp['density']}) would not be a warm-up; got {comp['warmup']}")

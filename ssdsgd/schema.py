@@ -214,26 +214,10 @@ SCHEMA = {
         "momentum_correction": Field(bool, None, nullable=True,
                                      doc="DGC's momentum correction: the workers accumulate the momentum before "
                                          "sparsifying; null: true with a sparsifier, false otherwise"),
-        "decay_momentum": Field(bool, False,
-                                doc="momentum correction: the servers apply the weight decay through a momentum "
-                                    "of their own (SSGD's decay strength, as DGC's reference optimizer does); "
-                                    "false: without momentum, 1/(1 - momentum) times weaker"),
         "momentum_masking": Field(bool, True,
                                   doc="momentum correction: zero the worker's momentum where a value was sent "
                                       "(DGC's momentum factor masking); false: keep it, so the servers apply "
                                       "exactly SSGD's momentum updates, each value delayed until it is sent"),
-        "masking_min_wait": Field(int, 0, min=0,
-                                  doc="momentum masking only where the value sent had been held back at least "
-                                      "this many steps in a row just before (1: not where it was also sent at "
-                                      "the previous step); 0: everywhere, as DGC masks"),
-        "lr_weighted": Field(bool, False,
-                             doc="error feedback and momentum correction hold lr-weighted gradients (EF-SGD's "
-                                 "form): a value held back is applied at the lr of the step that computed it; "
-                                 "false: at the lr of the step that sends it"),
-        "lookahead": Field(float, 0.0, min=0, max=1,
-                           doc="workers compute gradients at the global weights minus lookahead x what their "
-                               "held-back values will move (own residual x workers, at the next round's lr): "
-                               "error feedback's virtual iterate; 0: off"),
         "fp16_values": Field(bool, False),
         "index_coding": Field(str, "auto", choices=("auto", "list"),
                               doc="sparse messages and sparse-downlink rounds on the fp32 wire: auto sends the "
@@ -241,11 +225,6 @@ SCHEMA = {
                                   "(above ~4.2% density for a push; not the fp16 wire, whose pushes keep their "
                                   "index digits); list: always k indices"),
         "min_dense_bytes": Field(int, 0, min=0, doc="tensors smaller than this are sent dense"),
-        "clip_norm": Field(float, None, nullable=True, gt=0,
-                           doc="DGC's local gradient clipping (sparsifiers, fusion ahead): the L2 threshold for "
-                               "each tensor's gradient averaged over the whole step (all workers' samples); each "
-                               "worker clips its share at clip_norm / sqrt(workers) before momentum correction "
-                               "and error feedback; null: off"),
         "fusion": Field(str, "ahead", choices=("ahead", "behind")),
         "allocation": Field(str, "auto", choices=("auto", "size", "gradient"),
                             doc="fusion ahead: k_i proportional to tensor size, or re-allocated from the "

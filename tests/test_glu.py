@@ -386,18 +386,11 @@ def test_round_client_global_momentum_state_and_load_state_round_trip():
 @pytest.mark.parametrize("mc", [False, True])
 def test_round_client_delay_stage_momentum(mc):
     """algorithm.momentum reaches the local optimizer and the servers' delay-stage rule; under momentum
-    correction the servers run plain SGD in both stages, or keep the momentum for the weight decay
-    only (compression.decay_momentum)."""
+    correction the servers run plain SGD in both stages."""
     client, _, cfg = _round_client("global_momentum", "algorithm.momentum=0.7",
                                    f"compression.momentum_correction={str(mc).lower()}")
     assert client.local_opt.momentum == 0.7 and client.delay_momentum == 0.7
     assert (client.server_momentum, client.server_delay_momentum) == ((0.0, 0.0) if mc else (0.9, 0.7))
-    assert client.decay_only is False
-    if mc:
-        decay, _, _ = _round_client("global_momentum", "algorithm.momentum=0.7",
-                                    "compression.momentum_correction=true", "compression.decay_momentum=true")
-        assert decay.decay_only is True
-        assert (decay.server_momentum, decay.server_delay_momentum) == (0.9, 0.7)
     default, _, _ = _round_client("global_momentum")
     assert default.delay_momentum == default.local_opt.momentum == cfg.train.momentum
 
@@ -429,37 +422,6 @@ def test_a_long_wait_for_a_round_names_the_buffers_server_once(capsys, server_ti
     assert out.count("rank 0: waited 0.05 s for round 2 of buffer 0, held by server rank 1: another worker is "
                      "behind, or the connection to that server is lost\n") == notes
     assert out.count("waited") == notes
-
-
-@pytest.mark.parametrize("fusion", ["ahead", "behind"])
-def test_lookahead_moves_the_weights_by_the_residual_at_the_next_rounds_lr(fusion):
-    """compression.lookahead: after a step the parameters are moved by -lookahead * lr(next round) / B
-    times this worker's error-feedback residual (numpy), per parameter, whether the residual is kept
-    per tensor (fusion ahead) or per fused buffer (behind); off (0) they stay where they are."""
-    client, params, cfg = _round_client("global_momentum", "compression.type=topk", "compression.buffers=one",
-                                        f"compression.fusion={fusion}", "compression.lookahead=0.5")
-    client._plan()
-    rng = np.random.RandomState(3)
-    residual = [rng.standard_normal(p.shape).astype(np.float32).reshape(-1) for p in params]
-    if fusion == "ahead":
-        client.memory.residual = dict(enumerate(residual))
-    else:
-        b = client.buffers[0]
-        fused = np.zeros(b.size, np.float32)
-        for i, off, n in zip(b.params, b.offsets, b.sizes):
-            fused[off:off + n] = residual[i]
-        client.memory.residual = {-1 - b.id: fused}
-    before = [p.data().asnumpy().astype(np.float64) for p in params]
-    client._look_ahead(7)
-    factor = 0.5 * client.schedule(9) / cfg.train.batch_size          # round 8 is global update 9
-    assert factor > 0
-    for p, b, r in zip(params, before, residual):
-        np.testing.assert_allclose(p.data().asnumpy(), b - factor * r.reshape(b.shape), rtol=1e-5, atol=1e-7)
-    client.lookahead = 0.0
-    after = [p.data().asnumpy().copy() for p in params]
-    client._look_ahead(8)
-    for p, a in zip(params, after):
-        assert np.array_equal(p.data().asnumpy(), a)
 
 
 # ------------------------------------------------------------------ whole-buffer forms, bit for bit

@@ -116,34 +116,6 @@ def test_delay_stage_momentum_from_round_warmup_on():
     assert np.abs(ref[2] - same[2]).max() == 0 and np.abs(ref[3] - same[3]).max() > 1e-3
 
 
-def test_momentum_corrected_rounds_with_decay_momentum_are_momentum_sgd_at_a_constant_rate():
-    """Momentum correction with compression.decay_momentum: the workers push u_i = mu*u_i + g_i and the
-    servers apply the sum plainly, keeping their momentum for the weight decay alone. At a constant
-    rate this is momentum SGD on the summed gradient with decay (the reference), in both stages
-    (delay-stage momentum from round 2); applying the decay without momentum (the default: servers
-    at mu = 0) is measurably not."""
-    rng, grads, w0 = problem(7)
-    const = LRSchedule("step", base_lr=0.5, total_updates=ROUNDS, milestones=[], factor=1.0)
-    ref = reference(w0, grads, lambda t: 0.5, delay_mu=0.5, warmup=2)
-    st = BufferState(SIZE, N, B, MU, WD, const, [WireFormat("dense", SIZE)],
-                     delay_momentum=0.5, warmup=2, decay_only=True)
-    default = BufferState(SIZE, N, B, 0.0, WD, const, [WireFormat("dense", SIZE)])
-    st.bind(w0)
-    default.bind(w0)
-    u = np.zeros((N, SIZE), np.float32)
-    plain = w0.astype(np.float64)                  # the decay applied without momentum
-    for r in range(ROUNDS):
-        mu = MU if r < 2 else 0.5
-        for k in range(N):
-            u[k] = mu * u[k] + grads[r, k]
-            st.receive(message(r, k, u[k]))
-            default.receive(message(r, k, u[k]))
-        plain = plain - 0.5 * (u.astype(np.float64).sum(axis=0) / (N * B) + WD * plain)
-        np.testing.assert_allclose(st.weights, ref[r + 1], rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(default.weights, plain, rtol=1e-5, atol=1e-5)
-    assert np.abs(plain - ref[-1]).max() > 1e-2
-
-
 def test_fast_worker_several_rounds_ahead():
     rng, grads, w0 = problem(10)
     # rank 2 runs 4 rounds ahead, ranks 0 and 1 catch up alternately, then rank 2 finishes.

@@ -165,16 +165,9 @@ class Downlink:
 
     def load_state(self, arrays, meta):
         """The inverse of state(). A checkpoint without replicas (taken with the dense downlink) leaves
-        them unbound: the first ring refresh then rebuilds them from the servers' dense state.
-        Checkpoints from before the per-stage rings say only 'ring' or 'dense' per buffer ("pulled"),
-        and their ring was the steady stage's (the last)."""
-        n = len(self.replicas)
-        if "pulled_rings" in meta:
-            self.pulled = list(meta["pulled_rings"])
-        else:
-            steady = len(self.stages) - 1
-            self.pulled = [steady if p == "ring" else None for p in meta.get("pulled", ["dense"] * n)]
-        for bi, (rep, v) in enumerate(zip(self.replicas, meta.get("replica_versions", [None] * n))):
+        them unbound: the first ring refresh then rebuilds them from the servers' dense state."""
+        self.pulled = list(meta["pulled_rings"])
+        for bi, (rep, v) in enumerate(zip(self.replicas, meta["replica_versions"])):
             if rep is None:
                 self.pulled[bi] = None
             elif v is not None and f"replica_w{bi}" in arrays:

@@ -9,7 +9,6 @@ import time
 from typing import NamedTuple
 
 import mxnet as mx
-import numpy as np
 
 from ssdsgd.algorithms.base import Client, StepRecord
 from ssdsgd.algorithms.downlink import Downlink
@@ -18,7 +17,7 @@ from ssdsgd.algorithms.policy import StepPolicy
 from ssdsgd.algorithms.probe import probe_costs
 from ssdsgd.algorithms.transport import PullWatch, RoundTransport
 from ssdsgd.compression.codec import MAX_ROUND_FP16
-from ssdsgd.compression.encoders import local_clip_bound, make_stages, time_encoding
+from ssdsgd.compression.encoders import make_stages, time_encoding
 from ssdsgd.compression.flatviews import FlatBuffer, FlatViews
 from ssdsgd.compression.fusion import describe_sizes
 from ssdsgd.compression.registry import is_sparsifier
@@ -61,12 +60,10 @@ class RoundClient(Client):
         # in the local optimizer and in the compressor's momentum correction alike.
         self.delay_momentum = cfg.train.momentum if alg.momentum is None else alg.momentum
         # DGC momentum correction moves the gradients' momentum to the workers; the servers then run
-        # plain SGD, or (compression.decay_momentum) keep a momentum for the weight decay only.
+        # plain SGD.
         mc = cfg.compression.momentum_correction
-        self.decay_only = mc and cfg.compression.decay_momentum
-        self.lookahead = cfg.compression.lookahead   # see _look_ahead
-        self.server_momentum = 0.0 if mc and not self.decay_only else cfg.train.momentum
-        self.server_delay_momentum = 0.0 if mc and not self.decay_only else self.delay_momentum
+        self.server_momentum = 0.0 if mc else cfg.train.momentum
+        self.server_delay_momentum = 0.0 if mc else self.delay_momentum
         self.transport = self.downlink = None       # made in _plan() (the plan may need a link probe)
         self.buffers = self.encoders = None         # the steady state's
         self.memory = None                          # the encoders' error-feedback memory, if any
@@ -118,10 +115,8 @@ class RoundClient(Client):
             cost = saved_cost or probe_costs(kv, self.measure_backward, sum(p.data().size for p in self.params))
             self.stats["cost_model"] = cost
         shapes = [p.shape for p in self.params]
-        clip = local_clip_bound(comp.clip_norm, self.cfg.train.batch_size, kv.num_workers)
         self.stages = make_stages(shapes, num_servers(kv), comp, kv.rank, momentum=self.cfg.train.momentum,
-                                  cost=cost, seed=self.cfg.seed, clip=clip,
-                                  lr_of=lambda step: self.schedule(step + 1))   # round r is update r + 1
+                                  cost=cost, seed=self.cfg.seed)
         self.buffers, self.encoders = self.stages[-1]          # the steady state
         self.memory = self.encoders[0].memory                   # error feedback, shared by every encoder
         if comp.fusion == "behind" and is_sparsifier(comp.type) and all(len(b.params) == 1 for b in self.buffers):
@@ -149,7 +144,7 @@ class RoundClient(Client):
         train = self.cfg.train
         return BufferState(size, self.kv.num_workers, train.batch_size, self.server_momentum, train.wd,
                            LRSchedule.from_dict(self.schedule.to_dict()), [], self.server_delay_momentum,
-                           self.warmup, self.decay_only)
+                           self.warmup)
 
     def plan_record(self):
         """What the checkpoint manifest records of the servers' layout (ssdsgd/checkpoint.py)."""
@@ -177,7 +172,7 @@ class RoundClient(Client):
         per_buffer = list(zip(*[bufs for bufs, _ in self.stages]))     # buffer -> itself per stage
         plan = dict(num_workers=kv.num_workers, batch_size=train.batch_size,
                     momentum=self.server_momentum, delay_momentum=self.server_delay_momentum,
-                    decay_only=self.decay_only, warmup=self.warmup, wd=train.wd, schedule=self.schedule.to_dict(),
+                    warmup=self.warmup, wd=train.wd, schedule=self.schedule.to_dict(),
                     buffers=[dict(b.to_dict(list(stages)), downlink=down)
                              for b, stages, down in zip(self.buffers, per_buffer, self.downlink.plans)])
         self.transport.install(plan, self.params, [self.downlink.keys(bi) for bi in range(len(self.buffers))],
@@ -292,7 +287,6 @@ class RoundClient(Client):
         if plan.synchronous:
             pushed = self.transport.push(step, grads)
             wait = self._wait_until(plan.oldest_version, range(len(self.buffers)))
-            self._look_ahead(step)
             return self._record(pushed, staleness, wait)
         wait = 0.0
         if plan.land:
@@ -309,7 +303,6 @@ class RoundClient(Client):
         if self.memory is not None and self.memory.momentum:
             self.memory.momentum = self.delay_momentum      # momentum correction: the stage's momentum
         pushed = self.transport.push(step, grads)
-        self._look_ahead(step)
         if plan.pull:
             wait += self._issue_pulls(step, plan.pull_waits)
         return self._record(pushed, staleness, wait)
@@ -345,24 +338,6 @@ class RoundClient(Client):
         would differ by a float32 ulp from the servers' rule."""
         for i, p in enumerate(self.params):
             self.local_opt.update(i, p.data(), p.grad(), self.local_states[i])
-
-    def _look_ahead(self, step):
-        """compression.lookahead: move the weights the next gradient is computed on by what the
-        held-back values will do once sent. Error feedback's virtual iterate, the weights minus
-        every worker's residual at the servers' lr, follows plain (momentum) SGD exactly when the
-        gradients are taken there (Stich & Karimireddy's analysis of error feedback); this worker
-        knows only its own residual and stands it in for all N (the factor N of scale = 1/(N*B)
-        cancels). The servers' weights, what is evaluated, are not changed."""
-        if not self.lookahead:
-            return
-        factor = self.lookahead * self.schedule(step + 2) / self.cfg.train.batch_size   # next round's lr
-        for b in self.buffers:
-            behind = self.memory.residual.get(-1 - b.id)
-            for i, off, n in zip(b.params, b.offsets, b.sizes):
-                res = behind[off:off + n] if behind is not None else self.memory.residual.get(i)
-                if res is not None:
-                    p = self.params[i].data()
-                    p -= mx.nd.array(res.reshape(p.shape), dtype=np.float32) * factor
 
     def _land_pull(self):
         issued = self.pending_pull

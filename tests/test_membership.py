@@ -129,6 +129,102 @@ def test_a_stranger_worker_is_named_at_once(tmp_path, config):
     assert processes_with(job.marker) == []
 
 
+@pytest.mark.timeout(150)
+def test_a_stranger_holding_every_worker_rank_is_named_at_once(tmp_path):
+    """One worker, and the stranger registers before it: ps-lite gives the stranger the only worker rank
+    and the job's own worker waits inside its start-up for good. Before: no hello ever came, so the
+    servers never started their clock, and the job ended at the stall timeout as "worker 0 made no
+    progress". Now the server sees the start-up is over (the stranger connected to it) and names rank 0
+    and the stranger's host within HELLO_TIMEOUT, even while the job's worker is still held."""
+    stranger = subprocess.Popen([sys.executable, "-c", STRANGER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = None
+    try:
+        assert stranger.stdout.readline().strip() == "ready"
+        proc, job = start_job(tmp_path, SSGD, "train.epochs=500", "cluster.workers=1", "cluster.stall_timeout=120",
+                              "cluster.server_timeout=60", name="strangers")
+        pids = _wait("the job's processes", lambda: _roles(job, proc, [("scheduler", 0), ("server", 0), ("worker", 0)]))
+        worker = pids[("worker", 0)]
+        os.kill(worker, signal.SIGSTOP)           # registers only after the stranger
+        env = {k: v for k, v in _environment(pids[("scheduler", 0)]).items() if k.startswith("DMLC_")}
+        port = int(env["DMLC_PS_ROOT_PORT"])
+        assert not _connected_to(worker, port)
+        _wait("server 0 to register", lambda: _connected_to(pids[("server", 0)], port))
+        env.update(DMLC_ROLE="worker", DMLC_TASK_ID="0")
+        stranger.stdin.write(json.dumps(env) + "\n")
+        stranger.stdin.flush()
+        _wait("the stranger to register", lambda: _connected_to(stranger.pid, port))
+        t0 = time.time()
+        out, _ = proc.communicate(timeout=60)
+        elapsed = time.time() - t0
+    finally:
+        os.killpg(stranger.pid, signal.SIGKILL)
+        joined, _ = stranger.communicate()
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    print(f"the job ended {elapsed:.1f} s after the stranger registered")
+    assert "stranger rank 0 of 1" in joined, joined
+    assert re.search(r"worker rank 0 has not proven that it belongs to the job .*connected to this server from "
+                     r"127\.0\.0\.1", out), out[-3000:]
+    assert proc.returncode == 1, out[-3000:]
+    assert re.search(r"^launch: server 0 .*exited with code 1", out, re.M), out[-3000:]
+    assert "made no progress" not in out
+    assert elapsed < membership.HELLO_TIMEOUT + 10
+    assert processes_with(job.marker) == []
+
+
+def _roles(job, proc, wanted):
+    pids = {role_of(pid): pid for pid in processes_with(job.marker)}
+    assert proc.poll() is None, proc.stdout.read()
+    return pids if all(r in pids for r in wanted) else None
+
+
+def _sockets(*rows):
+    return lambda: list(rows)
+
+
+LISTEN = ("0A", "0.0.0.0:9000", "0.0.0.0:0")
+SELF = [("01", "127.0.0.1:41000", "127.0.0.1:9000"), ("01", "127.0.0.1:9000", "127.0.0.1:41000")]
+
+
+def test_connected_from_lists_accepted_connections_but_not_our_own():
+    sockets = [LISTEN, *SELF, ("01", "10.0.0.5:9000", "10.0.0.1:5000"), ("01", "10.0.0.5:9000", "10.0.0.7:6000"),
+               ("01", "10.0.0.5:7000", "10.0.0.9:9100"),           # one we opened ourselves
+               ("06", "10.0.0.5:9000", "10.0.0.8:6100")]            # not established
+    assert membership.connected_from(sockets) == ["10.0.0.1:5000", "10.0.0.7:6000"]
+
+
+def test_roll_call_starts_its_clock_when_every_rank_has_connected(monkeypatch):
+    """The scheduler and each of the 2 worker ranks connected: the clock starts before any hello; the
+    message names the missing rank and the host of the connection no hello lists, not the scheduler's."""
+    monkeypatch.setenv("DMLC_NUM_WORKER", "2")
+    monkeypatch.setenv("DMLC_PS_ROOT_URI", "10.0.0.1")
+    rows = [LISTEN, *SELF, ("01", "10.0.0.5:9000", "10.0.0.1:5000")]
+    roll = membership.RollCall("s" * 64, sockets=lambda: list(rows))
+    monkeypatch.setattr(membership, "HELLO_TIMEOUT", 3600.0)       # the deadline itself would end the process
+    roll.watch()
+    time.sleep(0.3)
+    assert not roll.started.is_set()                      # only the scheduler so far
+    rows += [("01", "10.0.0.5:9000", "10.0.0.2:5100"), ("01", "10.0.0.5:9000", "10.0.0.3:5200")]
+    _wait("the clock to start", roll.started.is_set, timeout=10)
+    roll.hello({"rank": 1, "nonce": "n", "addresses": ["10.0.0.2:5100", "10.0.0.2:5101"]}, 0)
+    msg = roll.missing()
+    assert msg.startswith("worker rank 0 has not proven that it belongs to the job"), msg
+    assert "(connected to this server from 10.0.0.3)" in msg and "10.0.0.1" not in msg and "10.0.0.2" not in msg
+    roll.hello({"rank": 0, "nonce": "m", "addresses": ["10.0.0.3:5200"]}, 0)
+    assert roll.complete.is_set()
+
+    class Stored(np.ndarray):                             # the proof key's array, as the updater gets it
+        def wait_to_read(self):
+            pass
+    stored = np.zeros(2 * membership.TAG_PIECES, np.float32).view(Stored)
+    roll.answer(stored)
+    assert np.array_equal(stored[membership.TAG_PIECES:], membership.tag("s" * 64, 0, 1, "n"))
+    assert np.array_equal(stored[:membership.TAG_PIECES], membership.tag("s" * 64, 0, 0, "m"))
+
+
 def test_tags_depend_on_secret_server_worker_and_nonce():
     base = membership.tag("s" * 64, 0, 1, "n")
     assert base.dtype == np.float32 and base.shape == (membership.TAG_PIECES,)

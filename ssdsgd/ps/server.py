@@ -265,4 +265,6 @@ def run_server():
                     _die(f"command {msg.get('op')!r} failed")
             return ctl
 
-    SSDServer(mx.kv.create("dist")).run()
+    server = SSDServer(mx.kv.create("dist"))
+    server.roll_call.watch()          # the roll call's clock starts once ps-lite's start-up is over
+    server.run()

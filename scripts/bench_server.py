@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from ssdsgd.compression.codec import MAX_BUFFER_ELEMENTS, MailboxFormat
+from ssdsgd.compression.codec import MAX_BUFFER_ELEMENTS, WireFormat
 from ssdsgd.ps.rounds import BufferState, RoundError
 
 MODELS = {"resnet20": 272_474, "resnet50": 25_557_032}
@@ -35,11 +35,11 @@ class OldBufferState(BufferState):
 
     def receive(self, message, stage=0):
         fmt = self.formats[stage]
-        rnd, rank, payload = int(message[0]), int(message[1]), message[fmt.header:]
+        rnd, rank, payload = int(message[0]), int(message[1]), message[fmt.header_length:]
         if fmt.codec == "dense":
             grad = payload
         else:
-            k = fmt.k
+            k = fmt.topk_count
             idx = payload[:k].astype(np.int64)
             if idx.size and (idx.min() < 0 or idx.max() >= self.size):
                 raise ValueError("sparse payload index out of range")
@@ -66,9 +66,7 @@ def split(size):
 
 
 def make_format(codec, size, k):
-    fmt = MailboxFormat(codec, size, k)
-    fmt.codec, fmt.k = codec, k          # for OldBufferState
-    return fmt
+    return WireFormat(codec, size, k if codec == "sparse" else None)
 
 
 def payloads(rng, codec, size, k, count):

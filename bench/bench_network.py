@@ -96,7 +96,7 @@ ALGORITHMS = {
                                        "compression.density=0.01"]),
     "ssgd_topk": ("SSGD+top-k 1%", ["algorithm.type=ssgd", "compression.type=topk",
                                      "compression.density=0.01"]),
-    # S = 2k lets each weight pull land up to k steps after it was issued (see algorithms/ssd.py).
+    # S = 2k lets each weight pull land up to k steps after it was issued (see algorithms/policy.py).
     "ssd_topk_s2k": ("SSD-SGD+top-k 1%, S=2k", ["algorithm.type=ssd", "compression.type=topk",
                                                "compression.density=0.01", "algorithm.max_staleness=10"]),
     # The product's top-k setting: the shipped top-k config's k, momentum, local update, quotas and

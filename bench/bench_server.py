@@ -8,7 +8,7 @@ round). Reported: the median over the measured rounds (one warm-up round first),
 value sent. "old" is the server as it was before this change (commit bec0361): what its receive()
 did differently is reimplemented below (OldFormat: every sparse message densified, np.zeros(size) +
 np.add.at, and a zero accumulator allocated per message) and fed to ssdsgd.ps.rounds.BufferState,
-which sums and applies a round as it did then; "new" is BufferState with its own MailboxFormat. Both
+which sums and applies a round as it did then; "new" is BufferState with its own WireFormat. Both
 get the same messages in the same order and must end with bit-identical weights (checked). Sparse
 messages are 1% top-k-like: k = floor(density * buffer size) distinct uniform random indices per worker
 and buffer, normal values.
@@ -29,7 +29,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
 from scripts.results_io import write_manifest
-from ssdsgd.compression.codec import MAX_BUFFER_ELEMENTS, MailboxFormat
+from ssdsgd.compression.codec import MAX_BUFFER_ELEMENTS, WireFormat
 from ssdsgd.ps.rounds import BufferState
 
 MODELS = {"resnet20": 272_474, "resnet50": 25_557_032}
@@ -61,6 +61,10 @@ def split(size):
     return [size // n + (1 if i < size % n else 0) for i in range(n)]
 
 
+def make_format(codec, size, k):
+    return WireFormat(codec, size, k if codec == "sparse" else None)
+
+
 def payloads(rng, codec, size, k, count):
     """`count` distinct [0, 0, payload] messages for one buffer (header rewritten before each push)."""
     out = []
@@ -76,7 +80,7 @@ def payloads(rng, codec, size, k, count):
 
 def run_rounds(fmt, sizes, ks, codec, workers, pools, rounds, warmup=1):
     """Per-round CPU seconds (warm-up rounds dropped) and the final weights of every buffer, the
-    messages read by `fmt` (OldFormat or MailboxFormat)."""
+    messages read by the formats `fmt(codec, size, k)` makes (OldFormat or make_format's WireFormat)."""
     schedule = lambda t: 0.1                                   # noqa: E731
     states = []
     for b, (size, k) in enumerate(zip(sizes, ks)):
@@ -153,7 +157,7 @@ def measure(model, sizes, codec, density, n, pools, rounds, sweep):
     """Old and new on the same messages: two rows (their weights must be bit-identical)."""
     ks = [int(density * s) if codec == "sparse" else s for s in sizes]
     res = {impl: run_rounds(fmt, sizes, ks, codec, n, pools, rounds)
-           for impl, fmt in (("old", OldFormat), ("new", MailboxFormat))}
+           for impl, fmt in (("old", OldFormat), ("new", make_format))}
     identical = all(np.array_equal(a, b) for a, b in zip(res["old"][1], res["new"][1]))
     if not identical:
         sys.exit(f"{model} {codec} N={n} density={density}: old and new weights differ")

@@ -52,7 +52,9 @@ def test_liveness_interval_is_the_hooks():
 LAYERS = [
     {"env", "errors"},                                          # names and errors shared by everything
     {"faults", "schedule", "metrics", "compression"},           # leaf helpers
+    {"schema"},                                                 # the config's keys and their checks
     {"config"},
+    {"fingerprint"},                                            # which keys a resume may change
     {"checkpoint"},
     {"folders"},                                                # run folders: what a run leaves behind
     {"ps"},                                                     # the parameter-server side
@@ -106,7 +108,7 @@ def test_no_module_of_the_package_imports_from_a_higher_layer():
 def test_the_layer_test_sees_an_upward_import(tmp_path):
     path = tmp_path / "m.py"
     path.write_text("def f():\n    from ssdsgd.launch.launcher import run_job\n")
-    assert [_layer_of(t) for t in _imports(str(path), "ssdsgd.config")] == [9]
+    assert [_layer_of(t) for t in _imports(str(path), "ssdsgd.config")] == [len(LAYERS) - 1]
 
 
 # The user tools (scripts/) and the benchmark and test infrastructure (bench/) keep short functions too.

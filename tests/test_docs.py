@@ -25,7 +25,7 @@ def _read(rel):
 
 def test_config_doc_matches_schema():
     assert gen_config_doc.render() == _read("docs/config.md"), (
-        "docs/config.md differs from ssdsgd/config.py's SCHEMA; run python scripts/gen_config_doc.py")
+        "docs/config.md differs from ssdsgd/schema.py's SCHEMA; run python scripts/gen_config_doc.py")
 
 
 def test_every_key_has_one_description():

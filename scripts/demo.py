@@ -2,6 +2,7 @@
 
 Each job runs 1 scheduler + 1 server + 2 workers on loopback; the table compares their summary.json.
 """
+import argparse
 import os
 import subprocess
 import sys
@@ -15,10 +16,13 @@ CONFIGS = ["configs/demo_digits_ssgd.yaml", "configs/demo_digits_ssd.yaml", "con
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="Other arguments (for example "
+                                     "--set train.epochs=2) are passed to every job's ssdsgd-run.")
+    _, passed = parser.parse_known_args()
     summaries = []
     for config in CONFIGS:
         print(f"=== {config}", flush=True)
-        rc = subprocess.call([sys.executable, "-m", "ssdsgd", "--config", config] + sys.argv[1:], cwd=ROOT)
+        rc = subprocess.call([sys.executable, "-m", "ssdsgd", "--config", config, *passed], cwd=ROOT)
         if rc != 0:
             print(f"demo: {config} failed with exit code {rc}", file=sys.stderr)
             return rc

@@ -9,9 +9,8 @@ import subprocess
 import sys
 
 import pytest
+from bench import vcluster
 from jobs import ROOT, processes_with
-
-import vcluster  # scripts/, on the path through pytest.ini
 
 CHAOS = os.path.join(ROOT, "scripts", "chaos.py")
 

@@ -11,8 +11,11 @@ import time
 
 import pytest
 
-from ssdsgd.launch import launcher as launch
-from ssdsgd.launch.launcher import Host, UsageError, build_ssh_commands, read_hostfile, run_job
+from ssdsgd.launch import job_dir
+from ssdsgd.launch.hosts import Host, read_hostfile, read_hosts
+from ssdsgd.launch.launcher import run_job
+from ssdsgd.launch.plan import build_ssh_commands
+from ssdsgd.launch.usage import UsageError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(REPO, 'launch', 'launch.py')
@@ -294,7 +297,7 @@ def test_children_die_with_sigkilled_launcher(toy_dir, tmp_path):
     assert {name: pid for name, pid in pids.items() if not _is_gone(pid)} == {}
     left = [str(tmp_path / n) for n in os.listdir(tmp_path) if n.startswith('ssdsgd-launch-')]
     assert len(left) == 1
-    assert launch.remove_stale_job_dirs(str(tmp_path), 'ssdsgd-launch-') == left
+    assert job_dir.remove_stale_job_dirs(str(tmp_path), 'ssdsgd-launch-') == left
     assert not os.path.exists(left[0])
 
 
@@ -302,12 +305,12 @@ def test_stale_job_dirs_only_of_gone_launchers_on_this_host(tmp_path):
     gone = subprocess.Popen(['true'])
     gone.wait()
     owners = {'gone': f'{socket.gethostname()} {gone.pid} 123', 'alive': f'{socket.gethostname()} {os.getpid()} '
-              f'{launch._start_time(os.getpid())}', 'other-host': f'elsewhere {gone.pid} 123', 'no-owner': None}
+              f'{job_dir.start_time(os.getpid())}', 'other-host': f'elsewhere {gone.pid} 123', 'no-owner': None}
     for name, owner in owners.items():
         (tmp_path / f'ssdsgd-launch-{name}').mkdir()
         if owner:
-            (tmp_path / f'ssdsgd-launch-{name}' / launch.OWNER_FILE).write_text(owner)
-    assert launch.remove_stale_job_dirs(str(tmp_path), 'ssdsgd-launch-') == [str(tmp_path / 'ssdsgd-launch-gone')]
+            (tmp_path / f'ssdsgd-launch-{name}' / job_dir.OWNER_FILE).write_text(owner)
+    assert job_dir.remove_stale_job_dirs(str(tmp_path), 'ssdsgd-launch-') == [str(tmp_path / 'ssdsgd-launch-gone')]
     assert sorted(os.listdir(tmp_path)) == ['ssdsgd-launch-alive', 'ssdsgd-launch-no-owner',
                                             'ssdsgd-launch-other-host']
 
@@ -437,15 +440,15 @@ def test_mpi_slots_placement():
 def test_host_list_as_horovodrun_and_mpirun_take_it(tmp_path, monkeypatch):
     """-H h1:2,h2:2 is host:slots, comma-separated; a file of that name, or a single bare name, is a host file."""
     monkeypatch.chdir(tmp_path)
-    assert launch.read_hosts('h1:2,h2') == [Host('h1', slots=2), Host('h2')]
-    assert launch.read_hosts('h1:3') == [Host('h1', slots=3)]
+    assert read_hosts('h1:2,h2') == [Host('h1', slots=2), Host('h2')]
+    assert read_hosts('h1:3') == [Host('h1', slots=3)]
     with pytest.raises(UsageError, match='cannot read hostfile hosts'):
-        launch.read_hosts('hosts')                              # a missing host file stays one
+        read_hosts('hosts')                              # a missing host file stays one
     (tmp_path / 'a,b').write_text('c slots=2\n')
-    assert launch.read_hosts('a,b') == [Host('c', slots=2)]
+    assert read_hosts('a,b') == [Host('c', slots=2)]
     with pytest.raises(UsageError, match='h1:0 has no slots'):
-        launch.read_hosts('h1:0,h2')
-    planned = build_ssh_commands(['true'], launch.read_hosts('a:2,b'), 2, 1, {}, '/')
+        read_hosts('h1:0,h2')
+    planned = build_ssh_commands(['true'], read_hosts('a:2,b'), 2, 1, {}, '/')
     assert [(name, argv[-2]) for name, argv, _ in planned] == [('server 0', 'a'), ('worker 0', 'a'), ('worker 1', 'b')]
 
 
@@ -480,7 +483,7 @@ def test_ssh_dry_run(tmp_path):
 
 
 def test_ssh_options_from_settings():
-    from ssdsgd.launch.launcher import ssh_options
+    from ssdsgd.launch.ssh import ssh_options
     assert ssh_options('me', '/k', '/cfg', ['A=1', 'B=2']) == ['-F', '/cfg', '-i', '/k', '-l', 'me', '-o', 'A=1',
                                                               '-o', 'B=2']
     assert ssh_options() == []

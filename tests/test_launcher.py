@@ -153,6 +153,7 @@ def test_success_and_environment(toy_dir, capsys, monkeypatch):
         assert env['DMLC_NUM_SERVER'] == '2'
         assert env['DMLC_NODE_HOST'] == '127.0.0.1'
         assert env['DMLC_INTERFACE'] == 'lo'
+        assert env['DMLC_JOB_CLUSTER'] == 'local'
         assert env['OMP_NUM_THREADS'] == '1'
         assert env['TOY_DIR'] == toy_dir
         assert env['SSDSGD_JOB_SECRET'] == secret

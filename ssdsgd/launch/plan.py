@@ -154,6 +154,8 @@ def plan(command, num_workers, num_servers, launcher, hostfile, env, port, inter
     # Local processes: ps-lite binds this address; a bare `python` is the launching interpreter.
     local_env = {**job_env, 'DMLC_NODE_HOST': root_uri,
                  'PATH': os.pathsep.join([os.path.dirname(sys.executable), os.environ.get('PATH', '')])}
+    if launcher == 'local':
+        local_env['DMLC_JOB_CLUSTER'] = 'local'   # as MXNet's local launcher sets it (its ssh launcher does not)
     argv = role_argv(command, sys.executable, cwd)
     local = roles(num_workers, num_servers) if launcher == 'local' else roles(0, 0)  # ssh: the scheduler here
     specs = [RoleSpec(name, 'localhost', argv, role_env(local_env, role, task_id, name, job_dir, env_by_role),

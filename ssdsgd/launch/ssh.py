@@ -66,8 +66,9 @@ def role_script(env, python, cwd, argv):
             + f'export PATH={shlex.quote(os.path.dirname(python))}:"$PATH"\n'
             + f'cd {shlex.quote(cwd)}\n'
             + f'export {WRAPPER_ENV}=1\n'
-            + f'code=0; {shlex.quote(python)} -c {shlex.quote(_remote_source())} {shlex.join(argv)} || code=$?; '
-            + f'echo "{MARK}{WRAPPER_MARK} $code"; exit $code\n')
+            # bash's own stderr goes to /dev/null here: it would print remote.py's whole source with "Killed".
+            + f'exec 3>&2 2>/dev/null; code=0; {shlex.quote(python)} -c {shlex.quote(_remote_source())} '
+            + f'{shlex.join(argv)} 2>&3 3>&- || code=$?; echo "{MARK}{WRAPPER_MARK} $code"; exit $code\n')
 
 
 # Run by `sh` on an ssh host with the process group ids as arguments: SIGTERM the groups, SIGKILL

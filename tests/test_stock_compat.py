@@ -84,6 +84,21 @@ def test_inline_assignment_runs_through_the_shell_as_stock(work):
 
 
 @pytest.mark.timeout(120)
+def test_p3_sets_what_stock_sets(work):
+    """`--p3`: ps-lite's P3 van for every role (the wheel's ps-lite has it), the same variables as stock."""
+    args = ["-n", "1", "-s", "1", "--p3", "python", "role_env.py"]
+    rc, out = _launch(STOCK, ["--launcher", "local", *args], work)
+    assert rc == 0, out
+    stock = _roles_seen(work)
+    rc, out = _launch(LAUNCH, args, work)
+    assert rc == 0, out
+    ours = _roles_seen(work)
+    for seen in (stock, ours):
+        assert sorted((e["DMLC_ROLE"], e["DMLC_PS_VAN_TYPE"], e["DMLC_PS_WATER_MARK"]) for e in seen) == [
+            ("scheduler", "p3", "10"), ("server", "p3", "10"), ("worker", "p3", "10")]
+
+
+@pytest.mark.timeout(120)
 def test_script_in_the_working_directory_runs_as_stock(work):
     """`launch.py -n 1 -s 1 runme.sh`: the worker and the server run ./runme.sh under both; stock's scheduler
     fails with "command not found" (exit 0 all the same), ours runs it too."""

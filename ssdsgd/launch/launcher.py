@@ -157,11 +157,15 @@ def _parser():
     p.add_argument('--sync-dst-dir', metavar='DIR',
                    help="MXNet's copy of the working folder to every host: refused for ssh (see the README); "
                         'the local launcher ignores it, as MXNet\'s does')
+    p.add_argument('--p3', action='store_true',
+                   help="ps-lite's P3 van (priority-based parameter propagation) for every role, as MXNet's --p3: "
+                        'DMLC_PS_VAN_TYPE=p3 DMLC_PS_WATER_MARK=10')
     p.add_argument('--dry-run', action='store_true', help='print the planned processes and exit')
     p.add_argument('command', nargs=argparse.REMAINDER, help='command to run (optionally after --)')
     return p
 
 
+P3_ENV = {'DMLC_PS_VAN_TYPE': 'p3', 'DMLC_PS_WATER_MARK': '10'}   # what MXNet's --p3 sets
 SYNC_DST_DIR_REFUSED = (
     '--sync-dst-dir is not supported by the ssh launcher: the roles run in this working directory on a file '
     'system every host shares, because the launcher watches the heartbeat and liveness files they write there '
@@ -191,6 +195,8 @@ def main(argv=None):
     _check_cli(args)
     command = args.command[1:] if args.command[:1] == ['--'] else args.command
     env = dict(args.env)
+    if args.p3:
+        env.update(P3_ENV)   # MXNet's launcher puts them in front of the command, so they win there too
     role_env = {'server': dict(args.env_server), 'scheduler': dict(args.env_server),
                 'worker': dict(args.env_worker)}
     sys.exit(run_job(command, args.num_workers, args.num_servers, launcher=args.launcher,

@@ -21,6 +21,7 @@ import time
 
 import pytest
 from jobs import ROOT, processes_with
+import test_cluster
 
 LAUNCH = os.path.join(ROOT, "launch", "launch.py")
 SCRIPTS = os.path.join(ROOT, "tests", "stock_scripts")
@@ -155,26 +156,9 @@ def test_sparse_step(tmp_path):
     assert sorted(re.findall(r"rank (\d) sparse step passed", out)) == ["0", "1"], out
 
 
-# --- over ssh, on the virtual cluster -------------------------------------------------------------------------
+# --- over ssh, on the virtual cluster (test_cluster's: h0 launches, the host files name h1-h3) ----------------
 
-@pytest.fixture(scope="module")
-def cluster():
-    import vcluster  # scripts/, on the path through pytest.ini
-    try:
-        vc = vcluster.VCluster(hosts=4).create()
-    except vcluster.ClusterError as e:
-        pytest.skip(f"no virtual cluster here: {e}")
-    try:
-        yield vc
-    finally:
-        vc.delete()
-
-
-@pytest.fixture
-def vc(cluster, work):
-    yield cluster
-    left = cluster.leftovers()
-    assert left == {}, f"processes left on the hosts: {left}"
+cluster, vc = test_cluster.cluster, test_cluster.vc   # the virtual cluster; vc checks every host is left empty
 
 
 def _ssh_launch(vc, work, hostfile_text, args, timeout=150):
@@ -222,20 +206,13 @@ def test_mxnet_scripts_over_ssh(vc, work):
         "rank0_server_profile.json", "rank0_worker_profile.json", "rank1_worker_profile.json"]
 
 
-def _wrapper_pid(vc, host, role):
-    """PID of remote.py (`python -c <source>`) wrapping `role` ('worker 1') on host index `host`."""
-    import vcluster
-    kind, task = role.split()
-    for pid in vc.pids(host):
-        env = vcluster.netns.read_environ(pid)
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if env.get("DMLC_ROLE") == kind and env.get("DMLC_TASK_ID") == task and argv[1:2] == [b"-c"]:
-            return pid
-    return None
+def _wrapper_pid(vc, role):
+    """PID of remote.py, the parent of the role's own process on its host."""
+    pid = test_cluster._role_pid(vc, role)
+    if pid is None:
+        return None
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
 @pytest.mark.timeout(120)
@@ -251,7 +228,7 @@ def test_sigkilled_remote_wrapper_is_named(vc, work):
                             text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 30
-        while (pid := _wrapper_pid(vc, 3, "worker 1")) is None and time.monotonic() < deadline:
+        while (pid := _wrapper_pid(vc, "worker 1")) is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert pid, "worker 1's wrapper on h3 did not start"
         time.sleep(1.0)   # past start-up: the wrapper has reported the role's process group

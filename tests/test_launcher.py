@@ -501,3 +501,37 @@ def test_scheduler_loads_the_library_mxnet_itself_loads(monkeypatch, tmp_path):
     other.write_bytes(b"")
     monkeypatch.setenv("MXNET_LIBRARY_PATH", str(other))
     assert mxnet_library_path() == str(other)
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_wrapper_is_named(tmp_path):
+    """The role script reports how remote.py itself ended: a wrapper SIGKILLed from outside (its role dies
+    with it) is named as such, not as a lost connection; bash's own "Killed" line stays out of the output.
+    Run here through `bash -s` as ssh would run it on the host (the virtual-cluster test does it over ssh)."""
+    from ssdsgd.launch.children import Child
+    from ssdsgd.launch.plan import RoleSpec
+    env = {'DMLC_PS_ROOT_URI': '127.0.0.1', 'SSDSGD_JOB_SECRET': 'x'}
+    [(name, _, script)] = build_ssh_commands(['sleep', '60'], [Host('alpha')], 1, 1, env, str(tmp_path))[1:]
+    child = Child(RoleSpec(name, 'alpha', ['bash', '-s'], {'DMLC_ROLE': 'worker'}, script, ['ssh', 'alpha']))
+    try:
+        deadline = time.monotonic() + 20
+        while child.pgid is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with open(f'/proc/{child.pgid}/stat') as f:          # the role leads its group; its parent is remote.py
+            wrapper = int(f.read().rsplit(')', 1)[1].split()[1])
+        os.kill(wrapper, signal.SIGKILL)
+        assert child.popen.wait(timeout=20) == 128 + signal.SIGKILL
+        assert child.exit_code() == 128 + signal.SIGKILL
+        assert child.describe_exit() == ('lost its supervisor on alpha: the wrapper that runs it there (remote.py) '
+                                         'killed by SIGKILL before the role ended, and the role was killed with it')
+        assert not any('Killed' in line for line in child.tail), list(child.tail)
+        deadline = time.monotonic() + 5
+        while os.path.exists(f'/proc/{child.pgid}') and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(f'/proc/{child.pgid}')   # the role died with its wrapper
+    finally:
+        for pgid in (child.pgid, child.popen.pid):
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, TypeError):
+                pass

@@ -28,7 +28,7 @@ def _die_with_parent(parent_pid):
     return preexec
 
 
-def describe_exit(returncode):
+def describe_returncode(returncode):
     if returncode >= 0:
         return f'exited with code {returncode}'
     try:
@@ -39,7 +39,7 @@ def describe_exit(returncode):
 
 def _describe_shell_status(status):
     """A shell's $? (128 + N: killed by signal N) in words."""
-    return describe_exit(128 - status if status > 128 else status)
+    return describe_returncode(128 - status if status > 128 else status)
 
 
 def group_states(pgid):
@@ -134,9 +134,9 @@ class Child:
     def describe_exit(self):
         code = self.exit_code()
         if not self.ssh:
-            return describe_exit(code)
+            return describe_returncode(code)
         if self.remote_code is not None:
-            return f'{describe_exit(code)} on {self.host}'
+            return f'{describe_returncode(code)} on {self.host}'
         if self.wrapper_code is not None:
             # remote.py ended before it could report on the role: killed from outside (its handlers
             # report a normal end), and the kernel then killed the role (PR_SET_PDEATHSIG).

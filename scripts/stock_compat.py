@@ -86,12 +86,14 @@ def run_once(launcher, case, timeout):
         out, _ = proc.communicate(timeout=timeout)
         code = proc.returncode
     except subprocess.TimeoutExpired:
-        out, code = "", "timeout"
+        code = "timeout"
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)   # stock leaves its roles running when it exits early
         except ProcessLookupError:
             pass
+        if code == "timeout":
+            out, _ = proc.communicate()   # what the hung run printed, for its row
         proc.wait()
     time.sleep(1.0)   # roles killed above write their files (if any) no more
     out = out or ""

@@ -16,19 +16,10 @@ import os
 import statistics
 import sys
 
-from results_io import (
-    job_command,
-    job_name,
-    job_summary,
-    run_captured,
-    run_folder,
-    summary_row,
-    write_csv,
-    write_manifest,
-    write_text,
-)
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
+from scripts.results_io import (job_command, job_name, job_summary, results_folder, run_captured, run_folder,
+                                summary_row, write_csv, write_manifest, write_text)
 
 SSGD = "configs/demo_digits_ssgd.yaml"
 SSD = "configs/demo_digits_ssd.yaml"
@@ -181,8 +172,7 @@ def main():
     unknown = [v for v in args.variants or [] if v not in variants]
     if unknown:
         ap.error(f"unknown variant(s) {unknown}; the {args.suite} suite has: {', '.join(variants)}")
-    out = os.path.abspath(args.out or f"results/accuracy_{args.suite}")
-    os.makedirs(out, exist_ok=True)
+    out = results_folder(args.out or f"results/accuracy_{args.suite}")
     used = sorted({os.path.join(ROOT, variants[label][0]) for label in args.variants or variants})
     write_manifest(out, used, finished=False)
     rows = []

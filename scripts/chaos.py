@@ -25,12 +25,12 @@ import tempfile
 import threading
 import time
 
-from procs import processes_with, role_of
-from results_io import job_command, run_folder, write_manifest, write_text
-
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
+from bench.procs import processes_with, role_of
+from scripts.results_io import job_command, run_folder, write_manifest, write_text
 from ssdsgd.metrics import read_metrics, read_summary
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "demo_digits_ssd_topk.yaml")
 # Strict mode (every round waits for every worker: the result does not depend on timing), one buffer
 # (no link-cost plan), short failure detection.

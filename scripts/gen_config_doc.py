@@ -1,4 +1,4 @@
-"""docs/config.md from ssdsgd.config.SCHEMA: every key with its type, default, allowed values and doc.
+"""docs/config.md from ssdsgd.schema.SCHEMA: every key with its type, default, allowed values and doc.
 
     python scripts/gen_config_doc.py            # rewrite docs/config.md
     python scripts/gen_config_doc.py --check    # exit 1 if docs/config.md differs from SCHEMA
@@ -50,7 +50,7 @@ NOTES = {
     "data.preprocess_threads": "imagenet: decoding threads of MXNet's ImageRecordIter per worker",
     "model.name": "small_cnn, linear, mlp, or a gluoncv model zoo name (cifar_resnet20_v1, resnet50_v1, ...)",
     "model.hybridize": "train through MXNet's static graph; false trains imperatively (faster on some CPUs: "
-                       "scripts/bench_step.py tells); evaluation always runs a static graph",
+                       "bench/bench_step.py tells); evaluation always runs a static graph",
     "train.epochs": "epochs to train",
     "train.momentum": "momentum of the global (server) update",
     "train.wd": "weight decay",
@@ -164,7 +164,7 @@ def render():
     out = [
         "# Configuration reference",
         "",
-        f"Generated from `SCHEMA` in `ssdsgd/config.py` by `{COMMAND}`; do not edit by hand "
+        f"Generated from `SCHEMA` in `ssdsgd/schema.py` by `{COMMAND}`; do not edit by hand "
         "(`tests/test_docs.py` fails when this file and the schema disagree).",
         "",
         "A config is a YAML file of these sections; a key left out takes its default. Override any key on the "

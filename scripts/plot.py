@@ -25,8 +25,10 @@ import statistics
 import sys
 
 import matplotlib
-from results_io import COMPUTE_BOUND, rate_name, read_jsonl
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
+from scripts.results_io import COMPUTE_BOUND, rate_name, read_jsonl
 from ssdsgd.metrics import CONFIG_FILE, SUMMARY_FILE, metrics_file
 
 matplotlib.use("Agg")
@@ -72,7 +74,7 @@ def _save(fig, out_dir, name):
     return path
 
 
-# ---- bar charts from scripts/bench_network.py's runs.csv -------------------------------------------------
+# ---- bar charts from bench/bench_network.py's runs.csv -------------------------------------------------
 
 def _grouped(rows, field, fallback=None):
     """{(algorithm, rate): [values]} over ok rows, plus the algorithm and rate orders and labels."""
@@ -358,7 +360,7 @@ def plot_runs(run_dirs, out_dir):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--csv", help="runs.csv written by scripts/bench_network.py")
+    ap.add_argument("--csv", help="runs.csv written by bench/bench_network.py")
     ap.add_argument("--evals", help="evals.csv written by scripts/time_to_accuracy.py")
     ap.add_argument("--title", default="", help="a second title line for the accuracy figures (data, link)")
     ap.add_argument("--runs", nargs="+", default=[], metavar="RUN_DIR", help="run folders with metrics.jsonl")

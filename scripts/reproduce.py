@@ -17,11 +17,12 @@ import subprocess
 import sys
 import time
 
-from results_io import MANIFEST, job_command, job_name, run_folder, summary_row, write_csv, write_manifest, write_text
-
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
+from scripts.results_io import (MANIFEST, job_command, job_name, run_folder, summary_row, write_csv, write_manifest,
+                                write_text)
 from ssdsgd.metrics import ACC_TAG, read_metrics, read_summary
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUITES = {"cifar10": "cifar10_resnet20", "imagenet": "imagenet_resnet50", "fmnist": "fmnist_resnet20"}
 VARIANTS = [("SSGD", "ssgd"), ("SSD-SGD", "ssd"), ("SSD-SGD + top-k 1%", "ssd_topk")]
 

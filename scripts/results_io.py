@@ -90,6 +90,13 @@ def write_csv(path, rows):
         w.writerows(rows)
 
 
+def results_folder(path):
+    """The absolute path of a results folder, made if it does not exist yet."""
+    out = os.path.abspath(path)
+    os.makedirs(out, exist_ok=True)
+    return out
+
+
 MANIFEST = "manifest.json"      # how a results folder was made, written by the script that made it
 
 

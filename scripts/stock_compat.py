@@ -22,7 +22,9 @@ import sys
 import tempfile
 import time
 
-from results_io import ROOT, write_csv, write_manifest, write_text
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a file: scripts.* from this checkout
+from scripts.results_io import write_csv, write_manifest, write_text
 
 SCRIPTS = os.path.join(ROOT, "tests", "stock_scripts")
 LAUNCHERS = {"stock": os.path.join(SCRIPTS, "stock_launch.py"), "ours": os.path.join(ROOT, "launch", "launch.py")}

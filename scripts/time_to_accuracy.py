@@ -33,22 +33,12 @@ import subprocess
 import sys
 import time
 
-from netns import Namespace, NetnsError, check_tools
-from results_io import (
-    job_command,
-    job_name,
-    job_summary,
-    run_captured,
-    run_folder,
-    stop_on_sigterm,
-    write_csv,
-    write_manifest,
-)
-
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
+from bench.netns import Namespace, tools_problem
+from scripts.results_io import (job_command, job_name, job_summary, results_folder, run_captured, run_folder,
+                                stop_on_sigterm, write_csv, write_manifest, write_text)
 from ssdsgd.metrics import read_metrics
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 
 SUITES = {
     "digits": ("Digits demo", {
@@ -220,8 +210,7 @@ def read_baselines(directories, seeds):
     return jobs, evals
 
 
-def main():
-    stop_on_sigterm()
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rate", type=float, default=20.0, help="link rate in Mbit/s (0 = unlimited)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -235,27 +224,50 @@ def main():
     ap.add_argument("--variants", nargs="+", help="labels to run (default: all of the suite's)")
     ap.add_argument("--reuse", metavar="DIR", nargs="+",
                     help="take the SSGD baseline from these earlier output folders (each seed from one)")
-    args = ap.parse_args()
-    # The command line first: a mistake there is reported as such, before any root-only check.
-    title, variants = SUITES[args.suite]
+    return ap.parse_args(argv)
+
+
+def chosen_variants(args):
+    """(the variants to run, their --set-for overrides {label: [KEY=VALUE]}); ValueError naming a
+    variant the suite does not have or a --set-for of one this run does not run."""
+    variants = SUITES[args.suite][1]
     unknown = sorted(set(args.variants or ()) - set(variants))
     if unknown:
-        print(f"error: unknown variant(s) {unknown}; the {args.suite} suite has {list(variants)}", file=sys.stderr)
-        return 2
+        raise ValueError(f"unknown variant(s) {unknown}; the {args.suite} suite has {list(variants)}")
     chosen = args.variants or list(variants)
     per_variant = {}
     for label, override in args.set_for:
         if label not in chosen:
-            print(f"error: --set-for {label!r}: not a variant this run runs ({', '.join(chosen)})", file=sys.stderr)
-            return 2
+            raise ValueError(f"--set-for {label!r}: not a variant this run runs ({', '.join(chosen)})")
         per_variant.setdefault(label, []).append(override)
+    return chosen, per_variant
+
+
+def overrides_note(common, per_variant):
+    """What the title says of a run with overrides (without it, the folder reads as the shipped
+    configs' result); '' without any."""
+    if not common and not per_variant:
+        return ""
+    return "; the jobs run here with " + " ".join(
+        [f"--set {s}" for s in common] +
+        [f"--set-for '{label}' {s}" for label, sets in per_variant.items() for s in sets])
+
+
+def main(argv=None):
+    stop_on_sigterm()
+    args = parse_args(argv)
+    # The command line first: a mistake there is reported as such, before any root-only check.
+    title, variants = SUITES[args.suite]
     try:
-        check_tools()
-    except NetnsError as err:
+        chosen, per_variant = chosen_variants(args)
+    except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    out = os.path.abspath(args.out)
-    os.makedirs(out, exist_ok=True)
+    problem = tools_problem()
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    out = results_folder(args.out)
     jobs, evals = [], []
     if args.reuse and "SSGD" not in chosen:
         try:
@@ -265,11 +277,7 @@ def main():
             return 2
         names = " and ".join(os.path.relpath(os.path.abspath(d), ROOT) for d in args.reuse)
         title += f" (SSGD from the earlier run{'s' if len(args.reuse) > 1 else ''} in {names})"
-    if args.set or per_variant:
-        # Without this, a folder made with overrides reads as the shipped configs' result.
-        title += "; the jobs run here with " + " ".join(
-            [f"--set {s}" for s in args.set] +
-            [f"--set-for '{label}' {s}" for label, sets in per_variant.items() for s in sets])
+    title += overrides_note(args.set, per_variant)
     planned = plan_jobs(args.seeds, variants, chosen, args.set, per_variant)
     used = sorted({os.path.join(ROOT, config) for _, _, config, _ in planned})
     write_manifest(out, used, finished=False, rate_mbit=args.rate)
@@ -280,12 +288,16 @@ def main():
         evals += ev
         print(f"  exit {job['rc']}, {job['seconds']:.1f} s, {job['kernel_bytes'] / 1e6:.1f} MB on the link",
               flush=True)
+    rows = [relabel(label, variant_overrides(label, args.set, per_variant)) for label in variants]
+    finish(args, out, used, jobs, evals, table(jobs, evals, args.rate, title, rows))
+    return 0 if all(j["rc"] == 0 for j in jobs) else 1
+
+
+def finish(args, out, used, jobs, evals, text):
+    """jobs.csv, evals.csv, table.md (text, also printed), the finished manifest and the plots."""
     write_csv(os.path.join(out, "jobs.csv"), jobs)
     write_csv(os.path.join(out, "evals.csv"), evals)
-    rows = [relabel(label, variant_overrides(label, args.set, per_variant)) for label in variants]
-    text = table(jobs, evals, args.rate, title, rows)
-    with open(os.path.join(out, "table.md"), "w") as f:
-        f.write(text + "\n")
+    write_text(os.path.join(out, "table.md"), text)
     print(text)
     plot = ["python", "scripts/plot.py", "--evals", os.path.join(os.path.relpath(out, ROOT), "evals.csv"),
             "--title", f"{SUITES[args.suite][0]} at {args.rate:g} Mbit/s", "--out", os.path.relpath(out, ROOT)]
@@ -294,7 +306,6 @@ def main():
                    failed=sum(j["rc"] != 0 for j in jobs), plots={n: shlex.join(plot) for n in names} if evals else {})
     if evals:
         subprocess.call([sys.executable, *plot[1:]], cwd=ROOT)
-    return 0 if all(j["rc"] == 0 for j in jobs) else 1
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ checkpoint, so a crash while saving never leaves something that looks complete. 
 manifest is validated field by field (types, ranges, every file the plan needs), the fingerprint
 and every hash are checked; any problem stops the job before it starts, with a message saying which.
 
-Manifest format 2 (format 1, without `plan` and `config`, is still read):
+Manifest format 2:
   {"format": 2, "fingerprint": sha256 hex, "config": {the hashed config parts}, "name": str,
    "run_dir": the run folder, absolute (optional: a resume goes on writing there),
    "epochs_done": int >= 1 (the folder's E), "step": int, epochs_done <= step,
@@ -36,15 +36,18 @@ import zipfile
 
 import numpy as np
 
+from ssdsgd.compression.fusion import describe_sizes, plan_for_config
 from ssdsgd.config import ROUNDS, STOCK, client_kind
 from ssdsgd.errors import CheckpointError
+from ssdsgd.fingerprint import (  # noqa: F401  (read through checkpoint by the run folders and tests)
+    RESUME_MAY_CHANGE, RESUME_MUST_MATCH, differences, fingerprint, fingerprint_parts)
 from ssdsgd.metrics import write_json_atomic
 
 MANIFEST = "manifest.json"
 FORMAT = 2
-READABLE_FORMATS = (1, 2)
 WORKER, SERVER_BUFFER, SERVER_STOCK = "worker", "server-buffer", "server-stock"   # <name><n>.npz
 FILE_NAME = re.compile(rf"({WORKER}|{SERVER_BUFFER}|{SERVER_STOCK})(\d+)\.npz")
+SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def worker_file(rank):
@@ -57,73 +60,11 @@ def server_buffer_file(b):
 
 def server_stock_file(rank):
     return f"{SERVER_STOCK}{rank}.npz"
-SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def round_based(cfg):
     """Runs through our round server (SSD-SGD, compressed SSGD) rather than the stock KVStore."""
     return client_kind(cfg) == ROUNDS
-
-
-# Every config key is one of these two (tests/test_fingerprint.py walks SCHEMA): the keys a
-# resume may change, because they change neither the data a step sees nor the arithmetic of a step
-# (where the job runs, how long it may take, what is logged, when it stops and how it is evaluated),
-# and everything else, which must match the checkpoint. A new key is refused by that test until it is
-# put in one of them. Sections are named by their keys' dotted paths.
-RESUME_MAY_CHANGE = (
-    "name",
-    "cluster.launcher", "cluster.hostfile", "cluster.interface", "cluster.timeout", "cluster.stall_timeout",
-    "cluster.server_timeout", "cluster.ssh_user", "cluster.ssh_identity", "cluster.ssh_config",
-    "cluster.ssh_options", "cluster.port", "cluster.max_restarts",
-    "data.root", "data.preprocess_threads",
-    "train.max_steps", "train.eval_every_epochs", "train.eval_workers",
-    "checkpoint.dir", "checkpoint.every_epochs",
-    "log.dir", "log.every_steps", "log.tensorboard",
-)
-RESUME_MUST_MATCH = (
-    "seed", "cluster.workers", "cluster.servers",
-    "data.dataset", "data.format", "data.shape", "data.num_classes", "data.synthetic_samples", "data.augment",
-    "data.train_per_class", "data.validation", "data.validation_from",
-    "model", "train.epochs", "train.batch_size", "train.lr", "train.momentum", "train.wd", "train.lr_schedule",
-    "train.eval_bn_batches", "train.nonfinite",
-    "algorithm", "compression",
-)
-
-
-def _pick(d, dotted):
-    for part in dotted.split("."):
-        d = d[part]
-    return d
-
-
-def fingerprint_parts(cfg):
-    """The config parts that must match for a resume to continue the same run (RESUME_MUST_MATCH),
-    as a nested dict."""
-    d, parts = cfg.to_dict(), {}
-    for dotted in RESUME_MUST_MATCH:
-        *outer, last = dotted.split(".")
-        node = parts
-        for key in outer:
-            node = node.setdefault(key, {})
-        node[last] = _pick(d, dotted)
-    return parts
-
-
-def fingerprint(cfg):
-    """Hash of fingerprint_parts(cfg)."""
-    return hashlib.sha256(json.dumps(fingerprint_parts(cfg), sort_keys=True).encode()).hexdigest()
-
-
-def _differences(saved, now, prefix=""):
-    """Dotted keys whose values differ between two nested dicts."""
-    out = []
-    for key in sorted(set(saved) | set(now)):
-        a, b = saved.get(key), now.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += _differences(a, b, f"{prefix}{key}.")
-        elif a != b:
-            out.append(f"{prefix}{key} ({a!r} in the checkpoint, {b!r} now)")
-    return out
 
 
 def epoch_dir(root, epochs_done):
@@ -207,11 +148,9 @@ def manifest_problem(m, cfg, folder_epoch=None):
     if not isinstance(m, dict):
         return f"the manifest is not a JSON object (got {type(m).__name__})"
     fmt = m.get("format")
-    if not _is_int(fmt) or fmt not in READABLE_FORMATS:
-        return f"unknown checkpoint format {fmt!r} (this version reads {', '.join(map(str, READABLE_FORMATS))})"
-    required = {"fingerprint": str, "epochs_done": int, "step": int, "files": dict}
-    if fmt >= 2:
-        required.update(plan=dict, config=dict)
+    if not _is_int(fmt) or fmt != FORMAT:
+        return f"unknown checkpoint format {fmt!r} (this version reads {FORMAT})"
+    required = {"fingerprint": str, "epochs_done": int, "step": int, "files": dict, "plan": dict, "config": dict}
     for key, kind in required.items():
         if key not in m:
             return f"the manifest has no {key!r}"
@@ -240,24 +179,23 @@ def manifest_problem(m, cfg, folder_epoch=None):
                     f"server-stock<r>.npz)")
         if not isinstance(digest, str) or not SHA256.fullmatch(digest):
             return f"files: {name}: not a sha256 hex digest: {digest!r}"
+    problem = _plan_problem(m["plan"], cfg)
+    if problem:
+        return f"plan: {problem}"
+    return _files_problem(m["files"], m["plan"], workers)
+
+
+def _files_problem(files, plan, workers):
+    """The manifest's files against those the plan needs: worker<r>.npz of every worker, and the servers'."""
     needed = {worker_file(r) for r in range(workers)}
-    if fmt >= 2:
-        problem = _plan_problem(m["plan"], cfg)
-        if problem:
-            return f"plan: {problem}"
-        plan = m["plan"]
-        if plan["kind"] == ROUNDS:
-            needed |= {server_buffer_file(b) for b in range(len(plan["buffer_sizes"]))}
-        else:
-            needed |= {server_stock_file(r) for r in range(plan["servers"])}
-        extra = sorted(set(m["files"]) - needed)
-        if extra:
-            return f"files: lists {', '.join(extra)}, which this plan does not have"
-    elif round_based(cfg):
-        needed.add(server_buffer_file(0))
+    if plan["kind"] == ROUNDS:
+        needed |= {server_buffer_file(b) for b in range(len(plan["buffer_sizes"]))}
     else:
-        needed |= {server_stock_file(r) for r in range(cfg.cluster.servers)}
-    missing = sorted(needed - set(m["files"]), key=lambda n: (len(n), n))
+        needed |= {server_stock_file(r) for r in range(plan["servers"])}
+    extra = sorted(set(files) - needed)
+    if extra:
+        return f"files: lists {', '.join(extra)}, which this plan does not have"
+    missing = sorted(needed - set(files), key=lambda n: (len(n), n))
     if missing:
         return f"files: {', '.join(missing)} missing (the plan needs them)"
     return None
@@ -303,7 +241,7 @@ def verify(directory, cfg):
         saved = manifest.get("config")
         which = ""
         if isinstance(saved, dict):
-            diff = _differences(saved, fingerprint_parts(cfg))
+            diff = differences(saved, fingerprint_parts(cfg))
             if diff:
                 which = ": " + "; ".join(diff)
         raise CheckpointError(
@@ -349,7 +287,6 @@ def served_plan_problem(cfg, directory, manifest):
     """Re-make the plan of a round-based checkpoint from the parameter shapes of worker0.npz and the
     costs it recorded, as the resumed workers will, and check it against the manifest's plan and the
     shapes of the server buffer files; what is wrong, or None. No mxnet, no large reads."""
-    from ssdsgd.compression.fusion import plan_for_config
     if not round_based(cfg):
         return None
     worker0 = os.path.join(directory, "worker0.npz")
@@ -359,18 +296,16 @@ def served_plan_problem(cfg, directory, manifest):
         return f"{worker0} holds no parameters"
     _, meta = load_npz_meta(worker0)
     cost = (meta or {}).get("cost_model")
-    if cfg.compression.buffers == "cost_model" and not cost:
-        return (f"compression.buffers is cost_model but {worker0} has no recorded costs, so the buffer plan "
-                f"the servers saved cannot be made again")
+    problem = costs_problem(cfg, cost, worker0)
+    if problem:
+        return problem
     try:
         sizes = [b.size for b in plan_for_config(params, cfg.cluster.servers, cfg.compression, cost)]
     except (TypeError, ValueError) as err:
         return f"the plan cannot be made again from the checkpoint: {err}"
-    saved = (manifest.get("plan") or {}).get("buffer_sizes")
-    if saved is not None and saved != sizes:
-        return (f"the manifest's buffer plan ({len(saved)} buffers of {_short(saved)} elements) is not the plan "
-                f"this config makes from the checkpoint's shapes and costs ({len(sizes)} buffers of "
-                f"{_short(sizes)}); its server files cannot be served")
+    problem = plan_problem((manifest.get("plan") or {}).get("buffer_sizes"), sizes)
+    if problem:
+        return problem
     listed = sorted(f for f in manifest["files"] if f.startswith(SERVER_BUFFER))
     want = [server_buffer_file(b) for b in range(len(sizes))]
     if sorted(want) != listed:
@@ -384,8 +319,23 @@ def served_plan_problem(cfg, directory, manifest):
     return None
 
 
-def _short(sizes):
-    return ", ".join(map(str, sizes[:12])) + ("..." if len(sizes) > 12 else "")
+def costs_problem(cfg, cost, source):
+    """compression.buffers: cost_model plans from the costs measured at job start; a checkpoint whose
+    `source` (a worker file) did not record them cannot have its plan made again."""
+    if cfg.compression.buffers == "cost_model" and not cost:
+        return (f"compression.buffers is cost_model but {source} has no recorded costs, so the buffer plan "
+                f"the servers saved cannot be made again")
+    return None
+
+
+def plan_problem(saved_sizes, sizes):
+    """The buffer plan the manifest records against the one made again from the same shapes and costs
+    (by the front end from worker0.npz, by every resumed worker from its parameters)."""
+    if saved_sizes is not None and saved_sizes != sizes:
+        return (f"the manifest's buffer plan ({describe_sizes(saved_sizes)}) is not the plan this config makes "
+                f"from the checkpoint's shapes and costs ({describe_sizes(sizes)}); its server files cannot be "
+                f"served")
+    return None
 
 
 def load_npz_meta(path):

@@ -43,13 +43,18 @@ def _holder(path):
         return "a process that has not written its name yet"
 
 
-def lock(folder, what, label):
-    """Create `folder` (private) if needed and take its lock; returns the open lock file, which must
-    stay open as long as the job runs. FolderError naming the holder if another job has it."""
+def _make_folder(folder, label):
+    """Create `folder` (private) if needed; FolderError naming `label` (the key or role) if it cannot be."""
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
     except OSError as err:
         raise FolderError(f"{label}: cannot create {folder}: {err.strerror}") from None
+
+
+def lock(folder, what, label):
+    """Create `folder` (private) if needed and take its lock; returns the open lock file, which must
+    stay open as long as the job runs. FolderError naming the holder if another job has it."""
+    _make_folder(folder, label)
     if not os.path.isdir(folder):
         raise FolderError(f"{label}: {folder} is not a folder")
     path = os.path.join(folder, LOCK_FILE)
@@ -123,10 +128,7 @@ def new_run_folder(cfg):
     A run never writes into another run's folder: two runs that differ only by seed (or a rerun that
     fails at start) each get their own, so nothing of an earlier run is replaced."""
     home = run_home(cfg)
-    try:
-        os.makedirs(home, mode=0o700, exist_ok=True)
-    except OSError as err:
-        raise FolderError(f"log.dir: cannot create {home}: {err.strerror}") from None
+    _make_folder(home, "log.dir")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for n in range(1, 1000):
         folder = os.path.join(home, stamp if n == 1 else f"{stamp}-{n}")

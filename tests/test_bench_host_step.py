@@ -1,14 +1,16 @@
-"""scripts/bench_host_step.py: a tiny real run, its bit-for-bit check, and the refused configs."""
+"""bench/bench_host_step.py: a tiny real run, its bit-for-bit check, and the refused configs."""
 import csv
+import json
 import os
 import subprocess
 import sys
 
-import bench_host_step  # scripts/, on the path through pytest.ini
 import pytest
 
+from bench import bench_host_step
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "scripts", "bench_host_step.py")
+SCRIPT = os.path.join(ROOT, "bench", "bench_host_step.py")
 CONFIG = os.path.join(ROOT, "configs", "fmnist_resnet20_ssd_topk.yaml")
 # a small model on small images, so that a run takes seconds
 TINY = bench_host_step.DEFAULT_SETS + ["model.name=small_cnn", "data.shape=[3,8,8]", "train.batch_size=8"]
@@ -31,6 +33,8 @@ def test_tiny_run_times_every_piece_both_ways(tmp_path):
     for piece in ("| land |", "| gradient copy (part of encode) |", "local update"):
         assert piece in text
     assert "median over 4 steps" in text and "forward and backward" in text
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert list(manifest["configs"]) == ["configs/fmnist_resnet20_ssd_topk.yaml"] and manifest["sets"] == TINY
 
 
 def test_the_two_ways_must_end_bit_for_bit_equal(monkeypatch):

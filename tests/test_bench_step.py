@@ -1,16 +1,18 @@
-"""scripts/bench_step.py: the table's medians and ratios, a tiny real run, and the --shape error."""
+"""bench/bench_step.py: the table's medians and ratios, a tiny real run, and the --shape error."""
 import argparse
 import csv
+import json
 import os
 import signal
 import subprocess
 import sys
 
-import bench_step  # scripts/, on the path through pytest.ini
 import pytest
 
+from bench import bench_step
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "scripts", "bench_step.py")
+SCRIPT = os.path.join(ROOT, "bench", "bench_step.py")
 
 
 def test_table_reports_median_per_mode_and_ratio_to_imperative():
@@ -46,6 +48,8 @@ def test_tiny_run_writes_every_timed_step(tmp_path, task):
     text = (out / "table.md").read_text()
     assert text.count("| 2 |") == 2
     assert text.startswith("Forward + backward" if task == "train" else "Evaluation")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["command"][:2] == ["bench/bench_step.py", "--model"] and manifest["configs"] == {}
 
 
 @pytest.mark.parametrize("flags, named", [(["--shape", "3,x"], "'3,x'"), (["--shape", "32,32"], "'32,32'"),

@@ -8,9 +8,10 @@ import subprocess
 import sys
 import time
 
-import bench_network as bn  # scripts/, on the path through pytest.ini
-import netns
 import pytest
+
+from bench import bench_network as bn
+from bench import netns
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -214,7 +215,7 @@ def test_table_warns_about_runs_on_a_busy_machine():
 
 
 def test_paired_ahead_behind_counts_wins_ties_losses():
-    import accuracy as ad
+    from scripts import accuracy as ad
     ahead, behind = "top-k 1% ahead, one buffer", "top-k 1% behind, one buffer"
     accs = {ahead: [0.98, 0.97, 0.96, 0.95], behind: [0.97, 0.97, 0.97, 0.94]}
     rows = [{"variant": v, "seed": s, "rc": 0, "final_acc": a}
@@ -228,8 +229,8 @@ def test_paired_ahead_behind_counts_wins_ties_losses():
 
 def test_time_to_accuracy_reuses_only_the_ssgd_baseline(tmp_path):
     """--reuse DIR reads the SSGD jobs and evaluations of an earlier run (typed), never another variant's."""
-    import time_to_accuracy as tta
-    from results_io import write_csv
+    from scripts import time_to_accuracy as tta
+    from scripts.results_io import write_csv
     jobs = [{"variant": v, "seed": 0, "rc": 0, "seconds": s, "kernel_bytes": 1e6, "final_test_acc": a,
              "rate_mbit": 20, "run_dir": "x"} for v, s, a in (("SSGD", 100.0, 0.9), ("SSD-SGD", 50.0, 0.8))]
     evals = [{"variant": v, "seed": 0, "epoch": e, "seconds": 10.0 * e, "test_acc": 0.1 * e}
@@ -249,8 +250,8 @@ def test_time_to_accuracy_reads_both_clocks_and_tables_them(tmp_path, monkeypatc
     training-clock time is unknown rather than the wall time."""
     import json
 
-    import time_to_accuracy as tta
-    from results_io import write_csv
+    from scripts import time_to_accuracy as tta
+    from scripts.results_io import write_csv
 
     def metrics(run_dir, evals):          # (wall seconds after launch, eval seconds, accuracy) per epoch
         os.makedirs(run_dir)
@@ -319,8 +320,8 @@ def test_time_to_accuracy_reads_both_clocks_and_tables_them(tmp_path, monkeypatc
 def test_time_to_accuracy_reuses_baselines_from_several_folders(tmp_path):
     """--reuse A B: each seed's SSGD job from the one folder that has it; a seed in two folders or in
     none is an error that names it."""
-    import time_to_accuracy as tta
-    from results_io import write_csv
+    from scripts import time_to_accuracy as tta
+    from scripts.results_io import write_csv
 
     def folder(name, seeds):
         d = tmp_path / name
@@ -480,7 +481,7 @@ def test_topology_option():
 
 
 def _cluster_or_skip():
-    import vcluster
+    from bench import vcluster
     try:
         vcluster.check_tools()
     except vcluster.ClusterError as e:
@@ -497,7 +498,7 @@ def test_hosts_topology_smoke(tmp_path):
     from jobs import processes_with
     vcluster = _cluster_or_skip()
     out = tmp_path / "bench"
-    cmd = [sys.executable, os.path.join(ROOT, "scripts", "bench_network.py"), "--topology", "hosts",
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "bench_network.py"), "--topology", "hosts",
            "--algorithms", "ssd_topk", "--rates", "100", "--steps", "6", "--repeats", "1", "--no-compute-bound",
            "--job-timeout", "100", "--config", os.path.join(ROOT, "configs", "demo_digits_ssd.yaml"),
            "--set", "log.every_steps=2", "--set", "algorithm.warmup_iters=2", "--out", str(out)]
@@ -522,6 +523,9 @@ def test_hosts_topology_smoke(tmp_path):
     assert row["host_links"].count(" worker ") == 2 and float(row["steady_server_cpu_seconds_per_step"]) >= 0
     assert float(row["steady_worker_cpu_seconds_per_step"]) > 0       # a worker always computes
     assert "— per-host links" in (out / "table.md").read_text()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [manifest[k] for k in ("finished", "jobs", "exit_status", "appended")] == [True, 1, 0, False]
+    assert list(manifest["configs"]) == ["configs/demo_digits_ssd.yaml"]
     # nothing left: no namespace or key folder of the bench's clusters, no process of the job
     mine = f"{vcluster.PREFIX}{proc.pid}-"
     assert mine not in subprocess.run(["ip", "netns", "list"], stdout=subprocess.PIPE, text=True).stdout
@@ -532,7 +536,7 @@ def test_hosts_topology_smoke(tmp_path):
 def test_time_to_accuracy_labels_the_density_it_ran_at():
     """A compression.density override shows in the top-k variant's label; other labels and runs
     without the override keep theirs."""
-    import time_to_accuracy as tta
+    from scripts import time_to_accuracy as tta
     assert tta.relabel("SSD-SGD + top-k 1%", ["compression.density=0.05", "seed=1"]) == "SSD-SGD + top-k 5%"
     assert tta.relabel("SSD-SGD + top-k 1%", ["compression.density=0.025"]) == "SSD-SGD + top-k 2.5%"
     assert tta.relabel("SSD-SGD + top-k 1%", ["train.epochs=18"]) == "SSD-SGD + top-k 1%"
@@ -544,7 +548,7 @@ def test_time_to_accuracy_labels_the_density_it_ran_at():
 def test_wire_bytes_compares_each_variant_with_its_own_reference():
     """Each row's differences are against the variant VARIANTS names for it (hand-computed here);
     a reference that failed leaves the differences empty rather than comparing with another row."""
-    import wire_bytes as wb
+    from bench import wire_bytes as wb
     variants = {"a": ([], None), "b": ([], "a"), "c": ([], None), "d": ([], "c"), "e": ([], "x")}
 
     def row(v, push, pull, kernel, rc=0):
@@ -563,7 +567,7 @@ def test_wire_bytes_compares_each_variant_with_its_own_reference():
 def test_time_to_accuracy_plans_per_variant_overrides_interleaved_by_seed():
     """--set for every job, --set-for only for its variant (after --set, so it wins); jobs by seed,
     then in the suite's order; each job's label shows the density it runs at."""
-    import time_to_accuracy as tta
+    from scripts import time_to_accuracy as tta
     _, variants = tta.SUITES["fmnist"]
     topk = "SSD-SGD + top-k 1%"
     plan = tta.plan_jobs([0, 1], variants, ["SSGD", topk], ["model.hybridize=false", "compression.density=0.05"],

@@ -9,11 +9,9 @@ import pytest
 
 from ssdsgd.compression.codec import (
     BITMAP_BITS,
-    MailboxFormat,
+    WireFormat,
     bitmap_words,
     encode_sparse,
-    make_decoder,
-    message_length,
     pack_bitmap,
     unpack_bitmap,
     use_bitmap,
@@ -73,12 +71,12 @@ def test_bitmap_only_where_it_is_smaller():
     assert not use_bitmap(240, 200, fp16=True)           # the fp16 wire keeps its index digits
     with pytest.raises(ValueError, match="unknown index coding 'zip'"):
         use_bitmap(240, 200, "zip")
-    assert message_length("sparse", 240, 11, bitmap=True) == 2 + 10 + 11
-    assert message_length("sparse", 240, 11) == 2 + 2 * 11
+    assert WireFormat("sparse", 240, 11, bitmap=True).length == 2 + 10 + 11
+    assert WireFormat("sparse", 240, 11).length == 2 + 2 * 11
     with pytest.raises(ValueError, match="fp32 wire only"):
-        make_decoder("sparse", 240, 11, fp16=True, bitmap=True)
+        WireFormat("sparse", 240, 11, fp16=True, bitmap=True)
     with pytest.raises(ValueError, match="sparse payloads on the fp32 wire only"):
-        make_decoder("dense", 240, bitmap=True)
+        WireFormat("dense", 240, bitmap=True)
     with pytest.raises(ValueError, match="fp32 wire only"):
         encode_sparse(np.array([1, 2]), np.ones(2, np.float32), fp16=True, bitmap_size=240)
     with pytest.raises(RoundError, match="needs the buffer's size"):
@@ -92,13 +90,13 @@ def test_a_bitmap_message_decodes_to_the_index_list_message_bit_for_bit():
     val = rng.standard_normal(k).astype(np.float32)
     val[:3] = [0.0, -0.0, np.nan]
     header = np.array([7, 1], np.float32)
-    listed = MailboxFormat("sparse", size, k).parse(np.concatenate([header, encode_sparse(idx, val)]))[2]
+    listed = WireFormat("sparse", size, k).parse(np.concatenate([header, encode_sparse(idx, val)]))[2]
     payload = encode_sparse(idx, val, bitmap_size=size)
     assert payload.shape == (bitmap_words(size) + k,)
     order = np.argsort(idx)
     assert reference_indices(payload[:bitmap_words(size)]) == np.sort(idx).tolist()
     assert bits_equal(payload[bitmap_words(size):], val[order])     # values in index order
-    fmt = MailboxFormat("sparse", size, k, bitmap=True)
+    fmt = WireFormat("sparse", size, k, bitmap=True)
     assert fmt.length == 2 + bitmap_words(size) + k
     rnd, rank, got = fmt.parse(np.concatenate([header, payload]))
     assert (rnd, rank) == (7, 1)
@@ -119,20 +117,20 @@ def test_plan_chooses_the_coding_per_buffer_and_per_density_stage():
     shapes = [(4800,), (48,)]
     dense_counts = [480, 4]                               # 10%: k = 484 > 202 words
     (buf,) = make_plan(shapes, 1, counts=dense_counts, codec="sparse", index_coding="auto")
-    assert buf.bitmap and buf.mailbox()["bitmap"] is True
-    assert buf.mailbox_len == 2 + bitmap_words(4848) + 484
+    assert buf.wire.bitmap is True and buf.to_dict()["mailboxes"][0]["bitmap"] is True
+    assert buf.wire.length == 2 + bitmap_words(4848) + 484
     (listed,) = make_plan(shapes, 1, counts=dense_counts, codec="sparse", index_coding="list")
-    assert not listed.bitmap and listed.mailbox_len == 2 + 2 * 484
+    assert not listed.wire.bitmap and listed.wire.length == 2 + 2 * 484
     # A 1% stage (48 + 1 values) keeps the index list; the 10% steady state uses the bitmap.
     (stage,), = warmup_stages([buf], [[48, 1]], 1)
-    assert not stage.bitmap and stage.mailbox_len == 2 + 2 * 49
+    assert not stage.wire.bitmap and stage.wire.length == 2 + 2 * 49
     (dense,) = make_plan(shapes, 1, index_coding="auto")
-    assert not dense.bitmap
+    assert not dense.wire.bitmap and dense.wire == WireFormat("dense", 4848)
 
 
 def _ring_pair(size, cap, bitmap_ring):
     sched = LRSchedule("cosine", base_lr=0.3, total_updates=50)
-    server = BufferState(size, 2, 8, 0.9, 1e-4, sched, [MailboxFormat("sparse", size, cap // 2)])
+    server = BufferState(size, 2, 8, 0.9, 1e-4, sched, [WireFormat("sparse", size, cap // 2)])
     server.ring = DownlinkRing(RingLayout(3, cap, size, bitmap_ring), check_every=4)
     replica = BufferState(size, 2, 8, 0.9, 1e-4, LRSchedule("cosine", base_lr=0.3, total_updates=50), [])
     w0 = np.random.default_rng(1).standard_normal(size).astype(np.float32)

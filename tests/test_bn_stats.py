@@ -1,6 +1,6 @@
 """Tests for the BatchNorm statistics recomputation used when evaluating the global weights
-(ssdsgd.worker.loop.recompute_bn_stats, _bn_stats_restored, _evaluate_global), against statistics computed
-here in numpy from the layers' own weights (numpy convolution, numpy batch normalisation).
+(ssdsgd.worker.evaluate: recompute_bn_stats, bn_stats_restored, evaluate_global), against statistics
+computed here in numpy from the layers' own weights (numpy convolution, numpy batch normalisation).
 
 MXNet 1.9's BatchNorm (CPU, oneDNN build) keeps running statistics of the BIASED batch variance
 (divide by N*H*W): test_mxnet_running_var_is_biased pins that down, and the references use it."""
@@ -10,7 +10,7 @@ import pytest
 from mxnet import autograd
 from mxnet.gluon import nn
 
-from ssdsgd.worker.loop import _batchnorm_layers, _bn_stats_restored, _evaluate_global, recompute_bn_stats
+from ssdsgd.worker.evaluate import batchnorm_layers, bn_stats_restored, evaluate_global, recompute_bn_stats
 
 EPS = 1e-5
 IN_C, H, W = 2, 6, 6
@@ -127,12 +127,12 @@ def test_mxnet_running_var_is_biased():
 
 def test_batchnorm_layers_found_in_order():
     net = make_net(hybridize=False)
-    assert _batchnorm_layers(net) == [net[1], net[4]]
+    assert batchnorm_layers(net) == [net[1], net[4]]
     outer = nn.HybridSequential()
     inner = nn.HybridSequential()
     inner.add(nn.Dense(3), nn.BatchNorm())
     outer.add(nn.BatchNorm(), inner, nn.Dense(2))
-    assert _batchnorm_layers(outer) == [outer[0], inner[1]]         # nested blocks too
+    assert batchnorm_layers(outer) == [outer[0], inner[1]]         # nested blocks too
 
 
 @pytest.mark.parametrize("momentum", [0.9, 0.5])
@@ -143,7 +143,7 @@ def test_recompute_equals_numpy_average_of_batch_stats(hybridize, momentum):
     weights = net_weights(net)
     want = reference_stats(weights, batches)
     before = bn_stats(net)
-    recompute_bn_stats(net, iter(batches))      # a one-shot iterator, as _evaluate_global gets
+    recompute_bn_stats(net, iter(batches))      # a one-shot iterator, as evaluate_global gets
     got = bn_stats(net)
     assert_stats_equal(got, want)
     # a real change, and not the statistics of all data pooled (nor of the last batch only)
@@ -184,7 +184,7 @@ def test_bn_stats_restored_puts_original_statistics_back(hybridize):
     original = bn_stats(net)
     x = batches[1][0]
     out_before = net(x).asnumpy()
-    with _bn_stats_restored(net):
+    with bn_stats_restored(net):
         recompute_bn_stats(net, batches)
         during = bn_stats(net)
         out_during = net(x).asnumpy()
@@ -197,7 +197,7 @@ def test_bn_stats_restored_puts_original_statistics_back(hybridize):
     np.testing.assert_allclose(net(x).asnumpy(), out_before, rtol=1e-6, atol=1e-6)
     # also when the body raises
     with pytest.raises(RuntimeError, match="boom"):
-        with _bn_stats_restored(net):
+        with bn_stats_restored(net):
             recompute_bn_stats(net, batches)
             raise RuntimeError("boom")
     for (gm, gv), (om, ov) in zip(bn_stats(net), original):
@@ -261,7 +261,7 @@ def test_evaluate_global_recomputes_for_the_global_weights_then_restores(with_bn
     want_global = reference_stats(net_weights(net), batches)
     want_weights = net_weights(net)
     x = batches[2][0]
-    with _bn_stats_restored(net):
+    with bn_stats_restored(net):
         recompute_bn_stats(net, batches)
         pred = net(x).argmax(axis=1)
     for p, w in zip(params, local_w):
@@ -273,7 +273,7 @@ def test_evaluate_global_recomputes_for_the_global_weights_then_restores(with_bn
     test_set = _RecordingTestSet(net, x, label)
     client = _StubClient(global_w)
     bn_batches = iter(batches) if with_bn_batches else None
-    (correct, images), pulled = _evaluate_global(net, params, client, test_set, BATCH, 77, bn_batches)
+    (correct, images), pulled = evaluate_global(net, params, client, test_set, BATCH, 77, bn_batches)
     acc = correct / images
     assert client.calls == [77] and pulled == 123 and images == BATCH
     seen_weights, seen_stats = test_set.seen

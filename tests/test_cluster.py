@@ -1,4 +1,4 @@
-"""Multi-host jobs on a virtual cluster (scripts/vcluster.py): 4 hosts in network namespaces, one sshd each.
+"""Multi-host jobs on a virtual cluster (bench/vcluster.py): 4 hosts in network namespaces, one sshd each.
 
 h0 runs the launcher and the scheduler; the host file lists h1 h2 h3, so server 0 runs on h1, worker 0
 on h2 and worker 1 on h3. Every test checks that no process is left on any host afterwards.
@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import pytest
-import vcluster  # scripts/, on the path through pytest.ini
+from bench import vcluster
 from jobs import ROOT, processes_with
 
 LAUNCH = os.path.join(ROOT, "launch", "launch.py")
@@ -291,13 +291,13 @@ def test_remote_roles_die_with_a_sigkilled_launcher(vc, tmp_path):
 @pytest.mark.timeout(60)
 def test_shaping_and_crash_leftovers(tmp_path):
     """tbf on both ends of every link; a cluster whose creator was SIGKILLed is removed by the next one."""
-    script = ("import time; import vcluster\n"
+    script = ("import time; from bench import vcluster\n"
               "vc = vcluster.VCluster(2, rate_mbit=50).create()\n"
               "import subprocess\n"
               "print(vc.name, subprocess.run(['tc', '-n', vc.switch, 'qdisc', 'show', 'dev', 'v1'],"
               " capture_output=True, text=True).stdout.strip(), flush=True)\n"
               "time.sleep(600)\n")
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=os.path.join(ROOT, "scripts"), stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         line = proc.stdout.readline()

@@ -52,7 +52,9 @@ def test_liveness_interval_is_the_hooks():
 LAYERS = [
     {"env", "errors"},                                          # names and errors shared by everything
     {"faults", "schedule", "metrics", "compression"},           # leaf helpers
+    {"schema"},                                                 # the config's keys and their checks
     {"config"},
+    {"fingerprint"},                                            # which keys a resume may change
     {"checkpoint"},
     {"folders"},                                                # run folders: what a run leaves behind
     {"ps"},                                                     # the parameter-server side
@@ -106,4 +108,33 @@ def test_no_module_of_the_package_imports_from_a_higher_layer():
 def test_the_layer_test_sees_an_upward_import(tmp_path):
     path = tmp_path / "m.py"
     path.write_text("def f():\n    from ssdsgd.launch.launcher import run_job\n")
-    assert [_layer_of(t) for t in _imports(str(path), "ssdsgd.config")] == [9]
+    assert [_layer_of(t) for t in _imports(str(path), "ssdsgd.config")] == [len(LAYERS) - 1]
+
+
+# The user tools (scripts/) and the benchmark and test infrastructure (bench/) keep short functions too.
+MAX_TOOL_FUNCTION_LINES = 60
+
+
+def _long_functions(folder, limit):
+    """`path:line name (n lines)` of every function in folder's .py files longer than `limit` lines."""
+    long = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".py"):
+            path = os.path.join(folder, name)
+            long += [f"{os.path.relpath(path, ROOT)}:{line} {fn} ({n} lines)"
+                     for fn, line, n in _functions(path) if n > limit]
+    return long
+
+
+def test_no_function_in_the_tools_is_longer_than_60_lines():
+    long = [f for folder in ("scripts", "bench")
+            for f in _long_functions(os.path.join(ROOT, folder), MAX_TOOL_FUNCTION_LINES)]
+    assert not long, f"functions over {MAX_TOOL_FUNCTION_LINES} lines: " + "; ".join(long)
+
+
+def test_the_tool_length_test_sees_a_long_function(tmp_path):
+    """61 lines (the def and 60 statements) is one too many; 60 pass."""
+    body = "".join(f"    x{i} = {i}\n" for i in range(60))
+    (tmp_path / "long.py").write_text("def long():\n" + body + "\n\ndef short():\n" + body[:-len("    x59 = 59\n")])
+    found = _long_functions(str(tmp_path), MAX_TOOL_FUNCTION_LINES)
+    assert len(found) == 1 and found[0].endswith(":1 long (61 lines)"), found

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from jobs import ROOT, processes_with, run_job
 
-from ssdsgd.compression.codec import MailboxFormat, make_decoder
+from ssdsgd.compression.codec import WireFormat
 from ssdsgd.compression.compressor import RandomK, SampledThreshold, TopK
-from ssdsgd.compression.encoders import SparseEncoder, local_clip_bound, make_encoders, make_stages, tensor_counts
+from ssdsgd.compression.encoders import SparseEncoder, make_encoders, tensor_counts
 from ssdsgd.compression.fusion import KEY_HASH, make_plan, plan_cost_model
 from ssdsgd.compression.memory import Memory
-from ssdsgd.config import ConfigError, load_config
+from ssdsgd.config import load_config
 from ssdsgd.ps.rounds import BufferState
 
 TOPK_CONFIG = "configs/demo_digits_ssd_topk.yaml"
@@ -70,7 +70,7 @@ def test_sparse_codec_round_trip_against_numpy_scatter():
     payload = np.concatenate([idx.astype(np.float32), vals])
     want = np.zeros(size, np.float32)
     want[idx] = vals                                    # numpy scatter (distinct indices)
-    sparse = make_decoder("sparse", size, k)(payload)
+    sparse = WireFormat("sparse", size, k).decode(payload)
     assert sparse.idx.shape == (k,) and sparse.vals.dtype == np.float32    # O(k), not a dense array
     got = sparse.to_dense()
     assert got.shape == (size,) and got.dtype == np.float32
@@ -82,26 +82,26 @@ def test_sparse_codec_round_trip_against_numpy_scatter():
     want = np.zeros(size, np.float64)
     for i, v in zip(idx, vals):
         want[i] += v
-    got = make_decoder("sparse", size, 6)(np.concatenate([idx.astype(np.float32), vals])).to_dense()
+    got = WireFormat("sparse", size, 6).decode(np.concatenate([idx.astype(np.float32), vals])).to_dense()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
     assert got[5] == pytest.approx(3.75) and got[0] == pytest.approx(2.0)
 
     # Indices near the 2**24 cap stay exact in float32.
     big = 1 << 24
     idx = np.array([big - 1, big - 2, 0], np.int64)
-    got = make_decoder("sparse", big, 3)(np.concatenate([idx.astype(np.float32),
+    got = WireFormat("sparse", big, 3).decode(np.concatenate([idx.astype(np.float32),
                                                          np.array([1, 2, 3], np.float32)])).to_dense()
     assert got[big - 1] == 1 and got[big - 2] == 2 and got[0] == 3 and got.sum() == 6
 
 
 def test_dense_codec_is_identity_and_codecs_validate():
     x = np.random.default_rng(1).standard_normal(13).astype(np.float32)
-    np.testing.assert_array_equal(make_decoder("dense", 13)(x), x)
+    np.testing.assert_array_equal(WireFormat("dense", 13).decode(x), x)
     with pytest.raises(ValueError):
-        make_decoder("dense", 13)(x[:12])
+        WireFormat("dense", 13).decode(x[:12])
     with pytest.raises(ValueError):
-        make_decoder("dense", 13)(np.zeros(14, np.float32))
-    dec = make_decoder("sparse", 10, 3)
+        WireFormat("dense", 13).decode(np.zeros(14, np.float32))
+    dec = WireFormat("sparse", 10, 3).decode
     for bad_len in (5, 7, 3, 0):
         with pytest.raises(ValueError):
             dec(np.zeros(bad_len, np.float32))
@@ -211,7 +211,7 @@ def test_error_feedback_loses_nothing(compressor):
         for i, g in enumerate(grads):
             total_g[i] += g.reshape(-1)
         payload = enc.encode([mx.nd.array(grads[i]) for i in buf.params], step).asnumpy()
-        dense, idx, _ = np_decode(payload, buf.size, buf.k, buf.bitmap)
+        dense, idx, _ = np_decode(payload, buf.size, buf.topk_count, buf.wire.bitmap)
         # exactly k_i distinct indices inside each tensor's range
         for o, n, c in zip(buf.offsets, buf.sizes, buf.counts):
             mine = idx[(idx >= o) & (idx < o + n)]
@@ -235,7 +235,7 @@ def test_without_error_feedback_each_step_sends_its_own_topk():
     for step in range(10):
         grads = [untied(rng, int(np.prod(s))).reshape(s) for s in SHAPES3]
         payload = enc.encode([mx.nd.array(grads[i]) for i in buf.params], step).asnumpy()
-        dense, idx, vals = np_decode(payload, buf.size, buf.k, buf.bitmap)
+        dense, idx, vals = np_decode(payload, buf.size, buf.topk_count, buf.wire.bitmap)
         for p, o, n, c in zip(buf.params, buf.offsets, buf.sizes, buf.counts):
             g = grads[p].reshape(-1)
             mine = idx[(idx >= o) & (idx < o + n)] - o
@@ -280,8 +280,8 @@ def test_ahead_fusion_sends_every_tensor_its_own_k():
     grads = [untied(rng, int(np.prod(s))).reshape(s) * (100.0 if i == 0 else 1e-3)
              for i, s in enumerate(BIG_SMALL)]
     payload = enc.encode([mx.nd.array(grads[i]) for i in buf.params], 0).asnumpy()
-    assert payload.shape == (buf.mailbox_len - 2,) == (2 * 102,)
-    dense, idx, _ = np_decode(payload, buf.size, buf.k, buf.bitmap)
+    assert payload.shape == (buf.wire.length - 2,) == (2 * 102,)
+    dense, idx, _ = np_decode(payload, buf.size, buf.topk_count, buf.wire.bitmap)
     for p, o, n in zip(buf.params, buf.offsets, buf.sizes):
         mine = idx[(idx >= o) & (idx < o + n)]
         assert mine.size == want_counts[p] >= 1, f"tensor {p}"
@@ -296,13 +296,13 @@ def test_behind_fusion_lets_the_big_tensor_take_every_slot():
     gradient mass sits in the big one. This is the "tensor missing" problem SAFusion avoids."""
     comp = comp_config("compression.density=0.001", "compression.fusion=behind")
     (buf,), (enc,) = make_encoders(BIG_SMALL, 1, comp, 0)
-    assert enc.behind and buf.k == 102
+    assert enc.behind and buf.topk_count == 102
     rng = np.random.default_rng(8)
     grads = [untied(rng, int(np.prod(s))).reshape(s) * (100.0 if i == 0 else 1e-3)
              for i, s in enumerate(BIG_SMALL)]
     payload = enc.encode([mx.nd.array(grads[i]) for i in buf.params], 0).asnumpy()
     assert payload.shape == (2 * 102,)
-    dense, idx, _ = np_decode(payload, buf.size, buf.k, buf.bitmap)
+    dense, idx, _ = np_decode(payload, buf.size, buf.topk_count, buf.wire.bitmap)
     fused = np.concatenate([grads[p].reshape(-1) for p in buf.params])
     assert set(idx.tolist()) == np_topk_set(fused, 102)          # one top-k over the fused buffer
     for p, o, n in zip(buf.params, buf.offsets, buf.sizes):
@@ -326,7 +326,7 @@ def test_tensors_below_min_dense_bytes_are_sent_whole():
     for step in range(3):
         grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
         payload = enc.encode([mx.nd.array(grads[i]) for i in buf.params], step).asnumpy()
-        dense, idx, _ = np_decode(payload, buf.size, buf.k, buf.bitmap)
+        dense, idx, _ = np_decode(payload, buf.size, buf.topk_count, buf.wire.bitmap)
         for p, o, n in zip(buf.params, buf.offsets, buf.sizes):
             mine = idx[(idx >= o) & (idx < o + n)]
             if whole[p]:
@@ -343,7 +343,7 @@ SMALL_CNN_LIKE = [(16, 1, 3, 3), (16,), (32, 16, 3, 3), (32,), (64, 512), (64,),
 
 def _plan_fields(buffers):
     return [(b.id, b.params, b.offsets, b.sizes, b.counts, b.server, b.weight_key, b.mailbox_key,
-             b.clock_key, b.codec, b.k, b.mailbox_len) for b in buffers]
+             b.clock_key, b.codec, b.topk_count, b.wire.length) for b in buffers]
 
 
 @pytest.mark.parametrize("buffers,servers", [("one", 1), ("one", 2), ("fixed", 2), ("cost_model", 1),
@@ -361,7 +361,7 @@ def test_workers_build_identical_plans(buffers, servers):
     for b in plan0:
         assert b.offsets == list(np.cumsum([0] + b.sizes[:-1]))
         assert b.counts == [max(1, int(0.01 * sizes[p])) for p in b.params]
-        assert b.mailbox_len == 2 + 2 * sum(b.counts)
+        assert b.wire.length == 2 + 2 * sum(b.counts)
         for key in (b.weight_key, b.mailbox_key, b.clock_key):
             assert (key * KEY_HASH) % servers == b.server
             keys.append(key)
@@ -370,7 +370,7 @@ def test_workers_build_identical_plans(buffers, servers):
     rng = np.random.default_rng(10)
     for b, e0, e1 in zip(plan0, enc0, enc1):
         grads = [mx.nd.array(rng.standard_normal(SMALL_CNN_LIKE[p])) for p in b.params]
-        assert e0.encode(grads, 0).shape == e1.encode(grads, 0).shape == (b.mailbox_len - 2,)
+        assert e0.encode(grads, 0).shape == e1.encode(grads, 0).shape == (b.wire.length - 2,)
 
 
 # ------------------------------------------------------------------------------- 8. cost model
@@ -434,7 +434,7 @@ def test_cost_model_matches_brute_force(seed):
 def test_buffer_state_applies_scatter_summed_sparse_rounds():
     size, k, workers, batch, mu, wd = 40, 6, 2, 8, 0.9, 1e-3
     lr = lambda t: 0.2 / t                                    # noqa: E731  (1-based update count)
-    state = BufferState(size, workers, batch, mu, wd, lr, [MailboxFormat("sparse", size, k)])
+    state = BufferState(size, workers, batch, mu, wd, lr, [WireFormat("sparse", size, k)])
     rng = np.random.default_rng(11)
     w0 = rng.standard_normal(size).astype(np.float32)
     state.bind(w0)
@@ -471,7 +471,7 @@ def test_encoder_messages_decode_on_the_server_to_the_sent_topk():
     encs = [make_encoders(shapes, 1, comp, rank) for rank in range(2)]
     (buf,) = encs[0][0]
     lr, batch = (lambda t: 0.05), 4                           # noqa: E731
-    state = BufferState(buf.size, 2, batch, 0.0, 0.0, lr, [MailboxFormat("sparse", buf.size, buf.k, bitmap=buf.bitmap)])
+    state = BufferState(buf.size, 2, batch, 0.0, 0.0, lr, [buf.wire])
     state.bind(np.zeros(buf.size, np.float32))
     rng = np.random.default_rng(12)
     w = np.zeros(buf.size)
@@ -481,7 +481,7 @@ def test_encoder_messages_decode_on_the_server_to_the_sent_topk():
             grads = [untied(rng, int(np.prod(s))).reshape(s) for s in shapes]
             enc = encs[rank][1][0]
             msg = enc.message([mx.nd.array(grads[p]) for p in buf.params], step, rank)
-            assert msg.shape == (buf.mailbox_len,)
+            assert msg.shape == (buf.wire.length,)
             state.receive(msg.asnumpy())
             for p, o, c in zip(buf.params, buf.offsets, buf.counts):
                 g = grads[p].reshape(-1)
@@ -495,7 +495,7 @@ def test_encoder_messages_decode_on_the_server_to_the_sent_topk():
 # --------------------------------------------------------------------------- 10. real 2-worker job
 
 def _digits_param_sizes():
-    from ssdsgd.worker.loop import build_net
+    from ssdsgd.worker.models import build_net
     cfg = load_config(os.path.join(ROOT, TOPK_CONFIG))
     _, params = build_net(cfg, 10, (1, 8, 8))
     return [int(np.prod(p.shape)) for p in params]
@@ -584,7 +584,7 @@ def test_momentum_correction_against_numpy_dgc(small, min_dense_bytes):
     for step in range(12):
         grads = [untied(rng, 200), rng.standard_normal(small).astype(np.float32)]
         payload = enc.encode([mx.nd.array(grads[p]) for p in buf.params], step).asnumpy()
-        dense, _, _ = np_decode(payload, buf.size, buf.k, buf.bitmap)
+        dense, _, _ = np_decode(payload, buf.size, buf.topk_count, buf.wire.bitmap)
         sent = _split(buf, dense)
         want = _np_dgc_send(u[0], v, grads[0], m, 10)
         np.testing.assert_allclose(sent[0], want, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
@@ -607,7 +607,7 @@ def test_momentum_correction_without_masking_sends_the_momentum_sgd_updates_dela
     for step in range(12):
         g = untied(rng, 200)
         payload = enc.encode([mx.nd.array(g)], step).asnumpy()
-        sent, _, _ = np_decode(payload, buf.size, buf.k, buf.bitmap)
+        sent, _, _ = np_decode(payload, buf.size, buf.topk_count, buf.wire.bitmap)
         want = _np_dgc_send(u, v, g, m, 10, masking=False)
         np.testing.assert_allclose(sent, want, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
         u_ref = m * u_ref + g
@@ -618,200 +618,6 @@ def test_momentum_correction_without_masking_sends_the_momentum_sgd_updates_dela
     acc = masked.accumulate(0, np.ones(4, np.float32))
     masked.update(0, acc, np.array([1]))
     assert masked.velocity[0][1] == 0 and masked.velocity[0][0] == 1     # the default masks
-
-
-def _np_dgc_send_waited(u, v, last_sent, step, g, m, k, min_wait):
-    """DGC's momentum correction in numpy with masking only where the value sent had been held back
-    at least min_wait steps in a row: step - last_sent - 1 steps since it was last sent (last_sent
-    starts at -1, so nothing has waited at step 0). Updates u, v and last_sent; returns what is sent
-    and how long each sent value had waited."""
-    want, top = _np_dgc_select(u, v, g, m, k)
-    waited = step - last_sent[top] - 1
-    u[top[waited >= min_wait]] = 0
-    last_sent[top] = step
-    return want, waited
-
-
-def test_masking_min_wait_masks_only_values_that_were_held_back():
-    """compression.masking_min_wait=2: a value sent after waiting 0 or 1 steps keeps its momentum;
-    one that waited 2 or more is masked as DGC masks. Checked against numpy over 20 steps in which
-    sends after 0, 1, 2 and more steps of waiting all occur (four values are large at every step,
-    so they are sent at every step), across a state_dict/load_state_dict round trip (a resumed
-    worker)."""
-    m, n, k = 0.9, 200, 10
-    comp = comp_config("compression.density=0.05", "compression.momentum_correction=true",
-                       "compression.masking_min_wait=2")
-    (buf,), (enc,) = make_encoders([(n,)], 1, comp, 0, momentum=m)
-    assert enc.memory.min_wait == 2 and enc.memory.masking is True
-    rng = np.random.default_rng(11)
-    u, v, last_sent = np.zeros(n), np.zeros(n), np.full(n, -1)
-    seen = set()
-    for step in range(20):
-        if step == 8:                                          # resume from the saved state
-            saved = enc.memory.state_dict()
-            (buf,), (enc,) = make_encoders([(n,)], 1, comp, 0, momentum=m)
-            enc.memory.load_state_dict(saved)
-        g = untied(rng, n)
-        g[:4] *= 20
-        sent, _, _ = np_decode(enc.encode([mx.nd.array(g)], step).asnumpy(), buf.size, buf.k, buf.bitmap)
-        want, waited = _np_dgc_send_waited(u, v, last_sent, step, g, m, k, min_wait=2)
-        np.testing.assert_allclose(sent, want, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
-        np.testing.assert_allclose(enc.memory.velocity[0], u, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
-        if step:
-            seen.update(min(int(w), 3) for w in waited)
-    assert seen == {0, 1, 2, 3}, seen                          # kept (0, 1), masked at the bound (2), beyond
-
-
-def test_masking_min_wait_after_a_step_that_sent_everything():
-    """A step that sends a tensor whole (a density stage of 1, or a gradient quota as large as the
-    tensor) keeps its momentum and leaves no value waiting: the next sparse step masks nothing."""
-    memory = Memory(error_feedback=True, momentum=0.9, min_wait=1)
-    for idx in ([0], [1]):
-        memory.update(0, memory.accumulate(0, np.ones(4, np.float32)), np.array(idx))
-    assert memory.velocity[0][1] == 0                          # index 1 had waited one step
-    memory.update(0, memory.accumulate(0, np.ones(4, np.float32)), np.arange(4), whole=True)
-    assert np.all(memory.velocity[0] > 0)
-    memory.update(0, memory.accumulate(0, np.ones(4, np.float32)), np.array([0, 2]))
-    assert np.all(memory.velocity[0] > 0)                      # both were sent at the step before
-
-
-def test_masking_min_wait_needs_masking_and_momentum_correction():
-    for settings in (["compression.momentum_correction=true", "compression.momentum_masking=false"],
-                     ["compression.momentum_correction=false"]):
-        with pytest.raises(ConfigError, match="compression.masking_min_wait"):
-            comp_config("compression.masking_min_wait=1", *settings)
-
-
-def test_lr_weighted_memory_applies_each_gradient_at_its_own_lr():
-    """compression.lr_weighted: the memory holds lr-weighted gradients in the units of the current
-    step's lr. Without masking, what the servers apply (lr_t times what is sent at step t) plus
-    lr_t times what is held back is then, at every step, the sum of MXNet's momentum updates
-    m_t = mu*m_{t-1} + lr_t*g_t over a decaying schedule (numpy, float64); the unweighted memory
-    misses it by the decay. A memory that sends nothing holds lr_s/lr_t times each earlier step's
-    gradient, and a checkpointed one goes on from the saved step."""
-    m, n = 0.9, 200
-    lrs = 0.1 * (1 + np.cos(np.pi * np.arange(1, 16) / 15)) / 2 + 1e-3    # cosine, never 0
-    settings = ["compression.density=0.05", "compression.momentum_correction=true",
-                "compression.momentum_masking=false"]
-    (buf,), (enc,) = make_encoders([(n,)], 1, comp_config(*settings, "compression.lr_weighted=true"), 0,
-                                   momentum=m, lr_of=lambda step: lrs[step])
-    (_,), (plain,) = make_encoders([(n,)], 1, comp_config(*settings), 0, momentum=m, lr_of=lambda step: lrs[step])
-    assert plain.memory.lr_of is None                 # the option is off by default
-    rng = np.random.default_rng(7)
-    mom, mom_total = np.zeros(n), np.zeros(n)
-    applied, applied_plain = np.zeros(n), np.zeros(n)
-    for step in range(len(lrs) - 1):
-        g = untied(rng, n)
-        sent, _, _ = np_decode(enc.encode([mx.nd.array(g)], step).asnumpy(), buf.size, buf.k, buf.bitmap)
-        sent_plain, _, _ = np_decode(plain.encode([mx.nd.array(g)], step).asnumpy(), buf.size, buf.k, buf.bitmap)
-        applied += lrs[step] * sent
-        applied_plain += lrs[step] * sent_plain
-        mom = m * mom + lrs[step] * g
-        mom_total += mom
-        np.testing.assert_allclose(applied + lrs[step] * enc.memory.residual[0], mom_total,
-                                   rtol=1e-4, atol=1e-5, err_msg=f"step {step}")
-    gap = np.abs(applied_plain + lrs[step] * plain.memory.residual[0] - mom_total).max()
-    assert gap > 1e-2, gap                            # the check above can fail without the weighting
-    # Nothing sent: the residual after steps 0..3 is sum_s (lr_s / lr_3) * g_s (no momentum here).
-    memory = Memory(error_feedback=True, lr_of=lambda step: lrs[step])
-    gs = [untied(rng, 5) for _ in range(4)]
-    for step, g in enumerate(gs):
-        acc = memory.accumulate(0, g, step)
-        memory.update(0, acc, np.array([], np.int64))
-    want = sum(lrs[s] / lrs[3] * gs[s].astype(np.float64) for s in range(4))
-    np.testing.assert_allclose(memory.residual[0], want, rtol=1e-5)
-    restored = Memory(error_feedback=True, lr_of=lambda step: lrs[step])
-    restored.load_state_dict(memory.state_dict())     # a resumed run rescales from the saved step
-    assert restored.step == 3
-    np.testing.assert_allclose(restored.accumulate(0, np.zeros(5, np.float32), 4), want * lrs[3] / lrs[4],
-                               rtol=1e-5)
-
-
-def test_local_clip_bound_scales_the_global_threshold():
-    """clip_norm is for the step's gradient (mean over N * B samples). A worker's share of it is its
-    B-sample sum / (N * B), bounded by clip_norm * N^-1/2 (DGC), so its sum by clip_norm * B * sqrt(N)."""
-    assert local_clip_bound(None, 128, 2) is None
-    assert local_clip_bound(2.0, 128, 4) == pytest.approx(2.0 * 128 * 2)
-    assert local_clip_bound(1.0, 32, 2) == pytest.approx(32 * np.sqrt(2))
-    share = local_clip_bound(0.5, 128, 4) / (4 * 128)
-    assert share == pytest.approx(0.5 / np.sqrt(4))
-
-
-def test_local_clipping_with_momentum_correction_against_numpy():
-    """Each tensor's gradient is scaled to an L2 norm of at most the bound (per tensor, short ones
-    untouched), then u = m*u + g; v = v + u; top-k of |v| sent; v and u zeroed there."""
-    shapes, m, bound = [(200,), (50,)], 0.9, 4.0
-    comp = comp_config("compression.density=0.05", "compression.momentum_correction=true")
-    (buf,), (enc,) = make_encoders(shapes, 1, comp, 0, momentum=m, clip=bound)
-    k = dict(zip(buf.params, buf.counts))
-    rng = np.random.default_rng(5)
-    u = {p: np.zeros(n) for p, (n,) in enumerate(shapes)}
-    v = {p: np.zeros(n) for p, (n,) in enumerate(shapes)}
-    clipped = 0
-    for step in range(10):
-        # Tensor 0 long (norm ~ 33-130, clipped every step), tensor 1 short on even steps only.
-        grads = [untied(rng, 200) * 4 * (1 + step % 4),
-                 untied(rng, 50) * (0.1 if step % 2 == 0 else 3.0)]
-        payload = enc.encode([mx.nd.array(grads[p]) for p in buf.params], step).asnumpy()
-        sent = _split(buf, np_decode(payload, buf.size, buf.k, buf.bitmap)[0])
-        for p in (0, 1):
-            g = grads[p].astype(np.float64)
-            norm = np.linalg.norm(g)
-            if norm > bound:
-                g, clipped = g * bound / norm, clipped + 1
-            want = _np_dgc_send(u[p], v[p], g, m, k[p])
-            np.testing.assert_allclose(sent[p], want, rtol=1e-4, atol=1e-5,
-                                       err_msg=f"step {step}, tensor {p}")
-    assert clipped == 15          # tensor 0 every step, tensor 1 on the odd steps: both paths ran
-
-
-def test_clipping_reaches_warmup_stages_and_tensors_sent_whole():
-    """make_stages hands the bound to the memory every stage shares: a warm-up stage's values and a
-    tensor sent whole (min_dense_bytes) come out clipped too."""
-    shapes, bound = [(200,), (5,)], 0.5
-    comp = comp_config("compression.density=0.05", "compression.min_dense_bytes=40",
-                       "compression.warmup=[0.5]")
-    stages = make_stages(shapes, 1, comp, 0, clip=bound)
-    assert len(stages) == 2
-    rng = np.random.default_rng(3)
-    for (buf,), (enc,) in stages:
-        assert enc.memory.clip == bound
-        enc.memory.residual.clear()
-        grads = [untied(rng, 200) * 10, np.full(5, 10.0, np.float32)]
-        payload = enc.encode([mx.nd.array(grads[p]) for p in buf.params], 0).asnumpy()
-        sent = _split(buf, np_decode(payload, buf.size, buf.k, buf.bitmap)[0])
-        np.testing.assert_allclose(np.linalg.norm(sent[1]), bound, rtol=1e-5)     # whole, clipped
-        np.testing.assert_allclose(sent[1], bound / np.sqrt(5), rtol=1e-5)
-        # The sparse tensor: what was sent plus what was kept is the clipped gradient.
-        total = sent[0] + enc.memory.residual[0]
-        np.testing.assert_allclose(total, grads[0] * bound / np.linalg.norm(grads[0].astype(np.float64)),
-                                   rtol=1e-4, atol=1e-7)
-
-
-def test_clip_norm_bounds_the_residual_in_a_real_job(tmp_path):
-    """Wiring: compression.clip_norm reaches the workers' encoders. With a tiny threshold the error-
-    feedback residual stays under its bound (per tensor, at most steps * bound / (1 - momentum)),
-    orders of magnitude below an unclipped residual after the same steps."""
-    clip_norm, steps = 1e-6, 8
-    job = run_job(tmp_path, TOPK_CONFIG, f"train.max_steps={steps}", "log.every_steps=4",
-                  "compression.buffers=one", f"compression.clip_norm={clip_norm}", name="clipped", timeout=110)
-    assert job.rc == 0, job.output
-    assert processes_with(job.marker) == []
-    cfg = load_config(os.path.join(ROOT, TOPK_CONFIG), [])
-    bound = local_clip_bound(clip_norm, cfg.train.batch_size, cfg.cluster.workers)
-    n_tensors = len(_digits_param_sizes())
-    limit = steps * bound / (1 - cfg.train.momentum) * np.sqrt(n_tensors)
-    norms = [r["residual_norm"] for r in job.metrics() if "residual_norm" in r]
-    assert len(norms) == 2 and 0 < max(norms) <= limit, (norms, limit)
-    assert limit < 0.02      # unclipped, the same job logs residual norms of about 200 and 500
-
-
-def test_memory_clip_leaves_the_callers_gradient_alone():
-    mem = Memory(error_feedback=True, clip=1.0)
-    g = np.full(4, 3.0, np.float32)
-    out = mem.accumulate(0, g)
-    np.testing.assert_allclose(np.linalg.norm(out), 1.0, rtol=1e-6)
-    np.testing.assert_array_equal(g, np.full(4, 3.0, np.float32))
 
 
 # ------------------------------------------------------- 12. allocation by the accumulated gradient
@@ -908,7 +714,7 @@ def test_allocate_by_threshold_sends_every_nonzero_when_budget_allows():
 
 # ------------------------------------------------------------------ 10. quantised link costs
 
-from ssdsgd.algorithms.ssd import quantise_costs  # noqa: E402
+from ssdsgd.algorithms.probe import quantise_costs  # noqa: E402
 
 
 def _q(x, steps_per_octave=2):

@@ -578,10 +578,10 @@ def test_gradient_allocation_needs_sparsifier_ahead(overrides):
     assert load_config(SSD, overrides).compression.allocation == "size"
 
 
-@pytest.mark.parametrize("key,default", [("momentum_masking", True), ("decay_momentum", False)])
+@pytest.mark.parametrize("key,default", [("momentum_masking", True)])
 def test_momentum_correction_options_have_defaults_and_need_it(key, default):
-    """momentum_masking defaults to on (DGC), decay_momentum to off; changing either without
-    momentum correction is refused, naming the key."""
+    """momentum_masking defaults to on (DGC); changing it without momentum correction is refused,
+    naming the key."""
     assert getattr(load_config(SSD, []).compression, key) is default
     changed = f"compression.{key}={str(not default).lower()}"
     ok = ["compression.type=topk", changed]                  # momentum correction is on with a sparsifier
@@ -590,43 +590,16 @@ def test_momentum_correction_options_have_defaults_and_need_it(key, default):
     assert msg.startswith(f"compression.{key}") and "momentum_correction: true" in msg, msg
 
 
-def test_lr_weighted_is_off_by_default_and_needs_a_sparsifier_with_memory():
-    assert load_config(SSD, []).compression.lr_weighted is False
-    assert load_config(SSD, ["compression.type=topk", "compression.lr_weighted=true"]).compression.lr_weighted
-    msg = config_error(SSD, ["compression.type=none", "compression.lr_weighted=true"])
-    assert msg.startswith("compression.lr_weighted") and "sparse" in msg, msg
-    msg = config_error(SSD, ["compression.type=topk", "compression.error_feedback=false",
-                             "compression.momentum_correction=false", "compression.lr_weighted=true"])
-    assert msg.startswith("compression.lr_weighted") and "error_feedback" in msg, msg
-
-
-def test_lookahead_is_off_by_default_and_checked():
-    assert load_config(SSD, []).compression.lookahead == 0.0
-    assert load_config(SSD, ["compression.type=topk", "compression.lookahead=0.5"]).compression.lookahead == 0.5
-    for bad in ("-0.1", "1.5"):
-        msg = config_error(SSD, ["compression.type=topk", f"compression.lookahead={bad}"])
-        assert msg.startswith("compression.lookahead"), msg
-    msg = config_error(SSD, ["compression.type=none", "compression.lookahead=0.5"])
-    assert msg.startswith("compression.lookahead") and "sparse" in msg, msg
-    msg = config_error(SSD, ["compression.type=topk", "compression.error_feedback=false", "compression.lookahead=1"])
-    assert msg.startswith("compression.lookahead") and "error_feedback" in msg, msg
-
-
-def test_clip_norm_is_off_by_default_and_checked():
-    assert load_config(SSD, []).compression.clip_norm is None
-    assert load_config(SSD, ["compression.type=topk", "compression.clip_norm=2.5"]).compression.clip_norm == 2.5
-    for bad in ("0", "-1", "big"):
-        msg = config_error(SSD, ["compression.type=topk", f"compression.clip_norm={bad}"])
-        assert msg.startswith("compression.clip_norm"), msg
-    msg = config_error(SSD, ["compression.type=none", "compression.clip_norm=2.5"])
-    assert msg.startswith("compression.clip_norm") and "sparse" in msg
-    msg = config_error(SSD, ["compression.type=topk", "compression.fusion=behind", "compression.clip_norm=2.5"])
-    assert msg.startswith("compression.clip_norm") and "fusion" in msg
+@pytest.mark.parametrize("key", ["lookahead", "lr_weighted", "masking_min_wait", "decay_momentum", "clip_norm"])
+def test_experiment_knobs_no_config_used_are_gone(key):
+    """Removed with their code (issue 37): a config that still sets one is told the key is unknown."""
+    msg = config_error(SSD, ["compression.type=topk", f"compression.{key}=1"])
+    assert msg.startswith(f"compression.{key}: unknown key"), msg
 
 
 @pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
 def test_float_settings_must_be_finite(value):
-    for key in ("train.lr", "compression.clip_norm"):
+    for key in ("train.lr", "compression.threshold"):
         msg = config_error(SSD, ["compression.type=topk", f"{key}={value}"])
         assert msg.startswith(key) and "finite" in msg, msg
 

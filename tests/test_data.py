@@ -3,12 +3,14 @@ import gzip
 import io
 import os
 import pickle
+import re
 import shutil
 import struct
 
 import mxnet as mx
 import numpy as np
 import pytest
+from jobs import ROOT
 
 from ssdsgd.worker import data, idx
 
@@ -394,6 +396,50 @@ def test_synthetic_test_set_at_least_one_batch():
 def test_zero_steps_per_epoch():
     with pytest.raises(data.DataError, match="fewer than one global batch"):
         data.build_data("digits", batch_size=800, rank=0, num_workers=2, seed=0)
+
+
+def test_digits_images_per_class_are_the_splits():
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    from ssdsgd.worker.small_sets import DIGITS_TRAIN_PER_CLASS
+    digits = load_digits()
+    _, _, y_train, _ = train_test_split(digits.data, digits.target, test_size=0.2, random_state=0,
+                                        stratify=digits.target)
+    assert tuple(np.bincount(y_train)) == DIGITS_TRAIN_PER_CLASS
+
+
+DIGITS_SPLITS = [{}, {"train_per_class": 20}, {"train_per_class": 20, "validation": 0.5},
+                 {"train_per_class": 30, "validation": 100, "validation_from": "rest"}, {"validation": 37}]
+
+
+@pytest.mark.parametrize("split", DIGITS_SPLITS)
+def test_digits_counted_without_reading_as_read(split):
+    """The front end counts digits (small_sets.count_digits) as build_data then reads them."""
+    from ssdsgd.worker.small_sets import count_digits
+    bundle = data.build_data("digits", batch_size=8, **SHARD, **split)
+    full = dict({"train_per_class": None, "validation": 0, "validation_from": "subset"}, **split)
+    assert count_digits(None, None, full) == bundle.train.num_samples
+
+
+@pytest.mark.parametrize("dataset,sets,message", [
+    ("digits", ["data.shape=[2,8,8]"], "digits supports data.shape"),
+    ("digits", ["data.shape=[3,16,8]"], "digits supports data.shape"),
+    ("digits", ["data.num_classes=5"], "digits has 10 classes"),
+    ("digits", ["data.train_per_class=20", "data.validation=0.5", "train.batch_size=60"],
+     "the training set has 100 samples, fewer than one global batch (num_workers 2 x batch_size 60)"),
+    ("digits", ["data.validation=1437"], "gives 1437 of 1437 training images; it must leave at least one on each side"),
+    ("synthetic", ["data.synthetic_samples=64", "train.batch_size=40"], "the training set has 64 samples"),
+])
+def test_check_data_refuses_what_the_workers_would(dataset, sets, message):
+    """check_data (the front end's) raises for digits and synthetic what build_data raises in each worker."""
+    from ssdsgd.config import load_config
+    cfg = load_config(os.path.join(ROOT, "configs", "demo_digits_ssgd.yaml"),
+                      [f"data.dataset={dataset}", "model.name=mlp"] + sets)
+    with pytest.raises(data.DataError, match=re.escape(message)):
+        data.check_data(cfg)
+    with pytest.raises(data.DataError, match=re.escape(message)):
+        data.data_from_config(cfg, 0, cfg.cluster.workers)
 
 
 def test_unknown_dataset_lists_valid_names():

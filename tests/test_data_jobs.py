@@ -188,3 +188,23 @@ def test_bad_data_job_exits_2_with_one_message_and_no_process(tmp_path, dataset,
     check_one_message(job.output, dataset, make, first_line, root)
     assert not os.path.exists(os.path.join(job.run_dir, "summary.json"))
     assert processes_with(job.marker) == []
+
+
+# digits and synthetic are counted by the front end, not read: a batch larger than the data set used to
+# print its message three times (each worker's line and the launcher's copy) and leave an empty run folder.
+TOO_LARGE_BATCH = [
+    ("digits", ["train.batch_size=800"],
+     "error: the training set has 1437 samples, fewer than one global batch (num_workers 2 x batch_size 800)"),
+    ("synthetic", ["data.synthetic_samples=64", "train.batch_size=40"],
+     "error: the training set has 64 samples, fewer than one global batch (num_workers 2 x batch_size 40)"),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("dataset,sets,line", TOO_LARGE_BATCH, ids=["digits", "synthetic"])
+def test_a_batch_larger_than_digits_or_synthetic_is_one_message_and_no_process(tmp_path, dataset, sets, line):
+    job = run_job(tmp_path, DIGITS, f"data.dataset={dataset}", "model.name=mlp", *sets, name="bad")
+    assert job.rc == 2, job.output[-3000:]
+    check_one_message(job.output, dataset, None, line, None)
+    assert not os.path.exists(str(tmp_path / "runs")), job.output           # no run folder made
+    assert processes_with(job.marker) == []

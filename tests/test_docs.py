@@ -7,7 +7,7 @@ import os
 import re
 import subprocess
 
-import gen_config_doc  # scripts/, on the path through pytest.ini
+from scripts import gen_config_doc
 import pytest
 
 from ssdsgd.config import SCHEMA
@@ -25,7 +25,7 @@ def _read(rel):
 
 def test_config_doc_matches_schema():
     assert gen_config_doc.render() == _read("docs/config.md"), (
-        "docs/config.md differs from ssdsgd/config.py's SCHEMA; run python scripts/gen_config_doc.py")
+        "docs/config.md differs from ssdsgd/schema.py's SCHEMA; run python scripts/gen_config_doc.py")
 
 
 def test_every_key_has_one_description():
@@ -57,7 +57,7 @@ def _expand(path):
 
 
 def _repo_paths(text):
-    pattern = r"(?<![\w/.-])((?:configs|scripts|ssdsgd|tests|docs|launch)/[\w./{},*-]+\.(?:yaml|py|md|example))"
+    pattern = r"(?<![\w/.-])((?:configs|scripts|bench|ssdsgd|tests|docs|launch)/[\w./{},*-]+\.(?:yaml|py|md|example))"
     return sorted(set(re.findall(pattern, text)))
 
 

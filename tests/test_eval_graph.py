@@ -1,4 +1,4 @@
-"""The static-graph twin that evaluates an imperative model (models.inference_graph, worker.build_eval_net):
+"""The static-graph twin that evaluates an imperative model (models.inference_graph, models.build_eval_net):
 its outputs against a numpy forward of the network's current weights and statistics, however those
 change, and a real job whose reported accuracy is recomputed here from its saved weights."""
 import os
@@ -18,7 +18,7 @@ from test_bn_stats import (
     np_inference,
 )
 
-from ssdsgd.worker.loop import _bn_stats_restored, _evaluate_global, recompute_bn_stats
+from ssdsgd.worker.evaluate import bn_stats_restored, evaluate_global, recompute_bn_stats
 from ssdsgd.worker.models import inference_graph
 
 
@@ -49,7 +49,7 @@ def test_graph_follows_every_change_of_the_shared_parameters():
     # set_data, as a checkpoint load does, and statistics recomputed then restored
     net[3].weight.set_data(net[3].weight.data() * -1.5)
     assert_graph_is_numpy_forward(graph, net, x)
-    with _bn_stats_restored(net):
+    with bn_stats_restored(net):
         recompute_bn_stats(net, batches)
         assert_graph_is_numpy_forward(graph, net, x)
     assert_graph_is_numpy_forward(graph, net, x)
@@ -59,7 +59,7 @@ def test_graph_follows_every_change_of_the_shared_parameters():
 
 @pytest.mark.parametrize("with_bn_batches", [True, False])
 def test_evaluate_global_runs_the_batches_through_eval_net(with_bn_batches):
-    """_evaluate_global with an imperative net and its graph: statistics recomputed through the net
+    """evaluate_global with an imperative net and its graph: statistics recomputed through the net
     for the global weights, predictions from the graph, local weights and statistics back after."""
     net = make_net(hybridize=False)
     graph = inference_graph(net)
@@ -69,7 +69,7 @@ def test_evaluate_global_runs_the_batches_through_eval_net(with_bn_batches):
     x = batches[2][0]
     for p, w in zip(params, global_w):
         w.copyto(p.data())
-    with _bn_stats_restored(net):
+    with bn_stats_restored(net):
         if with_bn_batches:
             recompute_bn_stats(net, batches)
         want_logits = np_inference(net, x.asnumpy().astype(np.float64), bn_stats(net))
@@ -86,7 +86,7 @@ def test_evaluate_global_runs_the_batches_through_eval_net(with_bn_batches):
             RecordingGraph.outputs.append(out.asnumpy())
             return out
     test_set = _RecordingTestSet(net, x, label)
-    (correct, images), _ = _evaluate_global(net, params, _StubClient(global_w), test_set, len(want), 5,
+    (correct, images), _ = evaluate_global(net, params, _StubClient(global_w), test_set, len(want), 5,
                                             iter(batches) if with_bn_batches else None, eval_net=RecordingGraph())
     # the graph ran the batch on the global weights (and, with bn_batches, their recomputed statistics)
     assert len(RecordingGraph.outputs) == 1
@@ -106,7 +106,8 @@ def test_imperative_job_reports_the_accuracy_of_its_saved_weights(tmp_path):
     final.params run through the imperative network here, on the same test set."""
     from ssdsgd.config import load_config
     from ssdsgd.worker.data import build_data
-    from ssdsgd.worker.loop import build_net, count_correct
+    from ssdsgd.worker.evaluate import count_correct
+    from ssdsgd.worker.models import build_net
     job = run_job(tmp_path, "configs/demo_digits_ssd.yaml", "train.epochs=2", "model.hybridize=false",
                   name="imperative")
     assert job.rc == 0, job.output
@@ -122,11 +123,13 @@ def test_imperative_job_reports_the_accuracy_of_its_saved_weights(tmp_path):
 
 
 def test_end_epoch_evaluates_through_the_runs_eval_net(monkeypatch):
-    """The loop's evaluation hands _evaluate_global the run's eval_net (the graph), not its net."""
+    """The loop's evaluation at the end of an epoch hands evaluate_global the run's eval_net (the graph),
+    not its net."""
     from types import SimpleNamespace
 
     from ssdsgd.config import load_config
-    from ssdsgd.worker import loop as worker
+    from ssdsgd.worker import evaluate, loop
+    from ssdsgd.worker.counters import Counters
     cfg = load_config(os.path.join(ROOT, "configs", "demo_digits_ssd.yaml"), ["model.hybridize=false"])
     seen = {}
 
@@ -134,13 +137,13 @@ def test_end_epoch_evaluates_through_the_runs_eval_net(monkeypatch):
                       eval_net=None):
         seen.update(net=net, eval_net=eval_net, steps_done=steps_done)
         return (3, 4), 0
-    monkeypatch.setattr(worker, "_evaluate_global", fake_evaluate)
+    monkeypatch.setattr(evaluate, "evaluate_global", fake_evaluate)
     net, graph = object(), object()
     run = SimpleNamespace(cfg=cfg, kv=SimpleNamespace(rank=0, num_workers=2), tally=None, net=net, eval_net=graph,
                           total_steps=10,
                           params=[], client=None, data=SimpleNamespace(test=None, eval_set="test"),
                           log=SimpleNamespace(write=lambda **kw: None))
-    counters = worker.Counters(0, "test", 0.0)
-    worker._end_epoch(run, counters, cfg.train.epochs - 1, 10, 1.0)
+    counters = Counters(0, "test", 0.0)
+    loop._end_epoch(run, counters, cfg.train.epochs - 1, 10, 1.0)
     assert seen == {"net": net, "eval_net": graph, "steps_done": 10}
     assert counters.final_acc == 0.75

@@ -13,7 +13,7 @@ from jobs import ROOT
 
 from ssdsgd import algorithms
 from ssdsgd.algorithms.base import Client, StepRecord
-from ssdsgd.compression.codec import MailboxFormat
+from ssdsgd.compression.codec import WireFormat
 from ssdsgd.compression.encoders import make_encoders
 from ssdsgd.compression.registry import SPARSIFIERS, is_sparsifier, make_compressor
 from ssdsgd.config import load_config
@@ -49,7 +49,7 @@ def test_a_registered_compressor_is_configured_built_and_sent(maxk):
     rng = np.random.default_rng(0)
     grads = [rng.permutation(np.prod(s)).astype(np.float32).reshape(s) for s in shapes]
     msg = enc.message([mx.nd.array(grads[p]) for p in buf.params], 7, 0)
-    rnd, rank, got = MailboxFormat("sparse", buf.size, buf.k, bitmap=buf.bitmap).parse(msg.asnumpy())
+    rnd, rank, got = WireFormat("sparse", buf.size, buf.topk_count, bitmap=buf.wire.bitmap).parse(msg.asnumpy())
     assert (rnd, rank) == (7, 0)
     want = np.zeros(buf.size, np.float32)
     for p, off, count in zip(buf.params, buf.offsets, buf.counts):

@@ -323,6 +323,15 @@ def _round_client(optimizer, *overrides):
     return RoundClient(_StubKV(), params, cfg, sched, log=None, total_steps=100), params, cfg
 
 
+def _no_buffers():
+    """A transport and downlink of a plan without buffers: what state()/load_state read of them."""
+    from types import SimpleNamespace
+
+    from ssdsgd.algorithms.downlink import Downlink
+    transport = SimpleNamespace(pull_bufs=[], buffers=[], stages=[])
+    return transport, Downlink(transport, {}, 1, None)
+
+
 @pytest.mark.parametrize("name, cls", [("global_momentum", GlobalMomentum), ("glu", GLU), ("sgd", LocalSGD)])
 def test_round_client_picks_local_optimizer(name, cls):
     client, params, cfg = _round_client(name)
@@ -351,7 +360,8 @@ def test_round_client_global_momentum_state_and_load_state_round_trip():
     """RoundClient.state()/load_state carry GlobalMomentum's [w_prev, v] and its update counts."""
     client, params, _ = _round_client("global_momentum")
     # only the pieces state()/load_state read besides the local optimizer (no plan, no kvstore)
-    client.pull_bufs, client.encoders, client.stages, client.versions = [], [None], [], [3]
+    client.encoders, client.stages, client.versions = [None], [], [3]
+    client.transport, client.downlink = _no_buffers()
     rng = np.random.RandomState(1)
     for i, p in enumerate(params):
         client.local_opt.update(i, p.data(), mx.nd.array(rng.standard_normal(p.shape)), client.local_states[i])
@@ -361,7 +371,8 @@ def test_round_client_global_momentum_state_and_load_state_round_trip():
     arrays, meta = client.state()
     assert sorted(arrays) == ["state0", "state1"]
     other, _, _ = _round_client("global_momentum")
-    other.pull_bufs, other.encoders, other.stages, other.buffers = [], [None], [], [None]
+    other.encoders, other.stages = [None], []
+    other.transport, other.downlink = _no_buffers()
     other.load_state(arrays, meta)
     for s_new, s_old in zip(other.local_states, client.local_states):
         assert np.abs(s_old[1].asnumpy()).max() > 0
@@ -375,18 +386,11 @@ def test_round_client_global_momentum_state_and_load_state_round_trip():
 @pytest.mark.parametrize("mc", [False, True])
 def test_round_client_delay_stage_momentum(mc):
     """algorithm.momentum reaches the local optimizer and the servers' delay-stage rule; under momentum
-    correction the servers run plain SGD in both stages, or keep the momentum for the weight decay
-    only (compression.decay_momentum)."""
+    correction the servers run plain SGD in both stages."""
     client, _, cfg = _round_client("global_momentum", "algorithm.momentum=0.7",
                                    f"compression.momentum_correction={str(mc).lower()}")
     assert client.local_opt.momentum == 0.7 and client.delay_momentum == 0.7
     assert (client.server_momentum, client.server_delay_momentum) == ((0.0, 0.0) if mc else (0.9, 0.7))
-    assert client.decay_only is False
-    if mc:
-        decay, _, _ = _round_client("global_momentum", "algorithm.momentum=0.7",
-                                    "compression.momentum_correction=true", "compression.decay_momentum=true")
-        assert decay.decay_only is True
-        assert (decay.server_momentum, decay.server_delay_momentum) == (0.9, 0.7)
     default, _, _ = _round_client("global_momentum")
     assert default.delay_momentum == default.local_opt.momentum == cfg.train.momentum
 
@@ -398,7 +402,7 @@ class _SlowClockKV(_StubKV):
         import time
         self.version, self.ready_at = version, time.monotonic() + after
 
-    def pull(self, key, out):
+    def pull(self, key, out, priority=0):
         import time
         out[:] = self.version if time.monotonic() >= self.ready_at else self.version - 1
 
@@ -410,44 +414,14 @@ def test_a_long_wait_for_a_round_names_the_buffers_server_once(capsys, server_ti
     assert client.wait_note == (server_timeout or None)
     if client.wait_note:
         client.wait_note = 0.05           # the config's minimum is 3 s; the test stays short
-    client.kv = _SlowClockKV(3, after=0.3)
-    client.buffers, client.clock_bufs = [SimpleNamespace(clock_key=7, server=1)], [mx.nd.zeros(1)]
-    client._poll_clock(0, 3)
+    from ssdsgd.algorithms.transport import RoundTransport
+    transport = RoundTransport(_SlowClockKV(3, after=0.3), [([SimpleNamespace(clock_key=7, server=1, size=1)], [])],
+                               None, client.wait_note)
+    transport.poll_clock(0, 3)
     out = capsys.readouterr().out
     assert out.count("rank 0: waited 0.05 s for round 2 of buffer 0, held by server rank 1: another worker is "
                      "behind, or the connection to that server is lost\n") == notes
     assert out.count("waited") == notes
-
-
-@pytest.mark.parametrize("fusion", ["ahead", "behind"])
-def test_lookahead_moves_the_weights_by_the_residual_at_the_next_rounds_lr(fusion):
-    """compression.lookahead: after a step the parameters are moved by -lookahead * lr(next round) / B
-    times this worker's error-feedback residual (numpy), per parameter, whether the residual is kept
-    per tensor (fusion ahead) or per fused buffer (behind); off (0) they stay where they are."""
-    client, params, cfg = _round_client("global_momentum", "compression.type=topk", "compression.buffers=one",
-                                        f"compression.fusion={fusion}", "compression.lookahead=0.5")
-    client._plan()
-    rng = np.random.RandomState(3)
-    residual = [rng.standard_normal(p.shape).astype(np.float32).reshape(-1) for p in params]
-    if fusion == "ahead":
-        client.memory.residual = dict(enumerate(residual))
-    else:
-        b = client.buffers[0]
-        fused = np.zeros(b.size, np.float32)
-        for i, off, n in zip(b.params, b.offsets, b.sizes):
-            fused[off:off + n] = residual[i]
-        client.memory.residual = {-1 - b.id: fused}
-    before = [p.data().asnumpy().astype(np.float64) for p in params]
-    client._look_ahead(7)
-    factor = 0.5 * client.schedule(9) / cfg.train.batch_size          # round 8 is global update 9
-    assert factor > 0
-    for p, b, r in zip(params, before, residual):
-        np.testing.assert_allclose(p.data().asnumpy(), b - factor * r.reshape(b.shape), rtol=1e-5, atol=1e-7)
-    client.lookahead = 0.0
-    after = [p.data().asnumpy().copy() for p in params]
-    client._look_ahead(8)
-    for p, a in zip(params, after):
-        assert np.array_equal(p.data().asnumpy(), a)
 
 
 # ------------------------------------------------------------------ whole-buffer forms, bit for bit
@@ -516,11 +490,15 @@ def test_round_client_loads_a_buffer_through_flat_views_and_follows_a_replaced_a
     client, params, _ = _round_client("global_momentum")
     rng = np.random.RandomState(7)
     size = sum(p.data().size for p in params)
+    from ssdsgd.algorithms.downlink import Downlink
+    from ssdsgd.algorithms.transport import RoundTransport
     client.buffers = [SimpleNamespace(params=[0, 1], size=size)]
-    client.versions, client.views, client.pulled_ring = [2], [None], [None]   # a dense pull landed
+    client.transport = RoundTransport(_StubKV(), [(client.buffers, [])], None)
+    client.downlink = Downlink(client.transport, {}, 1, None)        # dense pulls only
+    client.versions, client.views = [2], [None]                        # a dense pull landed
     client.staging = [mx.nd.zeros(size)]
     new = rng.standard_normal(size).astype(np.float32)
-    client.pull_bufs = [mx.nd.array(np.append(new, np.float32(5)))]
+    client.transport.pull_bufs = [mx.nd.array(np.append(new, np.float32(5)))]
     reference = [s.copy() for s in client.local_states]
     assert client._apply_pull(0) == 5 and client.versions == [5]
     start = 0
@@ -531,16 +509,16 @@ def test_round_client_loads_a_buffer_through_flat_views_and_follows_a_replaced_a
         GlobalMomentum.refresh(ref, mx.nd.array(piece), 3)          # 3 rounds: version 2 -> 5
     for s, ref in zip(client.local_states, reference):
         np.testing.assert_array_equal(_bits(s), _bits(ref))
-    np.testing.assert_array_equal(client.pull_bufs[0].asnumpy()[-1], 5)   # the version slot is left
+    np.testing.assert_array_equal(client.transport.pull_bufs[0].asnumpy()[-1], 5)   # the version slot is left
 
     replaced = mx.nd.zeros(params[0].shape)
     params[0]._arr = replaced                                        # e.g. a re-initialised parameter
     again = rng.standard_normal(size).astype(np.float32)
-    client.replicas = [SimpleNamespace(weights=again, version=6)]
+    client.downlink.replicas = [SimpleNamespace(weights=again, version=6)]
     assert client._refresh_from_replica(0) == 6 and client.versions == [6]
     np.testing.assert_array_equal(replaced.asnumpy().ravel(), again[:replaced.size])
     np.testing.assert_array_equal(params[1].data().asnumpy(), again[replaced.size:])
     client.staging = [mx.nd.zeros(size)]                             # a replaced staging buffer too
-    client.replicas = [SimpleNamespace(weights=-again, version=7)]
+    client.downlink.replicas = [SimpleNamespace(weights=-again, version=7)]
     assert client._refresh_from_replica(0) == 7
     np.testing.assert_array_equal(replaced.asnumpy().ravel(), -again[:replaced.size])

@@ -102,7 +102,7 @@ def test_ssd_with_full_warmup_reproduces_ssgd_weights(tmp_path):
 def _simulate_strict_ssd(cfg, num_workers, total_steps):
     """Independent numpy simulation of strict SSD-SGD on softmax regression (model 'linear')."""
     from ssdsgd.worker.data import build_data
-    from ssdsgd.worker.loop import build_net
+    from ssdsgd.worker.models import build_net
 
     B = cfg.train.batch_size
     sets = [build_data("digits", batch_size=B, rank=r, num_workers=num_workers, seed=cfg.seed).train

@@ -100,16 +100,15 @@ def test_stock_plan_needs_every_server_file():
     assert "server-stock1.npz missing" in manifest_problem(m, cfg, 2)
 
 
-def test_format_1_manifests_are_still_read():
+def test_format_1_manifests_are_refused():
+    """Format 1 (before the manifest recorded its plan and config) is no longer read (issue 37)."""
     from ssdsgd.checkpoint import manifest_problem
     cfg = _cfg()
     m = _good(cfg)
     for k in ("plan", "config"):
         del m[k]
     m["format"] = 1
-    assert manifest_problem(m, cfg, 2) is None
-    del m["files"]["server-buffer0.npz"]
-    assert "server-buffer0.npz missing" in manifest_problem(m, cfg, 2)
+    assert manifest_problem(m, cfg, 2) == "unknown checkpoint format 1 (this version reads 2)"
 
 
 def test_mismatched_config_names_the_keys_that_differ(tmp_path):

@@ -57,54 +57,55 @@ def _wait(what, condition, timeout=60):
     pytest.fail(f"timed out waiting for {what}")
 
 
-def let_a_stranger_in(job, proc, stranger):
+def let_a_stranger_in(job, proc, stranger, workers=2):
     """Hand the stranger the DMLC_* settings of the job's scheduler (read from /proc, as tests/jobs.py
     role_of reads a role's) so that it registers after server 0 and before the job's workers. ps-lite
     ranks the first W+S nodes that register, whatever their roles: a stranger before the server would
     leave it no place (the scheduler then aborts in van.cc, `there is no socket to node 8`); this way
     it takes a worker's place, as when it connects as soon as the scheduler listens and wins the race.
     The job's workers are held with SIGSTOP (from their start, before they connect) until it has.
-    Returns the time the first of them registers: every node is in, the roll call can start."""
+    Returns the time every node is in (the roll call can start): the first of the job's workers
+    registers, or with one worker, the stranger (the job's worker then has no place)."""
     def roles():
         pids = {role_of(pid): pid for pid in processes_with(job.marker)}
         assert proc.poll() is None, proc.stdout.read()
-        wanted = [("scheduler", 0), ("server", 0), ("worker", 0), ("worker", 1)]
+        wanted = [("scheduler", 0), ("server", 0)] + [("worker", w) for w in range(workers)]
         return pids if all(r in pids for r in wanted) else None
 
     pids = _wait("the job's processes", roles)
-    workers = [pids[("worker", 0)], pids[("worker", 1)]]
-    for pid in workers:
+    held = [pids[("worker", w)] for w in range(workers)]
+    for pid in held:
         os.kill(pid, signal.SIGSTOP)
     try:
         env = {k: v for k, v in _environment(pids[("scheduler", 0)]).items() if k.startswith("DMLC_")}
         port = int(env["DMLC_PS_ROOT_PORT"])
-        assert not any(_connected_to(pid, port) for pid in workers)
+        assert not any(_connected_to(pid, port) for pid in held)
         _wait("server 0 to register", lambda: _connected_to(pids[("server", 0)], port))
         env.update(DMLC_ROLE="worker", DMLC_TASK_ID="0")
         stranger.stdin.write(json.dumps(env) + "\n")
         stranger.stdin.flush()
         _wait("the stranger to register", lambda: _connected_to(stranger.pid, port))
+        if workers == 1:
+            return time.time()
         time.sleep(0.5)       # its registration reaches the scheduler
     finally:
-        for pid in workers:
+        for pid in held:
             os.kill(pid, signal.SIGCONT)
-    _wait("a worker of the job to register", lambda: any(_connected_to(pid, port) for pid in workers))
+    _wait("a worker of the job to register", lambda: any(_connected_to(pid, port) for pid in held))
     return time.time()
 
 
-@pytest.mark.timeout(150)
-@pytest.mark.parametrize("config", [SSGD, SSD_TOPK])
-def test_a_stranger_worker_is_named_at_once(tmp_path, config):
-    """Before: the stranger was admitted as a worker rank; the job hung (or died 13-14 s later with
-    `server 0 killed by SIGABRT ... init 1048576 first`). Now the servers name its rank within seconds."""
+def run_with_a_stranger(tmp_path, config, *sets, workers=2):
+    """A job that a stranger joins (let_a_stranger_in): (output, the stranger's output, seconds from every
+    node being in to the job's end, the job's Popen, Job)."""
     stranger = subprocess.Popen([sys.executable, "-c", STRANGER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                 env=dict(os.environ, OMP_NUM_THREADS="1"))
     proc = None
     try:
         assert stranger.stdout.readline().strip() == "ready"
-        proc, job = start_job(tmp_path, config, "train.epochs=500", name="stranger")
-        t0 = let_a_stranger_in(job, proc, stranger)
+        proc, job = start_job(tmp_path, config, "train.epochs=500", *sets, name="stranger")
+        t0 = let_a_stranger_in(job, proc, stranger, workers)
         out, _ = proc.communicate(timeout=60)
         elapsed = time.time() - t0
     finally:
@@ -113,6 +114,15 @@ def test_a_stranger_worker_is_named_at_once(tmp_path, config):
         if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    return out, joined, elapsed, proc, job
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("config", [SSGD, SSD_TOPK])
+def test_a_stranger_worker_is_named_at_once(tmp_path, config):
+    """Before: the stranger was admitted as a worker rank; the job hung (or died 13-14 s later with
+    `server 0 killed by SIGABRT ... init 1048576 first`). Now the servers name its rank within seconds."""
+    out, joined, elapsed, proc, job = run_with_a_stranger(tmp_path, config)
     # Exactly one rank is named: the stranger's (it says which, if it got out of kv.create, which waits in
     # ps-lite's start barrier, before the job ended).
     named = re.findall(r"worker ranks? ([\d, ]+) ha(?:s|ve) not proven", out)
@@ -127,6 +137,66 @@ def test_a_stranger_worker_is_named_at_once(tmp_path, config):
     assert "init 1048576 first" not in out and "SIGABRT" not in out
     assert elapsed < membership.HELLO_TIMEOUT + 5
     assert processes_with(job.marker) == []
+
+
+@pytest.mark.timeout(150)
+def test_a_stranger_holding_every_worker_rank_is_named_at_once(tmp_path):
+    """One worker, and the stranger registers before it: ps-lite gives the stranger the only worker rank
+    and the job's own worker waits inside its start-up for good. Before: no hello ever came, so the
+    servers never started their clock, and the job ended at the stall timeout as "worker 0 made no
+    progress". Now the server sees the start-up is over (the stranger connected to it) and names rank 0
+    and the stranger's host within HELLO_TIMEOUT."""
+    out, joined, elapsed, proc, job = run_with_a_stranger(
+        tmp_path, SSGD, "cluster.workers=1", "cluster.stall_timeout=120", "cluster.server_timeout=60", workers=1)
+    print(f"the job ended {elapsed:.1f} s after the stranger registered")
+    assert "stranger rank 0 of 1" in joined, joined
+    assert re.search(r"worker rank 0 has not proven that it belongs to the job .*connected to this server from "
+                     r"127\.0\.0\.1", out), out[-3000:]
+    assert proc.returncode == 1, out[-3000:]
+    assert re.search(r"^launch: server 0 .*exited with code 1", out, re.M), out[-3000:]
+    assert "made no progress" not in out
+    assert elapsed < membership.HELLO_TIMEOUT + 10
+    assert processes_with(job.marker) == []
+
+
+LISTEN = ("0A", "0.0.0.0:9000", "0.0.0.0:0")
+SELF = [("01", "127.0.0.1:41000", "127.0.0.1:9000"), ("01", "127.0.0.1:9000", "127.0.0.1:41000")]
+
+
+def test_connected_from_lists_accepted_connections_but_not_our_own():
+    sockets = [LISTEN, *SELF, ("01", "10.0.0.5:9000", "10.0.0.1:5000"), ("01", "10.0.0.5:9000", "10.0.0.7:6000"),
+               ("01", "10.0.0.5:7000", "10.0.0.9:9100"),           # one we opened ourselves
+               ("06", "10.0.0.5:9000", "10.0.0.8:6100")]            # not established
+    assert membership.connected_from(sockets) == ["10.0.0.1:5000", "10.0.0.7:6000"]
+
+
+def test_roll_call_starts_its_clock_when_every_rank_has_connected(monkeypatch):
+    """The scheduler and each of the 2 worker ranks connected: the clock starts before any hello; the
+    message names the missing rank and the host of the connection no hello lists, not the scheduler's."""
+    monkeypatch.setenv("DMLC_NUM_WORKER", "2")
+    monkeypatch.setenv("DMLC_PS_ROOT_URI", "10.0.0.1")
+    rows = [LISTEN, *SELF, ("01", "10.0.0.5:9000", "10.0.0.1:5000")]
+    roll = membership.RollCall("s" * 64, sockets=lambda: list(rows))
+    monkeypatch.setattr(membership, "HELLO_TIMEOUT", 3600.0)       # the deadline itself would end the process
+    roll.watch()
+    time.sleep(0.3)
+    assert not roll.started.is_set()                      # only the scheduler so far
+    rows += [("01", "10.0.0.5:9000", "10.0.0.2:5100"), ("01", "10.0.0.5:9000", "10.0.0.3:5200")]
+    _wait("the clock to start", roll.started.is_set, timeout=10)
+    roll.hello({"rank": 1, "nonce": "n", "addresses": ["10.0.0.2:5100", "10.0.0.2:5101"]}, 0)
+    msg = roll.missing()
+    assert msg.startswith("worker rank 0 has not proven that it belongs to the job"), msg
+    assert "(connected to this server from 10.0.0.3)" in msg and "10.0.0.1" not in msg and "10.0.0.2" not in msg
+    roll.hello({"rank": 0, "nonce": "m", "addresses": ["10.0.0.3:5200"]}, 0)
+    assert roll.complete.is_set()
+
+    class Stored(np.ndarray):                             # the proof key's array, as the updater gets it
+        def wait_to_read(self):
+            pass
+    stored = np.zeros(2 * membership.TAG_PIECES, np.float32).view(Stored)
+    roll.answer(stored)
+    assert np.array_equal(stored[membership.TAG_PIECES:], membership.tag("s" * 64, 0, 1, "n"))
+    assert np.array_equal(stored[:membership.TAG_PIECES], membership.tag("s" * 64, 0, 0, "m"))
 
 
 def test_tags_depend_on_secret_server_worker_and_nonce():

@@ -7,7 +7,7 @@ import os
 import shlex
 import subprocess
 
-import plot  # scripts/, on the path through pytest.ini
+from scripts import plot
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

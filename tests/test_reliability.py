@@ -207,12 +207,13 @@ def test_a_role_dying_after_the_last_checkpoint_is_restarted_without_losing_the_
 
 @pytest.mark.timeout(240)
 def test_reruns_never_touch_a_finished_run(tmp_path):
-    """A rerun of the same name that fails at start, and one that differs only by seed, each get a run
-    folder of their own; the finished run's files stay byte for byte."""
+    """A rerun of the same name that fails at its first step, and one that differs only by seed, each get a
+    run folder of their own; the finished run's files stay byte for byte. (A batch larger than the data set
+    made the failing rerun once; the front end now refuses that before it takes a folder.)"""
     a = run_job(tmp_path, SSGD, "train.epochs=1", "train.max_steps=5", name="x")
     assert a.rc == 0, a.output
     before = _files(a.run_dir)
-    bad = run_job(tmp_path, SSGD, "train.epochs=1", "train.batch_size=100000", name="x")
+    bad = run_job(tmp_path, SSGD, "train.epochs=1", name="x", env={"SSDSGD_TEST_FAULT": "raise:0:0"})
     assert bad.rc != 0
     seed = run_job(tmp_path, SSGD, "train.epochs=1", "train.max_steps=5", "seed=1", name="x")
     assert seed.rc == 0, seed.output
@@ -414,8 +415,8 @@ BAD_INPUTS = [
     (["cluster.workers=0"], 2, "cluster.workers"),
     (["cluster.launcher=ssh", "cluster.hostfile=/nonexistent/hosts"], 2, "/nonexistent/hosts"),
     (["data.dataset=mnist", "data.root=/etc/passwd"], 2, "data.root: /etc/passwd is a file, not a folder"),
-    # Fewer training images than one global batch (2 workers x 32): 20 digits.
-    (["data.train_per_class=2"], 1, "fewer than one global batch"),
+    # Fewer training images than one global batch (2 workers x 32): 20 digits, counted by the front end.
+    (["data.train_per_class=2"], 2, "fewer than one global batch"),
 ]
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from jobs import ROOT, processes_with, run_job
 
-from ssdsgd.algorithms.ssd import density_stage
-from ssdsgd.compression.codec import DIGIT, FP16_MAX, MailboxFormat, make_decoder
+from ssdsgd.algorithms.policy import density_stage
+from ssdsgd.compression.codec import DIGIT, FP16_MAX, WireFormat
 from ssdsgd.compression.compressor import TopK
 from ssdsgd.compression.encoders import SparseEncoder, make_stages, tensor_counts
 from ssdsgd.compression.fusion import KEY_HASH, make_plan
@@ -56,20 +56,20 @@ def test_fp16_codec_round_trip_at_the_digit_boundaries():
     vals = np.array([1, -2, 0.5, 3, -0.25, 7, 8, -9, 10, 65504], np.float16)
     payload = np.concatenate([(idx // 2048).astype(np.float16), (idx % 2048).astype(np.float16), vals])
     assert payload.dtype == np.float16
-    got = make_decoder("sparse", size, idx.size, fp16=True)(payload).to_dense()
+    got = WireFormat("sparse", size, idx.size, fp16=True).decode(payload).to_dense()
     want = np.zeros(size, np.float32)
     want[idx] = vals.astype(np.float32)
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, want)
 
-    fmt = MailboxFormat("sparse", size, idx.size, fp16=True)
+    fmt = WireFormat("sparse", size, idx.size, fp16=True)
     assert fmt.length == 3 + 3 * idx.size
     header = np.array([5000 // 2048, 5000 % 2048, 1], np.float16)
     rnd, rank, dense = fmt.parse(np.concatenate([header, payload]))
     assert (rnd, rank) == (5000, 1)
     np.testing.assert_array_equal(dense.to_dense(), want)
     with pytest.raises(ValueError, match="float32"):        # the fp32 wire refuses fp16 messages
-        MailboxFormat("sparse", size, idx.size).parse(np.concatenate([header, payload]))
+        WireFormat("sparse", size, idx.size).parse(np.concatenate([header, payload]))
     # the server may hand the updater the fp16 push widened to float32: same numbers
     widened = fmt.parse(np.concatenate([header, payload]).astype(np.float32))
     assert widened[:2] == (5000, 1)
@@ -77,7 +77,7 @@ def test_fp16_codec_round_trip_at_the_digit_boundaries():
     with pytest.raises(ValueError, match="expected"):
         fmt.parse(np.concatenate([header, payload[:-1]]))
     with pytest.raises(ValueError):
-        make_decoder("dense", 10, fp16=True)
+        WireFormat("dense", 10, fp16=True)
 
 
 def test_fp16_plans_cap_buffers_at_2_to_the_22():
@@ -108,12 +108,12 @@ def _fp16_encoder(density=0.01, error_feedback=True):
 
 def test_fp16_message_is_the_fp16_rounded_per_tensor_topk():
     buf, _, enc = _fp16_encoder(error_feedback=False)
-    assert buf.fp16 and buf.mailbox_dtype == "float16"
-    assert buf.mailbox_len == 3 + 3 * buf.k and buf.mailbox_bytes == 2 * buf.mailbox_len
+    assert buf.fp16 and buf.wire.dtype == "float16"
+    assert buf.wire.length == 3 + 3 * buf.topk_count and buf.wire.bytes == 2 * buf.wire.length
     rng = np.random.default_rng(3)
     grads = [rng.standard_normal(s).astype(np.float32) * 3 for s in SHAPES]
     msg = enc.message([mx.nd.array(grads[p]) for p in buf.params], 2049, 1).asnumpy()
-    assert msg.dtype == np.float16 and msg.shape == (buf.mailbox_len,)
+    assert msg.dtype == np.float16 and msg.shape == (buf.wire.length,)
     rnd, rank, dense, idx = np_decode16(msg, buf.size)
     assert (rnd, rank) == (2049, 1)
     assert idx.max() >= 2048                                # the high digit was really used
@@ -124,7 +124,7 @@ def test_fp16_message_is_the_fp16_rounded_per_tensor_topk():
         want[o + sel] = g[sel].astype(np.float16).astype(np.float64)
     np.testing.assert_array_equal(dense, want)
     # what the server's decoder makes of it is the same
-    got_rnd, got_rank, got = MailboxFormat("sparse", buf.size, buf.k, fp16=True).parse(msg)
+    got_rnd, got_rank, got = WireFormat("sparse", buf.size, buf.topk_count, fp16=True).parse(msg)
     assert (got_rnd, got_rank) == (2049, 1)
     np.testing.assert_array_equal(got.to_dense(), want.astype(np.float32))
 
@@ -189,7 +189,7 @@ def test_warmup_stages_share_buffers_and_get_their_own_mailboxes(servers, fp16):
             mailboxes.append(b.mailbox_key)
     others = [k for b in final for k in (b.weight_key, b.clock_key)]
     assert len(set(mailboxes)) == len(mailboxes) and not set(mailboxes) & set(others)
-    ks = [sum(b.k for b in bufs) for bufs, _ in stages]
+    ks = [sum(b.topk_count for b in bufs) for bufs, _ in stages]
     assert ks[0] > ks[1] > ks[2]
 
 
@@ -204,7 +204,8 @@ def test_round_service_applies_rounds_pushed_in_every_stage():
     plan = {"num_workers": workers, "batch_size": batch, "momentum": 0.0, "wd": 0.0,
             "schedule": LRSchedule("constant", base_lr=lr, total_updates=10).to_dict(),
             "buffers": [buf.to_dict([bufs[0] for bufs, _ in stages[0]])]}
-    assert [m["k"] for m in plan["buffers"][0]["mailboxes"]] == [stages[0][0][0][0].k, buf.k]
+    assert [m["topk_count"] for m in plan["buffers"][0]["mailboxes"]] == [stages[0][0][0][0].topk_count,
+                                                                        buf.topk_count]
     svc = RoundService(plan, mx.nd)
     w0 = np.random.default_rng(5).standard_normal(buf.size).astype(np.float32)
     stored_w = mx.nd.array(np.append(w0, 0))
@@ -220,9 +221,9 @@ def test_round_service_applies_rounds_pushed_in_every_stage():
             grads = [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
             msg = enc.message([mx.nd.array(grads[p]) for p in sbuf.params], rnd, rank)
             _, _, dense, idx = np_decode16(msg.asnumpy(), buf.size)
-            assert idx.size == sbuf.k
+            assert idx.size == sbuf.topk_count
             g_sum += dense
-            svc.push(sbuf.mailbox_key, msg, mx.nd.zeros(sbuf.mailbox_len, dtype="float16"))
+            svc.push(sbuf.mailbox_key, msg, mx.nd.zeros(sbuf.wire.length, dtype="float16"))
         w -= lr * g_sum / (workers * batch)
         got = stored_w.asnumpy()
         assert got[-1] == rnd + 1

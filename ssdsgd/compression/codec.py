@@ -1,5 +1,6 @@
 """Wire format of one mailbox message, [header, payload]: its encoding on the worker (see
-encode_sparse, encode_message) and its decoding on the server (numpy, see MailboxFormat). Nothing else knows it.
+encode_sparse, encode_message) and its decoding on the server (numpy): WireFormat, one frozen description
+of a mailbox's messages. Nothing else knows it.
 
 Every message is a single NDArray pushed to a mailbox key whose size is fixed at kv.init (a dense
 payload stays in mx.nd ops; a sparse payload is built on the host, see encoders.py):
@@ -33,6 +34,8 @@ mxnet is imported inside the encoding functions only: the server imports this mo
 import mxnet (see ssdsgd.ps.server.run_server).
 """
 import threading
+from dataclasses import asdict, dataclass, fields
+from typing import Optional
 
 import numpy as np
 
@@ -74,22 +77,6 @@ def use_bitmap(size, k, index_coding="auto", fp16=False):
     if index_coding not in ("auto", "list"):
         raise ValueError(f"unknown index coding {index_coding!r}")
     return index_coding == "auto" and not fp16 and bitmap_words(size) < k
-
-
-def payload_length(codec, size, k=None, fp16=False, bitmap=False):
-    if codec == "dense":
-        return size
-    if bitmap:
-        return bitmap_words(size) + k
-    return _sparse_parts(fp16) * k
-
-
-def message_length(codec, size, k=None, fp16=False, bitmap=False):
-    return header_length(fp16) + payload_length(codec, size, k, fp16, bitmap)
-
-
-def message_bytes(codec, size, k=None, fp16=False, bitmap=False):
-    return np.dtype(wire_dtype(fp16)).itemsize * message_length(codec, size, k, fp16, bitmap)
 
 
 def pack_bitmap(idx, size):
@@ -210,64 +197,98 @@ class SparseGrad:
         return dense
 
 
-def make_decoder(codec, size, k=None, fp16=False, bitmap=False):
-    """payload (1-D numpy) -> one worker's float32 gradient contribution: the dense array itself
-    for the dense codec, a SparseGrad for the sparse one."""
-    if bitmap and (codec != "sparse" or fp16):
-        raise ValueError("bitmap index coding is for sparse payloads on the fp32 wire only")
-    if codec == "dense":
-        if fp16:
+@dataclass(frozen=True)
+class WireFormat:
+    """One mailbox key's message layout, the one description the worker's plan, the encoders, the cost
+    model and the server's decoding all read: `codec` dense or sparse, over a buffer of `size`
+    elements, `topk_count` values per sparse message (None for dense), `fp16` the fp16 wire, `bitmap`
+    the bitmap index coding. parse() gives (round, rank, gradient contribution), the contribution a
+    float32 array (dense codec) or a SparseGrad (sparse codec)."""
+    codec: str
+    size: int
+    topk_count: Optional[int] = None
+    fp16: bool = False
+    bitmap: bool = False
+
+    def __post_init__(self):
+        if self.codec not in ("dense", "sparse"):
+            raise ValueError(f"unknown codec {self.codec!r}")
+        if self.bitmap and (self.codec != "sparse" or self.fp16):
+            raise ValueError("bitmap index coding is for sparse payloads on the fp32 wire only")
+        if self.codec == "dense" and self.fp16:
             raise ValueError("the fp16 wire format carries sparse payloads only")
+        if self.codec == "sparse" and self.topk_count is None:
+            raise ValueError("a sparse wire format needs its topk_count")
 
-        def decode(payload):
-            if payload.shape != (size,):
-                raise ValueError(f"dense payload has {payload.shape[0]} values, expected {size}")
+    @classmethod
+    def planned(cls, size, topk_count=None, fp16=False, index_coding="list"):
+        """The format of a buffer's messages: dense when topk_count is None, else sparse, with the bitmap
+        index coding where use_bitmap says it is the smaller form under `index_coding`."""
+        if topk_count is None:
+            return cls("dense", size)
+        return cls("sparse", size, topk_count, fp16, use_bitmap(size, topk_count, index_coding, fp16))
+
+    @classmethod
+    def from_dict(cls, d):
+        """The inverse of to_dict (a plan's mailbox entry; other entries, e.g. its key, are left out)."""
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+    def to_dict(self):
+        return asdict(self)
+
+    @property
+    def dtype(self):
+        """The dtype of a message on the wire (and of its mailbox key)."""
+        return wire_dtype(self.fp16)
+
+    @property
+    def header_length(self):
+        return header_length(self.fp16)
+
+    @property
+    def payload_length(self):
+        if self.codec == "dense":
+            return self.size
+        if self.bitmap:
+            return bitmap_words(self.size) + self.topk_count
+        return _sparse_parts(self.fp16) * self.topk_count
+
+    @property
+    def length(self):
+        return self.header_length + self.payload_length
+
+    @property
+    def bytes(self):
+        return np.dtype(self.dtype).itemsize * self.length
+
+    def decode(self, payload):
+        """payload (1-D numpy) -> one worker's float32 gradient contribution: the dense array itself
+        for the dense codec, a SparseGrad for the sparse one."""
+        if payload.shape != (self.payload_length,):
+            what = "dense" if self.codec == "dense" else "sparse bitmap" if self.bitmap else "sparse"
+            raise ValueError(f"{what} payload has {payload.shape[0]} values, expected {self.payload_length}")
+        if self.codec == "dense":
             return payload
-        return decode
-    if bitmap:
-        words = bitmap_words(size)
-
-        def decode_bitmap(payload):
-            if payload.shape != (words + k,):
-                raise ValueError(f"sparse bitmap payload has {payload.shape[0]} values, expected {words + k}")
+        k, size = self.topk_count, self.size
+        if self.bitmap:
+            words = bitmap_words(size)
             idx = bitmap_indices(payload[:words], size, k)
             return SparseGrad(size, idx, payload[words:].astype(np.float32, copy=False))
-        return decode_bitmap
-    if codec == "sparse":
-        parts = _sparse_parts(fp16)
-
-        def decode(payload):
-            if payload.shape != (parts * k,):
-                raise ValueError(f"sparse payload has {payload.shape[0]} values, expected {parts * k}")
-            if fp16:
-                idx = payload[:k].astype(np.int64) * DIGIT + payload[k:2 * k].astype(np.int64)
-            else:
-                idx = payload[:k].astype(np.int64)
-            if idx.size and (idx.min() < 0 or idx.max() >= size):
-                raise ValueError("sparse payload index out of range")
-            vals = payload[(parts - 1) * k:].astype(np.float32, copy=False)
-            if has_repeats(idx, size):
-                # Repeated indices (a selection with replacement, a hand-made message) add up: sum
-                # them first, from 0.0 in message order, as np.add.at into a zero dense array does.
-                idx, where = np.unique(idx, return_inverse=True)
-                sums = np.zeros(idx.size, np.float32)
-                np.add.at(sums, where, vals)
-                vals = sums
-            return SparseGrad(size, idx, vals)
-        return decode
-    raise ValueError(f"unknown codec {codec!r}")
-
-
-class MailboxFormat:
-    """One mailbox key's message layout: parse() gives (round, rank, gradient contribution), the
-    contribution a float32 array (dense codec) or a SparseGrad (sparse codec), see make_decoder."""
-
-    def __init__(self, codec, size, k=None, fp16=False, bitmap=False):
-        self.fp16 = fp16
-        self.dtype = np.dtype(wire_dtype(fp16)).type
-        self.header = header_length(fp16)
-        self.length = message_length(codec, size, k, fp16, bitmap)
-        self.decode = make_decoder(codec, size, k, fp16, bitmap)
+        if self.fp16:
+            idx = payload[:k].astype(np.int64) * DIGIT + payload[k:2 * k].astype(np.int64)
+        else:
+            idx = payload[:k].astype(np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= size):
+            raise ValueError("sparse payload index out of range")
+        vals = payload[(_sparse_parts(self.fp16) - 1) * k:].astype(np.float32, copy=False)
+        if has_repeats(idx, size):
+            # Repeated indices (a selection with replacement, a hand-made message) add up: sum
+            # them first, from 0.0 in message order, as np.add.at into a zero dense array does.
+            idx, where = np.unique(idx, return_inverse=True)
+            sums = np.zeros(idx.size, np.float32)
+            np.add.at(sums, where, vals)
+            vals = sums
+        return SparseGrad(size, idx, vals)
 
     def parse(self, message):
         # The fp16 wire crosses the network as float16; MXNet's server may widen a float16 push to
@@ -275,11 +296,12 @@ class MailboxFormat:
         # dtypes are accepted for it. A float16 message on an fp32 mailbox is a plan mismatch.
         if message.dtype not in ((np.float16, np.float32) if self.fp16 else (np.float32,)):
             raise ValueError(f"mailbox message is {message.dtype}, the plan says {np.dtype(self.dtype)}")
-        if message.ndim != 1 or message.shape[0] < self.header:
+        header = self.header_length
+        if message.ndim != 1 or message.shape[0] < header:
             raise ValueError(f"mailbox message of shape {message.shape} has no header")
         if self.fp16:
             rnd = int(message[0]) * DIGIT + int(message[1])
         else:
             rnd = int(message[0])
-        rank = int(message[self.header - 1])
-        return rnd, rank, self.decode(message[self.header:])
+        rank = int(message[header - 1])
+        return rnd, rank, self.decode(message[header:])

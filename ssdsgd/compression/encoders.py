@@ -72,9 +72,9 @@ class SparseEncoder:
         self.grad_views.copy_to(self.grads_flat)
         flat = self.grads_flat.array.asnumpy()          # the one host copy of the buffer per step
         if self.behind:
-            idx, val = self._select(self.memory.accumulate(-1 - b.id, flat, step), b.k, -1 - b.id, step)
+            idx, val = self._select(self.memory.accumulate(-1 - b.id, flat), b.topk_count, -1 - b.id, step)
         else:
-            accs = [self.memory.accumulate(b.params[j], flat[off:off + n], step)
+            accs = [self.memory.accumulate(b.params[j], flat[off:off + n])
                     for j, (off, n) in enumerate(zip(self.offsets, b.sizes))]
             if self.allocate_every and step % self.allocate_every == 0:
                 self.counts = allocate_by_threshold(accs, self.counts, self.whole)
@@ -82,7 +82,7 @@ class SparseEncoder:
                      for j, acc in enumerate(accs)]
             idx = np.concatenate([i + off for (i, _), off in zip(parts, self.offsets)])
             val = np.concatenate([v for _, v in parts])
-        bitmap_size = b.size if b.bitmap else None
+        bitmap_size = b.size if b.wire.bitmap else None
         return mx.nd.array(encode_sparse(idx, val, self.fp16, bitmap_size), dtype=np.float32)
 
     def message(self, grads, step, rank):
@@ -136,33 +136,20 @@ def allocate_by_threshold(accs, counts, whole):
     return out
 
 
-def local_clip_bound(clip_norm, batch_size, num_workers):
-    """compression.clip_norm as a bound on what the encoders see, each tensor's gradient summed
-    over the worker's batch. clip_norm is the threshold for the step's gradient, the mean over all
-    N * batch_size samples; one worker's share of it is its sum / (N * batch_size), and DGC bounds
-    that share by clip_norm * N^-1/2 (the norm of a sum of N independent, alike shares is sqrt(N)
-    times one share's). In the units of the worker's sum: clip_norm * batch_size * sqrt(N).
-    None: no clipping."""
-    if clip_norm is None:
-        return None
-    return clip_norm * batch_size * num_workers ** 0.5
-
-
-def make_encoders(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, seed=0, clip=None, lr_of=None):
+def make_encoders(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, seed=0, counts=None):
     """Buffer plan plus one encoder per buffer, for the `compression` config section (steady-state
     density; make_stages adds the warm-up stages).
 
     cost: {'alpha', 'beta', 'backward'} measured at job start (needed for buffers: cost_model).
-    clip: the per-tensor L2 bound of local gradient clipping (local_clip_bound), None: off.
-    lr_of: step -> the servers' lr for that step's round; used with compression.lr_weighted.
+    counts: tensor_counts(shapes, comp), if the caller has them.
     """
-    buffers = plan_for_config(shapes, num_servers, comp, cost)
-    whole = tensor_counts(shapes, comp)[2]
+    counts = counts or tensor_counts(shapes, comp)
+    buffers = plan_for_config(shapes, num_servers, comp, cost, counts)
+    whole = counts.whole
     if not is_sparsifier(comp.type):
         return buffers, [DenseEncoder() for _ in buffers]
-    memory = Memory(comp.error_feedback, momentum if comp.momentum_correction else 0.0, clip,
-                    masking=comp.momentum_masking, lr_of=lr_of if comp.lr_weighted else None,
-                    min_wait=comp.masking_min_wait)
+    memory = Memory(comp.error_feedback, momentum if comp.momentum_correction else 0.0,
+                    masking=comp.momentum_masking)
     compressor = make_compressor(comp.type, seed)
     return buffers, _sparse_encoders(buffers, compressor, memory, whole, comp)
 
@@ -173,17 +160,18 @@ def _sparse_encoders(buffers, compressor, memory, whole, comp):
                           behind=comp.fusion == "behind", allocate_every=every) for b in buffers]
 
 
-def make_stages(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, seed=0, clip=None, lr_of=None):
+def make_stages(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, seed=0):
     """(buffers, encoders) per density stage: one per compression.warmup entry (an epoch each),
     then the steady state. The steady state decides the buffers (the cost model plans for it);
     the warm-up stages reuse them with their own counts, mailbox keys and encoders, sharing the
     compressor and the error-feedback memory."""
+    counts = tensor_counts(shapes, comp)
     buffers, encoders = make_encoders(shapes, num_servers, comp, rank, momentum=momentum, cost=cost,
-                                      seed=seed, clip=clip, lr_of=lr_of)
+                                      seed=seed, counts=counts)
     if not comp.warmup:
         return [(buffers, encoders)]
-    stage_counts = [tensor_counts(shapes, comp, density)[1] for density in comp.warmup]
-    whole = tensor_counts(shapes, comp)[2]                   # min_dense_bytes: the same in every stage
+    stage_counts = [tensor_counts(shapes, comp, density).counts for density in comp.warmup]
+    whole = counts.whole                                     # min_dense_bytes: the same in every stage
     memory, compressor = encoders[0].memory, encoders[0].compressor
     stages = [(bufs, _sparse_encoders(bufs, compressor, memory, whole, comp))
               for bufs in warmup_stages(buffers, stage_counts, num_servers)]

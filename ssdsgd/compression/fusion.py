@@ -11,8 +11,9 @@ split), and the server's updater can only write arrays it stores. So a buffer's 
 clock keys are chosen to land on the same server.
 """
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
-from ssdsgd.compression.codec import max_buffer_elements, message_bytes, message_length, use_bitmap, wire_dtype
+from ssdsgd.compression.codec import WireFormat, max_buffer_elements
 from ssdsgd.compression.registry import is_sparsifier
 
 KEY_HASH = 9973  # ps-lite key placement in MXNet's KVStoreDist
@@ -40,35 +41,28 @@ class Buffer:
         return sum(self.sizes)
 
     @property
-    def k(self):
+    def topk_count(self):
+        """Values one message sends (the sum of the per-tensor counts; the buffer's size when dense)."""
         return sum(self.counts)
 
     @property
-    def bitmap(self):
-        """Does this buffer's message carry its indices as a bitmap (codec.use_bitmap)?"""
-        return self.codec == "sparse" and use_bitmap(self.size, self.k, self.index_coding, self.fp16)
-
-    @property
-    def mailbox_len(self):
-        return message_length(self.codec, self.size, self.k, self.fp16, self.bitmap)
-
-    @property
-    def mailbox_bytes(self):
-        return message_bytes(self.codec, self.size, self.k, self.fp16, self.bitmap)
-
-    @property
-    def mailbox_dtype(self):
-        return wire_dtype(self.fp16)
-
-    def mailbox(self):
-        return {"key": self.mailbox_key, "codec": self.codec, "k": self.k, "fp16": self.fp16,
-                "bitmap": self.bitmap}
+    def wire(self):
+        """This buffer's mailbox messages (codec.WireFormat)."""
+        return WireFormat.planned(self.size, self.topk_count if self.codec == "sparse" else None, self.fp16,
+                                  self.index_coding)
 
     def to_dict(self, stages=None):
         """What the server needs; `stages`: this buffer in every density stage, steady state last."""
         return {"id": self.id, "size": self.size, "weight_key": self.weight_key,
                 "clock_key": self.clock_key, "server": self.server,
-                "mailboxes": [b.mailbox() for b in (stages or [self])]}
+                "mailboxes": [dict(b.wire.to_dict(), key=b.mailbox_key) for b in (stages or [self])]}
+
+
+def describe_sizes(sizes, most=12):
+    """A plan's buffer sizes for a message: '3 buffers of 10, 20, 30 elements' (the first `most`)."""
+    if not isinstance(sizes, list):
+        return repr(sizes)
+    return f"{len(sizes)} buffers of {', '.join(map(str, sizes[:most]))}{'...' if len(sizes) > most else ''} elements"
 
 
 def group_fixed(sizes_backward, max_elements):
@@ -161,7 +155,6 @@ def plan_cost_model(sizes, counts, sparse, alpha, beta, backward, fp16=False, in
         acc += s
         ready.append(backward * acc / total)
 
-    codec = "sparse" if sparse else "dense"
     cap = max_buffer_elements(fp16)
     best = [0.0] + [float("inf")] * n
     cut = [0] * (n + 1)
@@ -172,8 +165,8 @@ def plan_cost_model(sizes, counts, sparse, alpha, beta, backward, fp16=False, in
             values += counts_bwd[j]
             if elements > cap:
                 break
-            bitmap = sparse and use_bitmap(elements, values, index_coding, fp16)
-            send = alpha + beta * message_bytes(codec, elements, values, fp16, bitmap)
+            wire = WireFormat.planned(elements, values if sparse else None, fp16, index_coding)
+            send = alpha + beta * wire.bytes
             end = max(ready[i - 1], best[j]) + send
             if end < best[i]:
                 best[i], cut[i] = end, j
@@ -229,21 +222,28 @@ def make_plan(shapes, num_servers, *, mode="one", buffer_bytes=4 << 20, counts=N
     return buffers
 
 
+class TensorCounts(NamedTuple):
+    sizes: list                   # elements per tensor
+    counts: list                  # values each tensor sends per step
+    whole: list                   # per tensor: sent whole (below compression.min_dense_bytes)
+
+
 def tensor_counts(shapes, comp, density=None):
     """Values each tensor sends: k_i = max(1, floor(density * n_i)), or all of a small tensor."""
     density = comp.density if density is None else density
     sizes = [int(_numel(s)) for s in shapes]
     whole = [4 * n < comp.min_dense_bytes for n in sizes]
     counts = [n if w else max(1, int(density * n)) for n, w in zip(sizes, whole)]
-    return sizes, counts, whole
+    return TensorCounts(sizes, counts, whole)
 
 
-def plan_for_config(shapes, num_servers, comp, cost=None):
+def plan_for_config(shapes, num_servers, comp, cost=None, counted=None):
     """The buffers of the `compression` config section's steady state (what the servers hold).
 
-    cost: {'alpha', 'beta', 'backward'} measured at job start (needed for buffers: cost_model).
+    cost: {'alpha', 'beta', 'backward'} measured at job start (needed for buffers: cost_model);
+    counted: tensor_counts(shapes, comp), if the caller has them.
     No mxnet here: the front end re-makes a checkpoint's plan with it before a resume starts."""
-    sizes, counts, _ = tensor_counts(shapes, comp)
+    sizes, counts, _ = counted or tensor_counts(shapes, comp)
     sparse = is_sparsifier(comp.type)
     if not sparse:
         counts = sizes

@@ -24,12 +24,13 @@ def preflight(cfg, read_data=True):
         what = "is a file, not a folder" if os.path.exists(root) else "does not exist"
         return (f"data.root: {root} {what} (put the {cfg.data.dataset} files in that folder; "
                 f"nothing is downloaded)")
-    if cfg.data.dataset in ROOTED_DATASETS and read_data:
-        # Read the data once here, as rank 0 will: a missing, damaged or too small data set then
-        # stops the job with one line, before any process starts (the workers meet the same error).
-        from ssdsgd.worker.data import DataError, data_from_config
+    if read_data or cfg.data.dataset not in ROOTED_DATASETS:
+        # Read the data once here, as rank 0 will (digits and synthetic: count it): a missing, damaged or
+        # too small data set then stops the job with one line, before any process starts (the workers meet
+        # the same error).
+        from ssdsgd.worker.data import DataError, check_data
         try:
-            data_from_config(cfg, 0, cfg.cluster.workers)
+            check_data(cfg)
         except DataError as err:
             return str(err)
     if cfg.cluster.launcher == "ssh":

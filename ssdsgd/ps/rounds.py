@@ -13,10 +13,7 @@ contributions for a round are in, and every earlier round has been applied, the 
 which is MXNet's sgd_mom_update on the summed gradient, so a run that stays synchronous reproduces
 the stock dist_sync baseline. Under DGC's momentum correction the workers' pushes already carry the
 momentum of their gradients, so the servers run the rule above with mu = 0, which also applies the
-weight decay without momentum (1/(1 - mu) times weaker than SSGD's); with `decay_only` they keep the
-momentum for the weight decay alone, as DGC's reference optimizer does:
-
-    v <- mu*v - eta_g(t) * lambda*w;   w <- w + v - eta_g(t) * G_t/(N*B)
+weight decay without momentum (1/(1 - mu) times weaker than SSGD's).
 
 Rounds may arrive in any order and a fast worker may be several rounds ahead; their accumulators wait
 in `pending` until they can be applied in order.
@@ -41,7 +38,7 @@ class ReplicaMismatch(RoundError):
 
 class BufferState:
     def __init__(self, size, num_workers, batch_size, momentum, wd, schedule, formats,
-                 delay_momentum=None, warmup=0, decay_only=False):
+                 delay_momentum=None, warmup=0):
         self.size = size
         self.num_workers = num_workers
         self.scale = 1.0 / (num_workers * batch_size)
@@ -50,10 +47,9 @@ class BufferState:
         # gradients act like extra momentum, see the README's Fashion-MNIST ablation.
         self.delay_momentum = momentum if delay_momentum is None else delay_momentum
         self.warmup = warmup
-        self.decay_only = decay_only  # the pushes carry their own momentum; self.mom is the decay's
         self.wd = wd
         self.schedule = schedule
-        self.formats = formats        # codec.MailboxFormat per density stage
+        self.formats = formats        # codec.WireFormat per density stage
         self.weights = None           # np.float32 (size,), set by bind()
         self.mom = np.zeros(size, np.float32)
         self.version = 0              # number of rounds applied
@@ -98,13 +94,8 @@ class BufferState:
     def apply(self, grad_sum):
         lr = np.float32(self.schedule(self.version + 1))     # MXNet counts updates from 1
         self.mom *= np.float32(self.momentum if self.version < self.warmup else self.delay_momentum)
-        if self.decay_only:
-            self.mom -= lr * (np.float32(self.wd) * self.weights)
-            self.weights += self.mom
-            self.weights -= lr * (grad_sum * np.float32(self.scale))
-        else:
-            self.mom -= lr * (grad_sum * np.float32(self.scale) + np.float32(self.wd) * self.weights)
-            self.weights += self.mom
+        self.mom -= lr * (grad_sum * np.float32(self.scale) + np.float32(self.wd) * self.weights)
+        self.weights += self.mom
         if self.ring is not None:
             self.ring.record(self.version, grad_sum, self.weights)
         self.version += 1
@@ -184,9 +175,8 @@ class RingLayout:
     @classmethod
     def of_plan(cls, size, down, ring):
         """The layout of a buffer's ring key from its downlink plan (`down`: the buffer's entry,
-        `ring`: one density stage's ring in it), as the server and the workers both build it. A plan
-        written before the bitmap coding existed has no "bitmap": index lists."""
-        return cls(down["slots"], ring["cap"], size, ring.get("bitmap", False))
+        `ring`: one density stage's ring in it), as the server and the workers both build it."""
+        return cls(down["slots"], ring["cap"], size, ring["bitmap"])
 
     @property
     def index_words(self):

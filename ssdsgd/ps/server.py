@@ -1,4 +1,4 @@
-"""Server and scheduler roles: MXNet's KVStore server loop with our controller and updater.
+"""The server role: MXNet's KVStore server loop with our controller and updater.
 
 Commands from workers travel as signed JSON data (ssdsgd.ps.commands), never as pickles: the stock
 server would unpickle whatever arrives. The one updater installed on the server dispatches by key:
@@ -17,7 +17,7 @@ import traceback
 import numpy as np
 
 from ssdsgd.checkpoint import SERVER_STOCK, CheckpointError, load_npz, save_npz, server_buffer_file, server_stock_file
-from ssdsgd.compression.codec import MailboxFormat
+from ssdsgd.compression.codec import WireFormat
 from ssdsgd.env import ROLE_ENV, SECRET_ENV, rank_line
 from ssdsgd.ps import commands
 from ssdsgd.ps.eval_tally import TALLY_KEY
@@ -50,12 +50,10 @@ class RoundService:
             # One mailbox per density stage (compression.warmup), the steady state last.
             for stage, box in enumerate(buf["mailboxes"]):
                 self.roles[box["key"]] = (b, "mailbox", stage)
-                formats.append(MailboxFormat(box["codec"], buf["size"], box.get("k"), box.get("fp16", False),
-                                             box.get("bitmap", False)))
+                formats.append(WireFormat.from_dict(box))
             self.states[b] = BufferState(buf["size"], plan["num_workers"], plan["batch_size"],
                                          plan["momentum"], plan["wd"], schedule, formats,
-                                         plan.get("delay_momentum"), plan.get("warmup", 0),
-                                         plan.get("decay_only", False))
+                                         plan.get("delay_momentum"), plan.get("warmup", 0))
             self.stored[b] = {}
             down = buf.get("downlink")
             if down:
@@ -184,6 +182,48 @@ def _checkpoint(server, op, directory, nd):
         _load_stock(server.stock, directory, nd)
 
 
+def _dispatch_push(server, key, recv, stored):
+    """The updater: a push of `key` to this server (see the module's docstring for who handles which)."""
+    if key in server.proof_keys:
+        server.roll_call.answer(stored)
+    elif server.rounds is not None and server.rounds.owns(key):
+        server.rounds.push(key, recv, stored)
+    elif key == TALLY_KEY:
+        stored += recv
+        stored.wait_to_read()
+    elif server.stock is not None:
+        server.stock(key, recv, stored)
+        stored.wait_to_read()   # async mode frees recv as soon as we return
+    else:
+        raise RuntimeError(f"push to key {key} but no optimizer or plan was set up")
+
+
+def _handle_command(server, msg, mx):
+    """A verified command (ssdsgd.ps.commands) on this server."""
+    if not server.updater_installed:
+        # The C++ server object exists only once run() has started, i.e. from the first
+        # command on; commands always precede the first push.
+        server.kvstore._set_updater(server._update)
+        server.updater_installed = True
+        # Our server rank (ps-lite knows it only once the loop runs): the launcher labels our
+        # output and messages with it, the rank the workers' key placement and messages use.
+        print(rank_line(server.kvstore.rank), flush=True)
+    op = msg["op"]
+    if op == commands.HELLO:
+        server.roll_call.hello(msg, server.kvstore.rank)
+    elif op == commands.STOCK_OPTIMIZER:
+        sched = LRSchedule.from_dict(msg["schedule"])
+        opt = mx.optimizer.SGD(learning_rate=msg["lr"], momentum=msg["momentum"], wd=msg["wd"],
+                               rescale_grad=msg["rescale_grad"], lr_scheduler=sched)
+        server.stock = mx.optimizer.get_updater(opt)
+    elif op == commands.ROUND_PLAN:
+        server.rounds = RoundService(msg, mx.nd)
+    elif op in (commands.SAVE, commands.LOAD):
+        _checkpoint(server, op, msg["dir"], mx.nd)
+    else:
+        raise ValueError(f"unknown command op {op!r}")
+
+
 def run_server():
     role = os.environ[ROLE_ENV]
     # `import mxnet` with DMLC_ROLE=server|scheduler would enter the stock server loop inside the
@@ -207,18 +247,7 @@ def run_server():
 
         def _update(self, key, recv, stored):
             try:
-                if key in self.proof_keys:
-                    self.roll_call.answer(stored)
-                elif self.rounds is not None and self.rounds.owns(key):
-                    self.rounds.push(key, recv, stored)
-                elif key == TALLY_KEY:
-                    stored += recv
-                    stored.wait_to_read()
-                elif self.stock is not None:
-                    self.stock(key, recv, stored)
-                    stored.wait_to_read()   # async mode frees recv as soon as we return
-                else:
-                    raise RuntimeError(f"push to key {key} but no optimizer or plan was set up")
+                _dispatch_push(self, key, recv, stored)
             except BaseException:
                 _die(f"updater failed on key {key}")
 
@@ -231,33 +260,11 @@ def run_server():
                           flush=True)
                     return
                 try:
-                    self._handle(msg)
+                    _handle_command(self, msg, mx)
                 except BaseException:
                     _die(f"command {msg.get('op')!r} failed")
             return ctl
 
-        def _handle(self, msg):
-            if not self.updater_installed:
-                # The C++ server object exists only once run() has started, i.e. from the first
-                # command on; commands always precede the first push.
-                self.kvstore._set_updater(self._update)
-                self.updater_installed = True
-                # Our server rank (ps-lite knows it only once the loop runs): the launcher labels our
-                # output and messages with it, the rank the workers' key placement and messages use.
-                print(rank_line(self.kvstore.rank), flush=True)
-            op = msg["op"]
-            if op == commands.HELLO:
-                self.roll_call.hello(msg, self.kvstore.rank)
-            elif op == commands.STOCK_OPTIMIZER:
-                sched = LRSchedule.from_dict(msg["schedule"])
-                opt = mx.optimizer.SGD(learning_rate=msg["lr"], momentum=msg["momentum"], wd=msg["wd"],
-                                       rescale_grad=msg["rescale_grad"], lr_scheduler=sched)
-                self.stock = mx.optimizer.get_updater(opt)
-            elif op == commands.ROUND_PLAN:
-                self.rounds = RoundService(msg, mx.nd)
-            elif op in (commands.SAVE, commands.LOAD):
-                _checkpoint(self, op, msg["dir"], mx.nd)
-            else:
-                raise ValueError(f"unknown command op {op!r}")
-
-    SSDServer(mx.kv.create("dist")).run()
+    server = SSDServer(mx.kv.create("dist"))
+    server.roll_call.watch()          # the roll call's clock starts once ps-lite's start-up is over
+    server.run()

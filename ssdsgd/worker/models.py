@@ -1,7 +1,9 @@
-"""Networks: small ones for the embedded demo and tests, and the gluoncv model zoo (never pretrained).
+"""Networks: small ones for the embedded demo and tests, and the gluoncv model zoo (never pretrained);
+the model a worker trains (build_net) and what evaluates it (build_eval_net).
 
 mxnet and gluoncv are imported inside the functions: the launcher front end checks model names
 without paying for them when the model is one of ours."""
+import numpy as np
 
 SMALL_MODELS = ("linear", "mlp", "small_cnn")
 
@@ -69,3 +71,68 @@ def inference_graph(net):
     graph = gluon.SymbolBlock(net(data), data, params=net.collect_params())
     graph.hybridize(static_alloc=True, static_shape=True)
     return graph
+
+
+def build_net(cfg, num_classes, image_shape):
+    """The model with its seeded initial weights, and its trainable parameters in a fixed order.
+
+    Every worker builds the same weights from cfg.seed (only rank 0's reach the servers anyway)."""
+    import mxnet as mx
+    from mxnet import autograd
+
+    mx.random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    net = build_model(cfg.model.name, num_classes)
+    net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2))
+    # Materialise parameter shapes with a recorded forward (an inference-mode forward leaves oneDNN
+    # layouts that kv.init cannot read).
+    with autograd.record():
+        net(mx.nd.zeros((2,) + tuple(image_shape)))
+    if cfg.model.hybridize:
+        net.hybridize(static_alloc=True, static_shape=True)
+    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
+    return net, params
+
+
+def build_eval_net(cfg, net):
+    """What evaluates: the hybridized net itself, or a static-graph twin of the imperative one."""
+    return net if cfg.model.hybridize else inference_graph(net)
+
+
+def aux_params(net):
+    """The parameters no gradient updates: BatchNorm's running statistics."""
+    return [p for p in net.collect_params().values() if p.grad_req == "null"]
+
+
+def with_weights(params, weights, fn):
+    """Run fn with the given weights loaded into params, then restore the local weights."""
+    if weights is None:
+        return fn()
+    saved = [p.data().copy() for p in params]
+    for p, w in zip(params, weights):
+        w.copyto(p.data())
+    try:
+        return fn()
+    finally:
+        for p, s in zip(params, saved):
+            s.copyto(p.data())
+
+
+def _net_groups(net, params):
+    """(name, parameters) of what a checkpoint keeps of a net: the trained weights, the BatchNorm statistics."""
+    return (("param", params), ("aux", aux_params(net)))
+
+
+def net_state(net, params):
+    """{"param<i>", "aux<i>": numpy array} of the local weights and BatchNorm statistics, for a checkpoint."""
+    return {f"{name}{i}": p.data().asnumpy() for name, group in _net_groups(net, params) for i, p in enumerate(group)}
+
+
+def load_net_state(net, params, arrays):
+    """Local weights and BatchNorm statistics from this worker's checkpoint file (net_state's arrays)."""
+    for name, group in _net_groups(net, params):
+        for i, p in enumerate(group):
+            saved = arrays[f"{name}{i}"]
+            if saved.shape != p.shape:
+                raise RuntimeError(f"checkpoint {name}{i} has shape {saved.shape}, model has {p.shape}")
+            p.data()[:] = saved

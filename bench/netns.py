@@ -15,6 +15,7 @@ all of a job's traffic crosses the shaped link, and the namespace's lo counters 
 The namespace is deleted on exit, also after an exception or Ctrl-C; processes still inside it
 (which can only be ones we started in it) are killed by PID first.
 """
+import contextlib
 import json
 import os
 import secrets
@@ -39,6 +40,29 @@ def check_tools():
     missing = [t for t in ("ip", "tc") if shutil.which(t) is None]
     if missing:
         raise NetnsError(f"missing tool(s): {', '.join(missing)} (install iproute2)")
+
+
+def tools_problem():
+    """What check_tools() says is missing here (as text), or None when namespaces can be made."""
+    try:
+        check_tools()
+    except NetnsError as e:
+        return str(e)
+    return None
+
+
+@contextlib.contextmanager
+def signals_ignored():
+    """A second Ctrl-C (or a SIGTERM) must not interrupt a teardown and leave namespaces behind
+    (SIGINT and SIGTERM ignored meanwhile; signal handlers can only be set in the main thread)."""
+    main = threading.current_thread() is threading.main_thread()
+    stops = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in stops} if main else {}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 def _run(argv, what):
@@ -145,15 +169,8 @@ class Namespace:
         return self.create()
 
     def __exit__(self, *exc):
-        # A second Ctrl-C (or a SIGTERM) must not interrupt the deletion and leave the namespace behind.
-        main = threading.current_thread() is threading.main_thread()
-        stops = (signal.SIGINT, signal.SIGTERM)
-        old = {s: signal.signal(s, signal.SIG_IGN) for s in stops} if main else {}
-        try:
+        with signals_ignored():
             self.delete()
-        finally:
-            for s, handler in old.items():
-                signal.signal(s, handler)
         return False
 
     # ---- use ----------------------------------------------------------------------------------

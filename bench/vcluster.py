@@ -29,7 +29,9 @@ import sys
 import tempfile
 import time
 
-import netns  # the namespace helpers live there; one home for each
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
+from bench import netns  # the namespace helpers live there; one home for each
 
 PREFIX = "ssdsgd-vc-"
 SUBNET = "10.231.0"          # private; exists only inside the cluster's namespaces

@@ -12,7 +12,7 @@ Each mode runs in a fresh process (`--copies 2` runs two at once, as the two wor
 then times --steps steps of record, forward, loss, backward and waitall. Reported: the median step
 time per mode and its ratio to the imperative median.
 
-    OMP_NUM_THREADS=1 python scripts/bench_step.py [--model cifar_resnet20_v1] [--batch 128] \
+    OMP_NUM_THREADS=1 python bench/bench_step.py [--model cifar_resnet20_v1] [--batch 128] \
         [--copies 1 2] [--task train|eval] [--out results/bench_step]
 """
 import argparse
@@ -24,7 +24,9 @@ import subprocess
 import sys
 import time
 
-from results_io import stop_on_sigterm, write_csv, write_text
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
+from scripts.results_io import stop_on_sigterm, write_csv, write_manifest, write_text
 
 MODES = ("imperative", "hybridized")
 
@@ -163,6 +165,7 @@ def main(argv=None):
     write_csv(os.path.join(args.out, "steps.csv"), rows)
     text = table(rows, args)
     write_text(os.path.join(args.out, "table.md"), text)
+    write_manifest(args.out, [])
     print(text)
     return 0
 

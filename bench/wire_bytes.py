@@ -1,6 +1,6 @@
 """Bytes on the wire of the compressed push path, from the kernel's own counters.
 
-    sudo python scripts/wire_bytes.py [--seed 0] [--out results/wire_bytes]
+    sudo python bench/wire_bytes.py [--seed 0] [--out results/wire_bytes]
 
 Runs the digits demo (SSD-SGD + top-k, 2 workers, 1 server) once per wire variant, each in a
 fresh network namespace, and compares the namespace's loopback byte counter with what the workers
@@ -14,11 +14,11 @@ import argparse
 import os
 import sys
 
-from netns import Namespace, NetnsError, check_tools
-from results_io import job_command, job_name, job_summary, run_captured, stop_on_sigterm, write_csv, write_text
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
+from bench.netns import Namespace, tools_problem
+from scripts.results_io import (job_command, job_name, job_summary, results_folder, run_captured, stop_on_sigterm,
+                                write_csv, write_manifest, write_text)
 
 CONFIG = "configs/demo_digits_ssd_topk.yaml"
 TOPK10 = ["compression.density=0.1", "algorithm.delay=1", "compression.downlink=sparse"]
@@ -80,13 +80,12 @@ def main():
     ap.add_argument("--out", default="results/wire_bytes")
     args = ap.parse_args()
     stop_on_sigterm()
-    try:
-        check_tools()
-    except NetnsError as e:
-        print(f"wire_bytes: {e}", file=sys.stderr)
+    problem = tools_problem()
+    if problem:
+        print(f"wire_bytes: {problem}", file=sys.stderr)
         return 2
-    out = os.path.abspath(args.out)
-    os.makedirs(out, exist_ok=True)
+    out = results_folder(args.out)
+    write_manifest(out, [os.path.join(ROOT, CONFIG)], finished=False)
     rows = []
     for label, (sets, _) in VARIANTS.items():
         print(f"{label}", flush=True)
@@ -94,6 +93,8 @@ def main():
     write_csv(os.path.join(out, "jobs.csv"), rows)
     text = table(rows)
     write_text(os.path.join(out, "table.md"), text)
+    write_manifest(out, [os.path.join(ROOT, CONFIG)], finished=True, jobs=len(rows),
+                   failed=sum(r["rc"] != 0 for r in rows))
     print(text)
     return 0 if all(r["rc"] == 0 for r in rows) else 1
 

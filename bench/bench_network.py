@@ -1,7 +1,7 @@
 """Bandwidth-limited network benchmark: every job on per-host shaped links (default) or on one shaped loopback.
 
 Two topologies (--topology):
-  hosts (default): each job gets a fresh virtual cluster (scripts/vcluster.py): one network namespace
+  hosts (default): each job gets a fresh virtual cluster (bench/vcluster.py): one network namespace
     per host, each with its own link (eth0 on a bridge), `tbf rate R mbit burst 256kb latency 50ms` on
     both directions of every host link (no qdisc for rate 0 = unlimited), one sshd per host. Host h0
     runs the launcher and the scheduler (the ssh launcher runs the scheduler where it runs itself; its
@@ -17,7 +17,7 @@ Two topologies (--topology):
     per-host topology existed; the README's older figures).
 
 For each repeat, rate and algorithm (interleaved: repeat 1 runs A B C ... at every rate, then repeat 2),
-the loopback topology creates a namespace (scripts/netns.py: lo mtu 9000, `tbf rate R mbit burst 256kb
+the loopback topology creates a namespace (bench/netns.py: lo mtu 9000, `tbf rate R mbit burst 256kb
 latency 50ms`, no qdisc for rate 0 = unlimited), runs `python -m ssdsgd` inside it for a fixed
 number of steps, and records:
   - the job's summary.json (images/s, wall time, steps, push/pull bytes per step of rank 0),
@@ -36,11 +36,11 @@ worker never pulls or waits) and dense pushes (asynchronous, so the worker never
 the same topology as the other jobs (hosts: a 3-host cluster, launcher, server, worker).
 
 Usage (root; ip and tc from iproute2; hosts also sshd, ssh, ssh-keygen from openssh):
-  python scripts/bench_network.py                       # full suite: 3 repeats x rates 0,100,20 x 7 algorithms
-  python scripts/bench_network.py --topology loopback   # the same on one shared loopback
-  python scripts/bench_network.py --quick --out /tmp/bench_quick
-  python scripts/bench_network.py --algorithms ssgd,ssd_topk --rates 0,50 --steps 40 --repeats 1
-  python scripts/bench_network.py --table-only --out bench_results   # re-make table.md from runs.csv
+  python bench/bench_network.py                       # full suite: 3 repeats x rates 0,100,20 x 7 algorithms
+  python bench/bench_network.py --topology loopback   # the same on one shared loopback
+  python bench/bench_network.py --quick --out /tmp/bench_quick
+  python bench/bench_network.py --algorithms ssgd,ssd_topk --rates 0,50 --steps 40 --repeats 1
+  python bench/bench_network.py --table-only --out bench_results   # re-make table.md from runs.csv
 """
 import argparse
 import contextlib
@@ -52,18 +52,15 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
-import netns
-import vcluster
 import yaml
-from results_io import COMPUTE_BOUND, rate_name, read_jsonl, stop_on_sigterm
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
+from bench import netns, vcluster
+from scripts.results_io import COMPUTE_BOUND, rate_name, read_jsonl, stop_on_sigterm, write_manifest
 from ssdsgd.metrics import SUMMARY_FILE, metrics_file
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 
 DEFAULT_CONFIG = "configs/bench_cifar_resnet20.yaml"
 
@@ -99,7 +96,7 @@ ALGORITHMS = {
                                        "compression.density=0.01"]),
     "ssgd_topk": ("SSGD+top-k 1%", ["algorithm.type=ssgd", "compression.type=topk",
                                      "compression.density=0.01"]),
-    # S = 2k lets each weight pull land up to k steps after it was issued (see algorithms/ssd.py).
+    # S = 2k lets each weight pull land up to k steps after it was issued (see algorithms/policy.py).
     "ssd_topk_s2k": ("SSD-SGD+top-k 1%, S=2k", ["algorithm.type=ssd", "compression.type=topk",
                                                "compression.density=0.01", "algorithm.max_staleness=10"]),
     # The product's top-k setting: the shipped top-k config's k, momentum, local update, quotas and
@@ -406,19 +403,6 @@ def _wait_for_job(proc, sampler, deadline):
 
 
 @contextlib.contextmanager
-def _signals_ignored():
-    """A second Ctrl-C (or a SIGTERM) must not interrupt a teardown and leave namespaces behind."""
-    main = threading.current_thread() is threading.main_thread()
-    stops = (signal.SIGINT, signal.SIGTERM)
-    old = {s: signal.signal(s, signal.SIG_IGN) for s in stops} if main else {}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-
-
-@contextlib.contextmanager
 def virtual_cluster(hosts, rate_mbit, queue_ms):
     """A VCluster of `hosts` hosts, every link shaped at rate_mbit (0/None: unlimited); always deleted."""
     vc = vcluster.VCluster(hosts, rate_mbit or None, latency=f"{queue_ms:g}ms")
@@ -426,7 +410,7 @@ def virtual_cluster(hosts, rate_mbit, queue_ms):
     try:
         yield vc
     finally:
-        with _signals_ignored():
+        with netns.signals_ignored():
             vc.delete()
 
 
@@ -493,6 +477,18 @@ def _run_on_hosts(job, args, command, env, log_path, row, t0):
     return proc.returncode, timed_out, sampler, (cpu_before, cpu_after)
 
 
+def _job_command(job, args, log_dir):
+    """`python -m ssdsgd` of one benchmark job and the environment it runs with."""
+    command = [sys.executable, "-m", "ssdsgd", "--config", args.config,
+               "--set", f"log.dir={log_dir}", "--set", f"name={job['name']}",
+               "--set", f"train.max_steps={args.steps}", "--set", f"cluster.timeout={args.job_timeout:g}"]
+    for s in args.set + job["sets"]:
+        command += ["--set", s]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
+    env.update(OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
+    return command, env
+
+
 def run_one(job, args):
     """Run one job in its own namespace(s); return its CSV row (never raises for a failed job)."""
     row = {k: "" for k in FIELDS}
@@ -503,31 +499,16 @@ def run_one(job, args):
     log_path = os.path.join(args.out, "logs", job["name"] + ".log")
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     row.update(run_dir=os.path.relpath(run_dir, args.out), log=os.path.relpath(log_path, args.out))
-    command = [sys.executable, "-m", "ssdsgd", "--config", args.config,
-               "--set", f"log.dir={log_dir}", "--set", f"name={job['name']}",
-               "--set", f"train.max_steps={args.steps}", "--set", f"cluster.timeout={args.job_timeout:g}"]
-    for s in args.set + job["sets"]:
-        command += ["--set", s]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
-    env.update(OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
+    command, env = _job_command(job, args, log_dir)
     t0 = time.monotonic()
     runner = _run_on_hosts if args.topology == "hosts" else _run_on_loopback
-    returncode, timed_out, sampler, (cpu_before, cpu_after) = runner(job, args, command, env, log_path, row, t0)
+    returncode, timed_out, sampler, cpu = runner(job, args, command, env, log_path, row, t0)
     links = row.pop("_links", None)
     run_dir = os.path.realpath(run_dir)
     row["run_dir"] = os.path.relpath(run_dir, args.out)
     row["job_seconds"] = round(time.monotonic() - t0, 2)
     row["exit_code"] = returncode
-    tx = row["kernel_bytes"]
-    # CPU used on this machine by anything but the job (other users' work skews the benchmark).
-    busy, total = cpu_after[0] - cpu_before[0], cpu_after[1] - cpu_before[1]
-    if total > 0:
-        row["other_cpu_share"] = round(max(0.0, busy - sampler.job_cpu_seconds()) / total, 3)
-        row["job_cpu_seconds"] = round(sampler.job_cpu_seconds(), 2)
-    for role, mb in sampler.peak_mb().items():
-        if role in ROLES:
-            row[f"peak_rss_{role}_mb"] = round(mb, 1)
-
+    _machine_columns(row, sampler, cpu)
     summary_path = os.path.join(run_dir, SUMMARY_FILE)
     if timed_out or returncode == 124:
         row["status"] = "timeout"
@@ -548,37 +529,62 @@ def run_one(job, args):
     if os.path.exists(summary_path):
         with open(summary_path) as f:
             s = json.load(f)
-        steps = s["steps"]
-        row.update(images_per_sec=round(s["images_per_sec"], 3), wall_seconds=round(s["wall_seconds"], 3),
-                   steps=steps, num_workers=s["num_workers"], num_servers=s.get("num_servers", ""),
-                   kernel_bytes_per_step=round(tx / max(1, steps)),
-                   push_bytes_per_step=round(s["bytes_per_step"]["push"]),
-                   pull_bytes_per_step=round(s["bytes_per_step"]["pull"]),
-                   final_test_acc=s.get("final_test_acc"), wait_seconds=round(s.get("wait_seconds") or 0.0, 3))
-        aw = s.get("after_warmup") or {}
-        if aw.get("steps"):
-            row.update(push_bytes_per_step_after_warmup=round(aw["push_bytes"] / aw["steps"]),
-                       pull_bytes_per_step_after_warmup=round(aw["pull_bytes"] / aw["steps"]))
-        if sampler.role_cpu["server"]:
-            row["server_cpu_seconds_per_step"] = round(sampler.cpu_seconds("server") / max(1, steps), 5)
+        _summary_columns(row, s, sampler)
         if window is not None:
-            dsteps, w0, w1 = window
-            row["steady_seconds"] = round(w1 - w0, 3)
-            row["steady_images_per_sec"] = round(dsteps * job["batch"] * s["num_workers"] / (w1 - w0), 3)
-            if links is None:
-                d = window_delta(sampler.counter, w0, w1)
-            else:
-                deltas = [window_delta(sampler.link_samples[i]["tx"], w0, w1) for i in sampler.link_samples]
-                d = None if any(x is None for x in deltas) else sum(deltas)
-            if d is not None:
-                row["steady_kernel_bytes_per_step"] = round(d / dsteps)
-            cpu = window_delta(sampler.cpu_seconds_samples("server"), w0, w1)
-            if cpu is not None:
-                row["steady_server_cpu_seconds_per_step"] = round(cpu / dsteps, 5)
-            cpu = window_delta(sampler.cpu_seconds_samples("worker"), w0, w1)
-            if cpu is not None:          # per worker: the job's workers share the steps
-                row["steady_worker_cpu_seconds_per_step"] = round(cpu / dsteps / s["num_workers"], 5)
+            _steady_columns(row, window, sampler, links is not None, job["batch"] * s["num_workers"],
+                            s["num_workers"])
     return row
+
+
+def _machine_columns(row, sampler, cpu):
+    """The job's CPU seconds, the share of the machine other processes used meanwhile (other users' work
+    skews the benchmark; cpu: _system_cpu() before and after) and each role's peak RSS."""
+    (busy0, total0), (busy1, total1) = cpu
+    busy, total = busy1 - busy0, total1 - total0
+    if total > 0:
+        row["other_cpu_share"] = round(max(0.0, busy - sampler.job_cpu_seconds()) / total, 3)
+        row["job_cpu_seconds"] = round(sampler.job_cpu_seconds(), 2)
+    for role, mb in sampler.peak_mb().items():
+        if role in ROLES:
+            row[f"peak_rss_{role}_mb"] = round(mb, 1)
+
+
+def _summary_columns(row, s, sampler):
+    """The whole-job columns from the job's summary.json dict `s` (row["kernel_bytes"] is already set)."""
+    steps = s["steps"]
+    row.update(images_per_sec=round(s["images_per_sec"], 3), wall_seconds=round(s["wall_seconds"], 3),
+               steps=steps, num_workers=s["num_workers"], num_servers=s.get("num_servers", ""),
+               kernel_bytes_per_step=round(row["kernel_bytes"] / max(1, steps)),
+               push_bytes_per_step=round(s["bytes_per_step"]["push"]),
+               pull_bytes_per_step=round(s["bytes_per_step"]["pull"]),
+               final_test_acc=s.get("final_test_acc"), wait_seconds=round(s.get("wait_seconds") or 0.0, 3))
+    aw = s.get("after_warmup") or {}
+    if aw.get("steps"):
+        row.update(push_bytes_per_step_after_warmup=round(aw["push_bytes"] / aw["steps"]),
+                   pull_bytes_per_step_after_warmup=round(aw["pull_bytes"] / aw["steps"]))
+    if sampler.role_cpu["server"]:
+        row["server_cpu_seconds_per_step"] = round(sampler.cpu_seconds("server") / max(1, steps), 5)
+
+
+def _steady_columns(row, window, sampler, hosts, images_per_step, workers):
+    """The steady-window columns: window is steady_window's (steps, t0, t1); hosts: the kernel bytes are
+    the sum of the hosts' eth0 tx samples, else the namespace's lo tx samples."""
+    dsteps, w0, w1 = window
+    row["steady_seconds"] = round(w1 - w0, 3)
+    row["steady_images_per_sec"] = round(dsteps * images_per_step / (w1 - w0), 3)
+    if not hosts:
+        d = window_delta(sampler.counter, w0, w1)
+    else:
+        deltas = [window_delta(sampler.link_samples[i]["tx"], w0, w1) for i in sampler.link_samples]
+        d = None if any(x is None for x in deltas) else sum(deltas)
+    if d is not None:
+        row["steady_kernel_bytes_per_step"] = round(d / dsteps)
+    cpu = window_delta(sampler.cpu_seconds_samples("server"), w0, w1)
+    if cpu is not None:
+        row["steady_server_cpu_seconds_per_step"] = round(cpu / dsteps, 5)
+    cpu = window_delta(sampler.cpu_seconds_samples("worker"), w0, w1)
+    if cpu is not None:          # per worker: the job's workers share the steps
+        row["steady_worker_cpu_seconds_per_step"] = round(cpu / dsteps / workers, 5)
 
 
 def _last_error(log_path, lines=3):
@@ -621,85 +627,101 @@ def aggregate(rows):
     A ratio for repeat r is value(alg, rate, r) / value(ssgd, rate, r); runs without an ok SSGD partner
     of the same repeat and rate give no ratio."""
     ok = [r for r in rows if r.get("status") == "ok"]
-    rate = lambda r: _num(r["rate_mbit"]) or 0.0  # noqa: E731
-    base = {(rate(r), r["repeat"]): r for r in ok if r["algorithm"] == BASELINE}
-    order, groups = [], {}
+    base = {(_rate(r), r["repeat"]): r for r in ok if r["algorithm"] == BASELINE}
+
+    def ratios(rs, field):
+        out = []
+        for r in rs:
+            b = base.get((_rate(r), r["repeat"]))
+            v, bv = _num(r.get(field)), _num(b.get(field)) if b else None
+            if v is not None and bv:
+                out.append(v / bv)
+        return _median(out)
+
+    result = []
+    for g in _groups(rows):
+        rs, failed = g.pop("_rows"), g.pop("_failed")
+        g.update(_group_figures(rs, ratios),
+                 failed=[f"rep {r['repeat']}: {r['status']} (exit {r['exit_code']})" for r in failed])
+        result.append(g)
+    busy = [r for r in ok if (_num(r.get("other_cpu_share")) or 0.0) > BUSY]
+    return {"groups": result, "compute_bound": _compute_bound(ok), "busy_runs": len(busy), "ok_runs": len(ok),
+            "topology": topology_of(rows[0]) if rows else "loopback"}
+
+
+def _rate(row):
+    return _num(row["rate_mbit"]) or 0.0
+
+
+def _groups(rows):
+    """One dict per (algorithm, rate) but the compute bound, in first-seen order, counting its runs; its
+    ok rows in "_rows", the others in "_failed"."""
+    groups = {}
     for r in rows:
         if r["algorithm"] == COMPUTE_BOUND:
             continue
-        key = (r["algorithm"], rate(r))
+        key = (r["algorithm"], _rate(r))
         if key not in groups:
-            order.append(key)
             groups[key] = {"algorithm": r["algorithm"], "label": r.get("label") or r["algorithm"],
-                           "rate_mbit": rate(r), "runs": 0, "ok": 0, "_rows": [], "_failed": []}
+                           "rate_mbit": _rate(r), "runs": 0, "ok": 0, "_rows": [], "_failed": []}
         groups[key]["runs"] += 1
         if r.get("status") == "ok":
             groups[key]["ok"] += 1
             groups[key]["_rows"].append(r)
         else:
             groups[key]["_failed"].append(r)
+    return list(groups.values())
 
-    def ratios(rs, field):
-        out = []
-        for r in rs:
-            b = base.get((rate(r), r["repeat"]))
-            v, bv = _num(r.get(field)), _num(b.get(field)) if b else None
-            if v is not None and bv:
-                out.append(v / bv)
-        return _median(out)
 
-    def worker_bytes(r):
-        p, q = _num(r.get("push_bytes_per_step")), _num(r.get("pull_bytes_per_step"))
-        return p + q if p is not None and q is not None else None
+def _worker_bytes(r):
+    p, q = _num(r.get("push_bytes_per_step")), _num(r.get("pull_bytes_per_step"))
+    return p + q if p is not None and q is not None else None
 
-    def pull_push(r):
-        p, q = _num(r.get("push_bytes_per_step_after_warmup")), _num(r.get("pull_bytes_per_step_after_warmup"))
-        return q / p if p and q is not None else None
 
-    result = []
-    for key in order:
-        g = groups[key]
-        rs, failed = g.pop("_rows"), g.pop("_failed")
-        med = lambda f: _median([_num(r.get(f)) for r in rs])  # noqa: E731
-        g.update(
-            images_per_sec=med("images_per_sec"), steady_images_per_sec=med("steady_images_per_sec"),
-            wall_seconds=med("wall_seconds"), steps=med("steps"),
-            kernel_bytes_per_step=med("kernel_bytes_per_step"),
-            steady_kernel_bytes_per_step=med("steady_kernel_bytes_per_step"),
-            worker_bytes_per_step=_median([worker_bytes(r) for r in rs]),
-            final_loss=med("final_loss"), qdisc_drops=med("qdisc_drops"),
-            other_cpu_share=med("other_cpu_share"),
-            **{f"peak_rss_{role}_mb": med(f"peak_rss_{role}_mb") for role in ROLES},
-            speedup=ratios(rs, "images_per_sec"), steady_speedup=ratios(rs, "steady_images_per_sec"),
-            bytes_ratio=ratios(rs, "kernel_bytes_per_step"),
-            steady_bytes_ratio=ratios(rs, "steady_kernel_bytes_per_step"),
-            rss_ratio=ratios(rs, "peak_rss_worker_mb"),
-            steady_seconds=med("steady_seconds"),
-            push_after_warmup=med("push_bytes_per_step_after_warmup"),
-            pull_after_warmup=med("pull_bytes_per_step_after_warmup"),
-            pull_push_ratio=_median([pull_push(r) for r in rs]),
-            server_cpu_per_step=med("server_cpu_seconds_per_step"),
-            steady_server_cpu_per_step=med("steady_server_cpu_seconds_per_step"),
-            steady_worker_cpu_per_step=med("steady_worker_cpu_seconds_per_step"),
-            **{f: med(f) for f in LINK_FIELDS},
-            failed=[f"rep {r['repeat']}: {r['status']} (exit {r['exit_code']})" for r in failed])
-        result.append(g)
+def _pull_push(r):
+    p, q = _num(r.get("push_bytes_per_step_after_warmup")), _num(r.get("pull_bytes_per_step_after_warmup"))
+    return q / p if p and q is not None else None
 
-    busy = [r for r in ok if (_num(r.get("other_cpu_share")) or 0.0) > BUSY]
+
+def _group_figures(rs, ratios):
+    """The medians of one group's ok rows rs; ratios(rs, field): the median per-repeat ratio to SSGD."""
+    med = lambda f: _median([_num(r.get(f)) for r in rs])  # noqa: E731
+    return dict(
+        images_per_sec=med("images_per_sec"), steady_images_per_sec=med("steady_images_per_sec"),
+        wall_seconds=med("wall_seconds"), steps=med("steps"),
+        kernel_bytes_per_step=med("kernel_bytes_per_step"),
+        steady_kernel_bytes_per_step=med("steady_kernel_bytes_per_step"),
+        worker_bytes_per_step=_median([_worker_bytes(r) for r in rs]),
+        final_loss=med("final_loss"), qdisc_drops=med("qdisc_drops"),
+        other_cpu_share=med("other_cpu_share"),
+        **{f"peak_rss_{role}_mb": med(f"peak_rss_{role}_mb") for role in ROLES},
+        speedup=ratios(rs, "images_per_sec"), steady_speedup=ratios(rs, "steady_images_per_sec"),
+        bytes_ratio=ratios(rs, "kernel_bytes_per_step"),
+        steady_bytes_ratio=ratios(rs, "steady_kernel_bytes_per_step"),
+        rss_ratio=ratios(rs, "peak_rss_worker_mb"),
+        steady_seconds=med("steady_seconds"),
+        push_after_warmup=med("push_bytes_per_step_after_warmup"),
+        pull_after_warmup=med("pull_bytes_per_step_after_warmup"),
+        pull_push_ratio=_median([_pull_push(r) for r in rs]),
+        server_cpu_per_step=med("server_cpu_seconds_per_step"),
+        steady_server_cpu_per_step=med("steady_server_cpu_seconds_per_step"),
+        steady_worker_cpu_per_step=med("steady_worker_cpu_seconds_per_step"),
+        **{f: med(f) for f in LINK_FIELDS})
+
+
+def _compute_bound(ok):
+    """The compute bound from the ok rows: N x the single worker's images/s, or None if not measured."""
     cb_rows = [r for r in ok if r["algorithm"] == COMPUTE_BOUND]
-    compute_bound = None
-    if cb_rows:
-        n = _num(cb_rows[0].get("bound_workers")) or _infer_workers(ok)
-        one = _median([_num(r["images_per_sec"]) for r in cb_rows])
-        one_steady = _median([_num(r.get("steady_images_per_sec")) for r in cb_rows])
-        compute_bound = {"workers": n, "single_images_per_sec": one, "single_steady_images_per_sec": one_steady,
-                         "worker_cpu_per_step": _median([_num(r.get("steady_worker_cpu_seconds_per_step"))
-                                                         for r in cb_rows]),
-                         "images_per_sec": n * one if one else None,
-                         "steady_images_per_sec": n * one_steady if one_steady else None,
-                         "runs": len(cb_rows)}
-    return {"groups": result, "compute_bound": compute_bound, "busy_runs": len(busy), "ok_runs": len(ok),
-            "topology": topology_of(rows[0]) if rows else "loopback"}
+    if not cb_rows:
+        return None
+    n = _num(cb_rows[0].get("bound_workers")) or _infer_workers(ok)
+    one = _median([_num(r["images_per_sec"]) for r in cb_rows])
+    one_steady = _median([_num(r.get("steady_images_per_sec")) for r in cb_rows])
+    return {"workers": n, "single_images_per_sec": one, "single_steady_images_per_sec": one_steady,
+            "worker_cpu_per_step": _median([_num(r.get("steady_worker_cpu_seconds_per_step")) for r in cb_rows]),
+            "images_per_sec": n * one if one else None,
+            "steady_images_per_sec": n * one_steady if one_steady else None,
+            "runs": len(cb_rows)}
 
 
 def topology_of(row):
@@ -739,82 +761,17 @@ def markdown_table(agg, title="Bandwidth-limited benchmark", topology=None):
              + (": h0 launcher + scheduler, each server and each worker on a host of its own, every host link "
                 "shaped at the rate in both directions." if hosts else
                 ": every role in one namespace, every byte crosses the one shaped loopback."), ""]
-    head = ["algorithm", "rate", "ok/runs", "img/s", "× SSGD", "steady img/s", "steady × SSGD", "% of bound"]
-    if hosts:
-        head += ["server tx KB/step (util)", "server rx KB/step (util)", "worker tx KB/step (util)",
-                 "worker rx KB/step (util)", "server CPU ms/step", "worker CPU ms/step", "rank-0 push KB/step",
-                 "rank-0 pull KB/step",
-                 "pull ÷ push", "kernel MB/step", "× SSGD bytes", "worker RSS MB", "× SSGD RSS", "server RSS MB",
-                 "final loss", "other CPU"]
-    else:
-        head += ["kernel MB/step", "× SSGD bytes", "steady kernel MB/step", "rank-0 push+pull KB/step",
-                 "worker RSS MB", "× SSGD RSS", "server RSS MB", "final loss", "other CPU"]
+    head = _table_head(hosts)
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     bound = cb and (cb["steady_images_per_sec"] or cb["images_per_sec"])
-    mb = lambda v: None if v is None else v / 1e6  # noqa: E731
-    kb = lambda v: None if v is None else v / 1e3  # noqa: E731
-    for g in groups:
-        ips = g["steady_images_per_sec"] or g["images_per_sec"]
-        pct = 100.0 * ips / bound if ips and bound else None
-        cells = [g["label"], rate_name(g["rate_mbit"]), f"{g['ok']}/{g['runs']}",
-                 _fmt(g["images_per_sec"]), _fmt(g["speedup"], "{:.2f}×"),
-                 _fmt(g["steady_images_per_sec"]), _fmt(g["steady_speedup"], "{:.2f}×"), _fmt(pct, "{:.0f}%")]
-        if hosts:
-            cpu = g["steady_server_cpu_per_step"]
-            cpu = g["server_cpu_per_step"] if cpu is None else cpu
-            ms = lambda v: _fmt(None if v is None else 1e3 * v, "{:.1f}")  # noqa: E731
-            cells += [_link_cell(g, r, d) for r in LINK_ROLES for d in ("tx", "rx")] + [
-                ms(cpu), ms(g["steady_worker_cpu_per_step"]),
-                _fmt(kb(g["push_after_warmup"]), "{:.1f}"), _fmt(kb(g["pull_after_warmup"]), "{:.1f}"),
-                _fmt(g["pull_push_ratio"], "{:.2f}×"),
-                _fmt(mb(g["kernel_bytes_per_step"]), "{:.3f}"), _fmt(g["bytes_ratio"], "{:.3f}")]
-        else:
-            cells += [_fmt(mb(g["kernel_bytes_per_step"]), "{:.3f}"), _fmt(g["bytes_ratio"], "{:.3f}"),
-                      _fmt(mb(g["steady_kernel_bytes_per_step"]), "{:.3f}"),
-                      _fmt(kb(g["worker_bytes_per_step"]), "{:.1f}")]
-        cells += [_fmt(g["peak_rss_worker_mb"], "{:.0f}"), _fmt(g["rss_ratio"], "{:.2f}×"),
-                  _fmt(g["peak_rss_server_mb"], "{:.0f}"), _fmt(g["final_loss"], "{:.3f}"),
-                  _fmt(None if g["other_cpu_share"] is None else 100 * g["other_cpu_share"], "{:.0f}%")]
-        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["| " + " | ".join(_table_cells(g, bound, hosts)) + " |" for g in groups]
     lines.append("")
-    if cb:
-        lines.append(f"Compute bound: {_fmt(cb['images_per_sec'])} img/s (steady {_fmt(cb['steady_images_per_sec'])}) "
-                     f"= {cb['workers']:g} workers × the images/s of one worker with no communication "
-                     f"({_fmt(cb['single_images_per_sec'])}, steady {_fmt(cb['single_steady_images_per_sec'])}; "
-                     f"median of {cb['runs']} run(s)), measured as a 1-worker 1-server SSD-SGD job at unlimited "
-                     "rate with no warm-up, delay 100000 (never pulls or waits) and dense asynchronous pushes"
-                     + (", on a 3-host cluster (launcher, server, worker)" if hosts else "")
-                     + (f"; its worker used {1e3 * cb['worker_cpu_per_step']:.1f} ms of CPU per step."
-                        if cb.get("worker_cpu_per_step") is not None else "."))
-    else:
-        lines.append("Compute bound: not measured.")
+    lines.append(_compute_bound_line(cb, hosts))
     comm = communication_share(agg)
     if comm:
         lines.append("SSGD communication share (1 − SSGD steady img/s ÷ compute bound): " +
                      ", ".join(f"{rate_name(r)} {100 * s:.0f}%" for r, s in comm.items()) + ".")
-    common = ("Medians over repeats; `× SSGD` columns are medians of per-repeat ratios to SSGD at the same rate "
-              "and repeat. img/s is the job's summary (all workers, all steps incl. warm-up); steady img/s is "
-              "measured between the first logged step at or after warm-up + delay and the last step (rank 0's "
-              "clock). ")
-    tail = ("RSS: peak VmHWM per role (max over processes of that role), sampled every 0.5 s. Other CPU: share of "
-            "the machine's CPU time used by processes outside the job while it ran (above ~10% the machine was "
-            "busy with other work and the timings are unreliable).")
-    if hosts:
-        lines += ["", common +
-                  "Link columns: bytes per training step that the server's host (server) and a worker's host (worker, "
-                  "mean over the worker hosts) sent (tx) and received (rx) on its eth0 in the steady window "
-                  "(TCP/IP and Ethernet headers included); in brackets the link's utilisation in that window, "
-                  "bytes × 8 ÷ (rate × window seconds), not shown for unlimited links. Server CPU: CPU seconds "
-                  "of the server processes per step in the steady window (sampled every 0.1 s); worker CPU: the "
-                  "same for the worker processes, per worker. Rank-0 push/pull: "
-                  "the payload bytes rank 0's client accounts per step after the warm-up; pull ÷ push is their "
-                  "ratio. Kernel bytes: the sum of every host's eth0 tx (each byte once) per training step, whole "
-                  "job (start-up and evaluation included). " + tail]
-    else:
-        lines += ["", common +
-                  "Kernel bytes: tx bytes of the namespace's loopback (each byte once; includes start-up, "
-                  "evaluation and TCP/IP headers) per training step; steady kernel MB/step counts only the steady "
-                  "window. Rank-0 push+pull: the bytes rank 0's client accounts per step (payload only). " + tail]
+    lines += ["", _table_notes(hosts)]
     if agg.get("busy_runs"):
         lines += ["", f"**Warning:** in {agg['busy_runs']} of {agg['ok_runs']} successful runs other processes used "
                       f"more than {BUSY:.0%} of the machine's CPU (column `other CPU`); their timings are skewed. "
@@ -826,6 +783,89 @@ def markdown_table(agg, title="Bandwidth-limited benchmark", topology=None):
     if targets:
         lines += ["", "Targets:"] + [f"- {t}" for t in targets]
     return "\n".join(lines) + "\n"
+
+
+def _table_head(hosts):
+    head = ["algorithm", "rate", "ok/runs", "img/s", "× SSGD", "steady img/s", "steady × SSGD", "% of bound"]
+    if hosts:
+        return head + ["server tx KB/step (util)", "server rx KB/step (util)", "worker tx KB/step (util)",
+                       "worker rx KB/step (util)", "server CPU ms/step", "worker CPU ms/step", "rank-0 push KB/step",
+                       "rank-0 pull KB/step",
+                       "pull ÷ push", "kernel MB/step", "× SSGD bytes", "worker RSS MB", "× SSGD RSS",
+                       "server RSS MB", "final loss", "other CPU"]
+    return head + ["kernel MB/step", "× SSGD bytes", "steady kernel MB/step", "rank-0 push+pull KB/step",
+                   "worker RSS MB", "× SSGD RSS", "server RSS MB", "final loss", "other CPU"]
+
+
+def _scaled(v, unit):
+    return None if v is None else v / unit
+
+
+def _ms(seconds):
+    return None if seconds is None else 1e3 * seconds
+
+
+def _table_cells(g, bound, hosts):
+    """One group's cells, in _table_head's order; bound: the compute bound's images/s (or None)."""
+    ips = g["steady_images_per_sec"] or g["images_per_sec"]
+    pct = 100.0 * ips / bound if ips and bound else None
+    cells = [g["label"], rate_name(g["rate_mbit"]), f"{g['ok']}/{g['runs']}",
+             _fmt(g["images_per_sec"]), _fmt(g["speedup"], "{:.2f}×"),
+             _fmt(g["steady_images_per_sec"]), _fmt(g["steady_speedup"], "{:.2f}×"), _fmt(pct, "{:.0f}%")]
+    if hosts:
+        cpu = g["steady_server_cpu_per_step"]
+        cpu = g["server_cpu_per_step"] if cpu is None else cpu
+        cells += [_link_cell(g, r, d) for r in LINK_ROLES for d in ("tx", "rx")] + [
+            _fmt(_ms(cpu)), _fmt(_ms(g["steady_worker_cpu_per_step"])),
+            _fmt(_scaled(g["push_after_warmup"], 1e3), "{:.1f}"), _fmt(_scaled(g["pull_after_warmup"], 1e3), "{:.1f}"),
+            _fmt(g["pull_push_ratio"], "{:.2f}×"),
+            _fmt(_scaled(g["kernel_bytes_per_step"], 1e6), "{:.3f}"), _fmt(g["bytes_ratio"], "{:.3f}")]
+    else:
+        cells += [_fmt(_scaled(g["kernel_bytes_per_step"], 1e6), "{:.3f}"), _fmt(g["bytes_ratio"], "{:.3f}"),
+                  _fmt(_scaled(g["steady_kernel_bytes_per_step"], 1e6), "{:.3f}"),
+                  _fmt(_scaled(g["worker_bytes_per_step"], 1e3), "{:.1f}")]
+    return cells + [_fmt(g["peak_rss_worker_mb"], "{:.0f}"), _fmt(g["rss_ratio"], "{:.2f}×"),
+                    _fmt(g["peak_rss_server_mb"], "{:.0f}"), _fmt(g["final_loss"], "{:.3f}"),
+                    _fmt(None if g["other_cpu_share"] is None else 100 * g["other_cpu_share"], "{:.0f}%")]
+
+
+def _compute_bound_line(cb, hosts):
+    if not cb:
+        return "Compute bound: not measured."
+    return (f"Compute bound: {_fmt(cb['images_per_sec'])} img/s (steady {_fmt(cb['steady_images_per_sec'])}) "
+            f"= {cb['workers']:g} workers × the images/s of one worker with no communication "
+            f"({_fmt(cb['single_images_per_sec'])}, steady {_fmt(cb['single_steady_images_per_sec'])}; "
+            f"median of {cb['runs']} run(s)), measured as a 1-worker 1-server SSD-SGD job at unlimited "
+            "rate with no warm-up, delay 100000 (never pulls or waits) and dense asynchronous pushes"
+            + (", on a 3-host cluster (launcher, server, worker)" if hosts else "")
+            + (f"; its worker used {1e3 * cb['worker_cpu_per_step']:.1f} ms of CPU per step."
+               if cb.get("worker_cpu_per_step") is not None else "."))
+
+
+def _table_notes(hosts):
+    """The paragraph under the table that says what its columns measure."""
+    common = ("Medians over repeats; `× SSGD` columns are medians of per-repeat ratios to SSGD at the same rate "
+              "and repeat. img/s is the job's summary (all workers, all steps incl. warm-up); steady img/s is "
+              "measured between the first logged step at or after warm-up + delay and the last step (rank 0's "
+              "clock). ")
+    tail = ("RSS: peak VmHWM per role (max over processes of that role), sampled every 0.5 s. Other CPU: share of "
+            "the machine's CPU time used by processes outside the job while it ran (above ~10% the machine was "
+            "busy with other work and the timings are unreliable).")
+    if hosts:
+        return (common +
+                "Link columns: bytes per training step that the server's host (server) and a worker's host (worker, "
+                "mean over the worker hosts) sent (tx) and received (rx) on its eth0 in the steady window "
+                "(TCP/IP and Ethernet headers included); in brackets the link's utilisation in that window, "
+                "bytes × 8 ÷ (rate × window seconds), not shown for unlimited links. Server CPU: CPU seconds "
+                "of the server processes per step in the steady window (sampled every 0.1 s); worker CPU: the "
+                "same for the worker processes, per worker. Rank-0 push/pull: "
+                "the payload bytes rank 0's client accounts per step after the warm-up; pull ÷ push is their "
+                "ratio. Kernel bytes: the sum of every host's eth0 tx (each byte once) per training step, whole "
+                "job (start-up and evaluation included). " + tail)
+    return (common +
+            "Kernel bytes: tx bytes of the namespace's loopback (each byte once; includes start-up, "
+            "evaluation and TCP/IP headers) per training step; steady kernel MB/step counts only the steady "
+            "window. Rank-0 push+pull: the bytes rank 0's client accounts per step (payload only). " + tail)
 
 
 def communication_share(agg):
@@ -1037,28 +1077,42 @@ def main(argv=None):
         print(f"bench_network: {e}", file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
-    bound_workers = max(j["workers"] for j in jobs if j["key"] != COMPUTE_BOUND) if any(
-        j["key"] != COMPUTE_BOUND for j in jobs) else 1
-    fields = FIELDS
     mode = "a" if args.append and os.path.exists(csv_path) else "w"
     if mode == "a":
         with open(csv_path, newline="") as f:
             header = next(csv.reader(f), None)
-        if header != fields:
+        if header != FIELDS:
             print(f"bench_network: {csv_path} has other columns; not appending", file=sys.stderr)
             return 2
+    # With --append, runs.csv also holds the rows of the earlier runs the manifest no longer names.
+    write_manifest(args.out, [args.config], finished=False, appended=mode == "a")
+    t_suite = time.monotonic()
+    status = _run_suite(jobs, args, csv_path, mode)
+    wall = time.monotonic() - t_suite
+    write_manifest(args.out, [args.config], finished=True, appended=mode == "a", jobs=len(jobs), exit_status=status)
+    title = f"Bandwidth-limited benchmark ({args.steps} steps, {args.repeats} repeat(s), suite wall time {wall:.0f} s)"
+    if os.path.exists(csv_path):
+        text = write_table(csv_path, args.out, title)
+        print()
+        print(text)
+        print(f"bench_network: {csv_path}, {os.path.join(args.out, 'table.md')}")
+    return status
 
+
+def _run_suite(jobs, args, csv_path, mode):
+    """Run the jobs, one CSV row each as it ends (mode "a": appended to runs.csv). Returns the exit
+    status: 0, 130 when interrupted, 1 when the namespace set-up failed."""
+    bound_workers = max(j["workers"] for j in jobs if j["key"] != COMPUTE_BOUND) if any(
+        j["key"] != COMPUTE_BOUND for j in jobs) else 1
     old_term = stop_on_sigterm()          # SIGTERM stops like Ctrl-C: the running job is cleaned up
     # Ctrl-C must stop the suite cleanly even when we were started with SIGINT ignored (e.g. `cmd &`).
     old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
-    t_suite = time.monotonic()
-    interrupted = setup_error = False
     print(f"bench_network: {len(jobs)} jobs, {args.steps} steps each, rates "
           f"{', '.join(rate_name(r) for r in args.rate_list)}, topology {TOPOLOGIES[args.topology]}; "
           f"results in {args.out}", flush=True)
     try:
         with open(csv_path, mode, newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=fields)
+            writer = csv.DictWriter(f, fieldnames=FIELDS)
             if mode == "w":
                 writer.writeheader()
             for i, job in enumerate(jobs, 1):
@@ -1070,31 +1124,28 @@ def main(argv=None):
                 row["bound_workers"] = bound_workers if job["key"] == COMPUTE_BOUND else ""
                 writer.writerow(row)
                 f.flush()
-                print(f"{row['status']} (exit {row['exit_code']}) {_fmt(_num(row['images_per_sec']))} img/s, "
-                      f"steady {_fmt(_num(row['steady_images_per_sec']))}, kernel "
-                      f"{_fmt(_num(row['kernel_bytes_per_step']), '{:,.0f}')} B/step, "
-                      + (f"server link steady tx/rx {_fmt(_num(row['steady_server_tx_bytes_per_step']), '{:,.0f}')}/"
-                         f"{_fmt(_num(row['steady_server_rx_bytes_per_step']), '{:,.0f}')} B/step, "
-                         if args.topology == "hosts" else "")
-                      + f"{row['job_seconds']} s" + (f" -- {row['error']}" if row["error"] else ""), flush=True)
+                print(_progress(row, args.topology == "hosts"), flush=True)
     except KeyboardInterrupt:
-        interrupted = True
         print("\nbench_network: interrupted; the running job and its namespace were cleaned up", file=sys.stderr)
+        return 130
     except netns.NetnsError as e:           # the set-up itself is broken: every further job would fail too
-        interrupted = True
         print(f"\nbench_network: stopping the suite: {e}", file=sys.stderr)
-        setup_error = True
+        return 1
     finally:
         signal.signal(signal.SIGTERM, old_term)
         signal.signal(signal.SIGINT, old_int)
-    wall = time.monotonic() - t_suite
-    title = f"Bandwidth-limited benchmark ({args.steps} steps, {args.repeats} repeat(s), suite wall time {wall:.0f} s)"
-    if os.path.exists(csv_path):
-        text = write_table(csv_path, args.out, title)
-        print()
-        print(text)
-        print(f"bench_network: {csv_path}, {os.path.join(args.out, 'table.md')}")
-    return (130 if interrupted else 0) if not setup_error else 1
+    return 0
+
+
+def _progress(row, hosts):
+    """The line printed when a job ends."""
+    return (f"{row['status']} (exit {row['exit_code']}) {_fmt(_num(row['images_per_sec']))} img/s, "
+            f"steady {_fmt(_num(row['steady_images_per_sec']))}, kernel "
+            f"{_fmt(_num(row['kernel_bytes_per_step']), '{:,.0f}')} B/step, "
+            + (f"server link steady tx/rx {_fmt(_num(row['steady_server_tx_bytes_per_step']), '{:,.0f}')}/"
+               f"{_fmt(_num(row['steady_server_rx_bytes_per_step']), '{:,.0f}')} B/step, "
+               if hosts else "")
+            + f"{row['job_seconds']} s" + (f" -- {row['error']}" if row["error"] else ""))
 
 
 if __name__ == "__main__":

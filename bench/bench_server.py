@@ -5,15 +5,17 @@ For each model size, codec and number of simulated workers N, every round feeds 
 (ranks 0..N-1) to the BufferStates of the model's buffers and sums time.process_time() around each
 receive() call; the last call of a round also applies it (the O(size) momentum update, once per
 round). Reported: the median over the measured rounds (one warm-up round first), per round and per
-value sent. "old" is the server as it was before this change (commit bec0361), reimplemented below
-verbatim: every sparse message densified (np.zeros(size) + np.add.at) and a zero accumulator
-allocated per message; "new" is ssdsgd.ps.rounds.BufferState. Both get the same messages in the same
-order and must end with bit-identical weights (checked). Sparse messages are 1% top-k-like: k =
-floor(density * buffer size) distinct uniform random indices per worker and buffer, normal values.
+value sent. "old" is the server as it was before this change (commit bec0361): what its receive()
+did differently is reimplemented below (OldFormat: every sparse message densified, np.zeros(size) +
+np.add.at, and a zero accumulator allocated per message) and fed to ssdsgd.ps.rounds.BufferState,
+which sums and applies a round as it did then; "new" is BufferState with its own WireFormat. Both
+get the same messages in the same order and must end with bit-identical weights (checked). Sparse
+messages are 1% top-k-like: k = floor(density * buffer size) distinct uniform random indices per worker
+and buffer, normal values.
 Buffers are capped at 2**24 elements (codec.MAX_BUFFER_ELEMENTS), so a larger model is split into
 equal buffers, as the server would hold them.
 
-    OMP_NUM_THREADS=1 nice -n 19 python scripts/bench_server.py      # -> results/bench_server/
+    OMP_NUM_THREADS=1 nice -n 19 python bench/bench_server.py      # -> results/bench_server/
 """
 import argparse
 import csv
@@ -24,40 +26,34 @@ import time
 
 import numpy as np
 
-from ssdsgd.compression.codec import MAX_BUFFER_ELEMENTS, MailboxFormat
-from ssdsgd.ps.rounds import BufferState, RoundError
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
+from scripts.results_io import write_manifest
+from ssdsgd.compression.codec import MAX_BUFFER_ELEMENTS, WireFormat
+from ssdsgd.ps.rounds import BufferState
 
 MODELS = {"resnet20": 272_474, "resnet50": 25_557_032}
 
 
-class OldBufferState(BufferState):
-    """receive() and the sparse decoder as they were at commit bec0361 (fp32 wire)."""
+class OldFormat:
+    """The fp32 mailbox as the server read it at commit bec0361, for BufferState.receive to sum and
+    apply as it did then: every sparse message densified (np.zeros + np.add.at), and a zero
+    accumulator allocated for every message (the default argument of its pending.setdefault)."""
 
-    def receive(self, message, stage=0):
-        fmt = self.formats[stage]
-        rnd, rank, payload = int(message[0]), int(message[1]), message[fmt.header:]
-        if fmt.codec == "dense":
-            grad = payload
-        else:
-            k = fmt.k
-            idx = payload[:k].astype(np.int64)
-            if idx.size and (idx.min() < 0 or idx.max() >= self.size):
-                raise ValueError("sparse payload index out of range")
-            grad = np.zeros(self.size, np.float32)
-            np.add.at(grad, idx, payload[k:].astype(np.float32))
-        if not 0 <= rank < self.num_workers:
-            raise RoundError(f"mailbox from rank {rank}, but the job has {self.num_workers} workers")
-        entry = self.pending.setdefault(rnd, [np.zeros(self.size, np.float32), set()])
-        if rank in entry[1]:
-            raise RoundError(f"rank {rank} pushed round {rnd} twice")
-        entry[0] += grad
-        entry[1].add(rank)
-        applied = 0
-        while self.version in self.pending and len(self.pending[self.version][1]) == self.num_workers:
-            grad_sum, _ = self.pending.pop(self.version)
-            self.apply(grad_sum)
-            applied += 1
-        return applied
+    def __init__(self, codec, size, k):
+        self.codec, self.size, self.k = codec, size, k
+
+    def parse(self, message):
+        rnd, rank, payload = int(message[0]), int(message[1]), message[2:]
+        np.zeros(self.size, np.float32)           # the per-message accumulator of old, dropped unused
+        if self.codec == "dense":
+            return rnd, rank, payload
+        idx = payload[:self.k].astype(np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.size):
+            raise ValueError("sparse payload index out of range")
+        grad = np.zeros(self.size, np.float32)
+        np.add.at(grad, idx, payload[self.k:].astype(np.float32))
+        return rnd, rank, grad
 
 
 def split(size):
@@ -66,9 +62,7 @@ def split(size):
 
 
 def make_format(codec, size, k):
-    fmt = MailboxFormat(codec, size, k)
-    fmt.codec, fmt.k = codec, k          # for OldBufferState
-    return fmt
+    return WireFormat(codec, size, k if codec == "sparse" else None)
 
 
 def payloads(rng, codec, size, k, count):
@@ -84,12 +78,13 @@ def payloads(rng, codec, size, k, count):
     return out
 
 
-def run_rounds(cls, sizes, ks, codec, workers, pools, rounds, warmup=1):
-    """Per-round CPU seconds (warm-up rounds dropped) and the final weights of every buffer."""
+def run_rounds(fmt, sizes, ks, codec, workers, pools, rounds, warmup=1):
+    """Per-round CPU seconds (warm-up rounds dropped) and the final weights of every buffer, the
+    messages read by the formats `fmt(codec, size, k)` makes (OldFormat or make_format's WireFormat)."""
     schedule = lambda t: 0.1                                   # noqa: E731
     states = []
     for b, (size, k) in enumerate(zip(sizes, ks)):
-        st = cls(size, workers, 32, 0.9, 1e-4, schedule, [make_format(codec, size, k)])
+        st = BufferState(size, workers, 32, 0.9, 1e-4, schedule, [fmt(codec, size, k)])
         st.bind(np.random.default_rng(100 + b).standard_normal(size, dtype=np.float32))
         states.append(st)
     times = []
@@ -161,8 +156,8 @@ def scatter_methods(size, k, reps=5):
 def measure(model, sizes, codec, density, n, pools, rounds, sweep):
     """Old and new on the same messages: two rows (their weights must be bit-identical)."""
     ks = [int(density * s) if codec == "sparse" else s for s in sizes]
-    res = {impl: run_rounds(cls, sizes, ks, codec, n, pools, rounds)
-           for impl, cls in (("old", OldBufferState), ("new", BufferState))}
+    res = {impl: run_rounds(fmt, sizes, ks, codec, n, pools, rounds)
+           for impl, fmt in (("old", OldFormat), ("new", make_format))}
     identical = all(np.array_equal(a, b) for a, b in zip(res["old"][1], res["new"][1]))
     if not identical:
         sys.exit(f"{model} {codec} N={n} density={density}: old and new weights differ")
@@ -248,12 +243,13 @@ def main(argv=None):
             w.writeheader()
             w.writerows(data)
     write_table(args, rows, fits, methods, load0, load1, time.time() - wall0, time.process_time() - cpu0)
+    write_manifest(args.out, [])
 
 
 def write_table(args, rows, fits, methods, load0, load1, wall, cpu):
     get = {(r["sweep"], r["model"], r["codec"], r["impl"], r["workers"], r["density"]): r for r in rows}
     lines = ["# Server CPU per round: BufferState.receive(), old (dense materialisation) vs new (scatter-add)", "",
-             f"`OMP_NUM_THREADS=1 nice -n 19 python scripts/bench_server.py` "
+             f"`OMP_NUM_THREADS=1 nice -n 19 python bench/bench_server.py` "
              f"({' '.join(sys.argv[1:]) or 'defaults'}); numpy {np.__version__}, Python "
              f"{platform.python_version()}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores. "
              f"time.process_time() summed over the receive() calls of a round (the last one applies the round), "

@@ -1,6 +1,6 @@
 """Probe MXNet's own 2-bit gradient compression on dist_sync: push, then pull, compare with the expected round.
 
-    python launch/launch.py -n 4 -s 4 python scripts/probe_2bit.py [--nrep 7] [--waitall]
+    python launch/launch.py -n 4 -s 4 python bench/probe_2bit.py [--nrep 7] [--waitall]
 
 Every worker pulls a key, pushes a random gradient (all workers the same one), pulls again, and checks that
 the difference is the 2-bit quantized gradient (with its residual) x workers x rescale, as MXNet's nightly

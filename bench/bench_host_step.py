@@ -4,7 +4,7 @@ spends besides waiting for the servers, on this machine's CPU, in one process wi
 The worker's three pieces of the steps-delay stage, on the real client (RoundClient with a stand-in
 KVStore) and a real model's gradients:
   land    a landed ring pull: read the ring, bring the replica up to date, load the weights into
-          the parameters and refresh the local optimizer (RoundClient._land_ring);
+          the parameters and refresh the local optimizer (RoundClient._apply_pull: Downlink.land);
   local   the local update with this worker's gradient (RoundClient._local_update);
   encode  error feedback, top-k and the mailbox message (the buffer's SparseEncoder.message).
 The servers' side is ssdsgd.ps.rounds.BufferState with the client's own downlink ring: each round sums
@@ -20,7 +20,7 @@ either way.
 Reported: the median milliseconds per step of each piece, and a forward and backward pass of the
 model in the same process for scale.
 
-    OMP_NUM_THREADS=1 python scripts/bench_host_step.py [--config configs/fmnist_resnet20_ssd_topk.yaml] \
+    OMP_NUM_THREADS=1 python bench/bench_host_step.py [--config configs/fmnist_resnet20_ssd_topk.yaml] \
         [--set compression.density=0.1 ...] [--steps 40] [--out results/bench_host_step]
 """
 import argparse
@@ -31,9 +31,11 @@ import sys
 import time
 
 import numpy as np
-from results_io import write_csv, write_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
+from scripts.results_io import write_csv, write_manifest, write_text
+
 # The time-to-accuracy setting of the README's Fashion-MNIST runs.
 DEFAULT_SETS = ["compression.density=0.1", "compression.momentum_masking=false", "model.hybridize=false"]
 
@@ -58,8 +60,8 @@ def build(cfg_path, sets):
     import mxnet as mx
     from mxnet import autograd
 
-    from ssdsgd.algorithms.ssd import RoundClient, density_stage
-    from ssdsgd.compression.codec import MailboxFormat
+    from ssdsgd.algorithms.policy import density_stage
+    from ssdsgd.algorithms.ssd import RoundClient
     from ssdsgd.config import load_config
     from ssdsgd.ps.rounds import DownlinkRing, RingLayout
     from ssdsgd.schedule import LRSchedule
@@ -90,18 +92,18 @@ def build(cfg_path, sets):
     client = RoundClient(_StandInKV(), params, cfg, schedule, log=None, total_steps=total,
                          steps_per_epoch=steps_per_epoch)
     client._plan()
-    if len(client.buffers) != 1 or client.downlink[0] is None:
+    if len(client.buffers) != 1 or client.downlink.plans[0] is None:
         raise SystemExit("error: the plan has no sparse downlink ring for its buffer")
     flat = np.concatenate([params[i].data().asnumpy().ravel() for i in client.buffers[0].params])   # buffer order
-    replica = client.replicas[0]
+    replica = client.downlink.replicas[0]
     replica.bind(flat, version=client.warmup)
     client.versions = [client.warmup]
     stage = density_stage(client.warmup, steps_per_epoch, len(client.stages))
-    ring = client.downlink[0]["rings"][stage]
+    ring = client.downlink.plans[0]["rings"][stage]
     server = copy.deepcopy(replica)
     b = client.stages[stage][0][0]
-    server.formats = [MailboxFormat("sparse", b.size, b.k, b.fp16, b.bitmap)]
-    server.ring = DownlinkRing(RingLayout.of_plan(b.size, client.downlink[0], ring))
+    server.formats = [b.wire]
+    server.ring = DownlinkRing(RingLayout.of_plan(b.size, client.downlink.plans[0], ring))
     return client, params, server, stage, fwd_bwd
 
 
@@ -112,14 +114,15 @@ def measure(client, params, server, stage, fwd_bwd, steps):
     from ssdsgd.ps.rounds import RingLayout, read_ring
     grads = [p.grad() for p in params]
     encoder = client.stages[stage][1][0]
-    ring_buf = client.ring_bufs[0][stage]
-    layout = RingLayout.of_plan(client.buffers[0].size, client.downlink[0], client.downlink[0]["rings"][stage])
+    ring_buf = client.downlink.ring_bufs[0][stage]
+    down = client.downlink.plans[0]
+    layout = RingLayout.of_plan(client.buffers[0].size, down, down["rings"][stage])
     # the per-parameter way works on copies of the same weights, states and replica; the local update
     # (the same either way) runs on both
     old_w = [p.data().copy() for p in params]
     old_s = [s.copy() for s in client.local_states]
     old_opt = copy.deepcopy(client.local_opt)
-    old_rep = copy.deepcopy(client.replicas[0])
+    old_rep = copy.deepcopy(client.downlink.replicas[0])
 
     def old_local():
         for i, (w, g, s) in enumerate(zip(old_w, grads, old_s)):
@@ -133,7 +136,7 @@ def measure(client, params, server, stage, fwd_bwd, steps):
         encoder.grad_views.copy_to(encoder.grads_flat)
         encoder.grads_flat.array.asnumpy()
 
-    pieces = {"land_flat": lambda: client._land_ring(0), "land_per_parameter": old_land,
+    pieces = {"land_flat": lambda: client._apply_pull(0), "land_per_parameter": old_land,
               "local": client._local_update, "local_on_the_copies": old_local,
               "gradient_copy_flat": flat_copy,
               "gradient_copy_per_parameter": lambda: flatten(grads).asnumpy()}
@@ -147,7 +150,7 @@ def measure(client, params, server, stage, fwd_bwd, steps):
         if server.receive(msg) != 1:
             raise SystemExit(f"error: round {step} was not applied on the server")
         ring_buf[:] = server.ring.array
-        client.pulled_ring[0] = stage
+        client.downlink.pulled[0] = stage
         # the order the client runs them in (land, then the local update), each way first every other step
         order = ["land_flat", "land_per_parameter", "local", "local_on_the_copies", "gradient_copy_flat",
                  "gradient_copy_per_parameter"]
@@ -212,9 +215,9 @@ def main(argv=None):
     write_csv(os.path.join(args.out, "steps.csv"), rows)
     text = table(rows, args, sets)
     write_text(os.path.join(args.out, "table.md"), text)
+    write_manifest(args.out, [args.config], sets=sets)
     print(text)
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, ROOT)
     main()

@@ -1,0 +1,145 @@
+"""Setting a worker's run up: the KVStore, the run folder (chosen by the front end, or by rank 0 under
+another launcher), the data, the model, the client, and on --resume this worker's checkpoint.
+"""
+import os
+import time
+
+import numpy as np
+
+from ssdsgd.env import LOCKED_ENV, RUN_DIR_ENV
+from ssdsgd.worker.models import aux_params, build_eval_net, build_net, load_net_state
+
+
+class Run:
+    """What one worker's job is made of (built by start_run), passed to the loop's helpers."""
+
+    def __init__(self, **parts):
+        self.__dict__.update(parts)
+
+
+def start_run(cfg, resume, overwrite):
+    """The KVStore, the run folder, the data, the model and the client, set up (and resumed)."""
+    from mxnet import gluon
+
+    from ssdsgd.algorithms import create_kvstore, make_client
+    from ssdsgd.faults import FaultPlan
+    from ssdsgd.metrics import MetricsLog
+    from ssdsgd.ps.eval_tally import EvalTally
+    from ssdsgd.schedule import schedule_from_config
+    from ssdsgd.worker.data import data_from_config
+    # The kvstore must exist before we know our rank; its type depends only on the config.
+    kv = create_kvstore(cfg)
+    rank, nworkers = kv.rank, kv.num_workers
+    if nworkers != cfg.cluster.workers:
+        raise RuntimeError(f"cluster.workers is {cfg.cluster.workers} but the job has {nworkers} workers")
+    held, out_dir, point = _prepare_run_folder(cfg, kv, resume, overwrite)
+    data = data_from_config(cfg, rank, nworkers)
+    steps_per_epoch = data.train.steps_per_epoch
+    total_steps = cfg.train.epochs * steps_per_epoch
+    if cfg.train.max_steps is not None:
+        total_steps = min(total_steps, cfg.train.max_steps)
+
+    net, params = build_net(cfg, data.num_classes, data.image_shape)
+    eval_net = build_eval_net(cfg, net)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    resume_dir, manifest = point if resume else (None, None)
+    start_epoch, step, saved, saved_counters = 0, 0, None, None
+    if resume:
+        start_epoch, step, saved, saved_counters = _load_checkpoint(point, rank, net, params, steps_per_epoch)
+    # A resumed run appends to its metrics, dropping what a failed attempt logged after the checkpoint.
+    log = MetricsLog(out_dir, rank, keep_until_step=step if resume else None,
+                     tensorboard=cfg.log.tensorboard and rank == 0)
+    schedule = schedule_from_config(cfg.train, steps_per_epoch)
+    client = make_client(cfg, kv, params, schedule, log, total_steps=total_steps, steps_per_epoch=steps_per_epoch,
+                         measure_backward=lambda: _time_backward(net, loss_fn, data.train, params))
+    client.setup(resume_dir, saved[1] if saved else None, manifest.get("plan") if resume else None)
+    if saved is not None:
+        client.load_state(*saved)
+    tally = EvalTally(kv) if cfg.train.eval_workers == "all" else None
+    run = Run(cfg=cfg, kv=kv, out_dir=out_dir, log=log, data=data, net=net, eval_net=eval_net, params=params,
+              loss_fn=loss_fn, schedule=schedule, client=client, total_steps=total_steps,
+              steps_per_epoch=steps_per_epoch, start_epoch=start_epoch, step=step, saved_counters=saved_counters,
+              faults=FaultPlan(rank), tally=tally)
+    if rank == 0:
+        _print_start(run, steps_per_epoch)
+    return run, held
+
+
+def _load_checkpoint(point, rank, net, params, steps_per_epoch):
+    """This worker's part of the checkpoint to resume from (point: its folder and manifest, verified):
+    the weights and BatchNorm statistics loaded into net; (epochs done, steps done, (arrays, meta) for
+    the client, the saved counters)."""
+    from ssdsgd import checkpoint as ckpt
+    resume_dir, manifest = point
+    arrays, meta = ckpt.load_npz(os.path.join(resume_dir, ckpt.worker_file(rank)))
+    load_net_state(net, params, arrays)
+    ckpt.check_against_run(manifest, resume_dir, steps_per_epoch, meta)
+    start_epoch, step = manifest["epochs_done"], manifest["step"]
+    saved_counters = meta.pop("counters")
+    if rank == 0:
+        print(f"resuming from {resume_dir}: {start_epoch} epochs, {step} steps done", flush=True)
+    return start_epoch, step, (arrays, meta), saved_counters
+
+
+def _prepare_run_folder(cfg, kv, resume, overwrite):
+    """(folder locks, run folder, the verified checkpoint to resume from or None). Under ssdsgd.launch.run the
+    front end chose the run folder and holds the locks (SSDSGD_RUN_DIR); under another launcher rank 0
+    does both (folders.prepare, locks held until this process ends) and the other workers, after a
+    barrier, take the folder the resumed checkpoint records or the one `latest` points at. Rank 0 writes
+    the run's config: config.yaml for a new run, config.resume-step<N>.yaml for each resume (the first
+    one stays)."""
+    from ssdsgd import folders
+    from ssdsgd.checkpoint import resume_point
+    from ssdsgd.config import dump_config
+    from ssdsgd.metrics import CONFIG_FILE
+    held, out_dir, point = [], os.environ.get(RUN_DIR_ENV), None
+    if not os.environ.get(LOCKED_ENV):
+        # Started by another launcher than ssdsgd.launch.run: nobody opens a file in the run folder before
+        # rank 0 has chosen it and holds the locks.
+        if kv.rank == 0:
+            held, out_dir = folders.prepare(cfg, resume, overwrite, "rank 0 of a job started without ssdsgd.launch.run")
+        kv._barrier()
+    if resume:
+        point = resume_point(cfg)              # (folder, manifest), verified once per worker
+    if not os.environ.get(LOCKED_ENV) and kv.rank != 0:
+        out_dir = (folders.resumed_run_folder(point[1]) if resume else None) or folders.latest_run_folder(cfg)
+    if not out_dir or not os.path.isdir(out_dir):
+        raise RuntimeError(f"the run folder {out_dir!r} does not exist (the front end or rank 0 makes it)")
+    if kv.rank == 0:
+        name = CONFIG_FILE
+        if resume:
+            name = f"config.resume-step{point[1]['step']}.yaml"
+        dump_config(cfg, os.path.join(out_dir, name))
+    return held, out_dir, point
+
+
+def _print_start(run, steps_per_epoch):
+    from ssdsgd.ps.commands import num_servers
+    cfg = run.cfg
+    print(f"{cfg.name}: {cfg.algorithm.type} + compression {cfg.compression.type}, {run.kv.num_workers} workers, "
+          f"{num_servers(run.kv)} servers, {steps_per_epoch} steps/epoch, {run.total_steps} steps, "
+          f"{sum(p.data().size for p in run.params)} parameters", flush=True)
+
+
+def _time_backward(net, loss_fn, train_set, params, repeats=3):
+    """Median seconds of one backward pass on a real batch (for the fusion cost model).
+
+    BatchNorm running statistics are restored afterwards, so the probe leaves no trace."""
+    import mxnet as mx
+    from mxnet import autograd
+    aux = aux_params(net)
+    saved = [p.data().copy() for p in aux]
+    data, label = next(iter(train_set.epoch(0)))
+    times = []
+    for _ in range(repeats):
+        with autograd.record():
+            loss = loss_fn(net(data), label)
+        mx.nd.waitall()
+        t0 = time.perf_counter()
+        loss.backward()
+        mx.nd.waitall()
+        times.append(time.perf_counter() - t0)
+    for p, s in zip(aux, saved):
+        s.copyto(p.data())
+    return float(np.median(times))

@@ -11,8 +11,11 @@ import time
 
 import pytest
 
-from ssdsgd.launch import launcher as launch
-from ssdsgd.launch.launcher import Host, UsageError, build_ssh_commands, read_hostfile, run_job
+from ssdsgd.launch import job_dir
+from ssdsgd.launch.hosts import Host, read_hostfile, read_hosts
+from ssdsgd.launch.launcher import run_job
+from ssdsgd.launch.plan import build_ssh_commands
+from ssdsgd.launch.usage import UsageError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(REPO, 'launch', 'launch.py')
@@ -150,6 +153,7 @@ def test_success_and_environment(toy_dir, capsys, monkeypatch):
         assert env['DMLC_NUM_SERVER'] == '2'
         assert env['DMLC_NODE_HOST'] == '127.0.0.1'
         assert env['DMLC_INTERFACE'] == 'lo'
+        assert env['DMLC_JOB_CLUSTER'] == 'local'
         assert env['OMP_NUM_THREADS'] == '1'
         assert env['TOY_DIR'] == toy_dir
         assert env['SSDSGD_JOB_SECRET'] == secret
@@ -294,7 +298,7 @@ def test_children_die_with_sigkilled_launcher(toy_dir, tmp_path):
     assert {name: pid for name, pid in pids.items() if not _is_gone(pid)} == {}
     left = [str(tmp_path / n) for n in os.listdir(tmp_path) if n.startswith('ssdsgd-launch-')]
     assert len(left) == 1
-    assert launch.remove_stale_job_dirs(str(tmp_path), 'ssdsgd-launch-') == left
+    assert job_dir.remove_stale_job_dirs(str(tmp_path), 'ssdsgd-launch-') == left
     assert not os.path.exists(left[0])
 
 
@@ -302,12 +306,12 @@ def test_stale_job_dirs_only_of_gone_launchers_on_this_host(tmp_path):
     gone = subprocess.Popen(['true'])
     gone.wait()
     owners = {'gone': f'{socket.gethostname()} {gone.pid} 123', 'alive': f'{socket.gethostname()} {os.getpid()} '
-              f'{launch._start_time(os.getpid())}', 'other-host': f'elsewhere {gone.pid} 123', 'no-owner': None}
+              f'{job_dir.start_time(os.getpid())}', 'other-host': f'elsewhere {gone.pid} 123', 'no-owner': None}
     for name, owner in owners.items():
         (tmp_path / f'ssdsgd-launch-{name}').mkdir()
         if owner:
-            (tmp_path / f'ssdsgd-launch-{name}' / launch.OWNER_FILE).write_text(owner)
-    assert launch.remove_stale_job_dirs(str(tmp_path), 'ssdsgd-launch-') == [str(tmp_path / 'ssdsgd-launch-gone')]
+            (tmp_path / f'ssdsgd-launch-{name}' / job_dir.OWNER_FILE).write_text(owner)
+    assert job_dir.remove_stale_job_dirs(str(tmp_path), 'ssdsgd-launch-') == [str(tmp_path / 'ssdsgd-launch-gone')]
     assert sorted(os.listdir(tmp_path)) == ['ssdsgd-launch-alive', 'ssdsgd-launch-no-owner',
                                             'ssdsgd-launch-other-host']
 
@@ -437,15 +441,15 @@ def test_mpi_slots_placement():
 def test_host_list_as_horovodrun_and_mpirun_take_it(tmp_path, monkeypatch):
     """-H h1:2,h2:2 is host:slots, comma-separated; a file of that name, or a single bare name, is a host file."""
     monkeypatch.chdir(tmp_path)
-    assert launch.read_hosts('h1:2,h2') == [Host('h1', slots=2), Host('h2')]
-    assert launch.read_hosts('h1:3') == [Host('h1', slots=3)]
+    assert read_hosts('h1:2,h2') == [Host('h1', slots=2), Host('h2')]
+    assert read_hosts('h1:3') == [Host('h1', slots=3)]
     with pytest.raises(UsageError, match='cannot read hostfile hosts'):
-        launch.read_hosts('hosts')                              # a missing host file stays one
+        read_hosts('hosts')                              # a missing host file stays one
     (tmp_path / 'a,b').write_text('c slots=2\n')
-    assert launch.read_hosts('a,b') == [Host('c', slots=2)]
+    assert read_hosts('a,b') == [Host('c', slots=2)]
     with pytest.raises(UsageError, match='h1:0 has no slots'):
-        launch.read_hosts('h1:0,h2')
-    planned = build_ssh_commands(['true'], launch.read_hosts('a:2,b'), 2, 1, {}, '/')
+        read_hosts('h1:0,h2')
+    planned = build_ssh_commands(['true'], read_hosts('a:2,b'), 2, 1, {}, '/')
     assert [(name, argv[-2]) for name, argv, _ in planned] == [('server 0', 'a'), ('worker 0', 'a'), ('worker 1', 'b')]
 
 
@@ -480,7 +484,7 @@ def test_ssh_dry_run(tmp_path):
 
 
 def test_ssh_options_from_settings():
-    from ssdsgd.launch.launcher import ssh_options
+    from ssdsgd.launch.ssh import ssh_options
     assert ssh_options('me', '/k', '/cfg', ['A=1', 'B=2']) == ['-F', '/cfg', '-i', '/k', '-l', 'me', '-o', 'A=1',
                                                               '-o', 'B=2']
     assert ssh_options() == []
@@ -497,3 +501,37 @@ def test_scheduler_loads_the_library_mxnet_itself_loads(monkeypatch, tmp_path):
     other.write_bytes(b"")
     monkeypatch.setenv("MXNET_LIBRARY_PATH", str(other))
     assert mxnet_library_path() == str(other)
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_wrapper_is_named(tmp_path):
+    """The role script reports how remote.py itself ended: a wrapper SIGKILLed from outside (its role dies
+    with it) is named as such, not as a lost connection; bash's own "Killed" line stays out of the output.
+    Run here through `bash -s` as ssh would run it on the host (the virtual-cluster test does it over ssh)."""
+    from ssdsgd.launch.children import Child
+    from ssdsgd.launch.plan import RoleSpec
+    env = {'DMLC_PS_ROOT_URI': '127.0.0.1', 'SSDSGD_JOB_SECRET': 'x'}
+    [(name, _, script)] = build_ssh_commands(['sleep', '60'], [Host('alpha')], 1, 1, env, str(tmp_path))[1:]
+    child = Child(RoleSpec(name, 'alpha', ['bash', '-s'], {'DMLC_ROLE': 'worker'}, script, ['ssh', 'alpha']))
+    try:
+        deadline = time.monotonic() + 20
+        while child.pgid is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with open(f'/proc/{child.pgid}/stat') as f:          # the role leads its group; its parent is remote.py
+            wrapper = int(f.read().rsplit(')', 1)[1].split()[1])
+        os.kill(wrapper, signal.SIGKILL)
+        assert child.popen.wait(timeout=20) == 128 + signal.SIGKILL
+        assert child.exit_code() == 128 + signal.SIGKILL
+        assert child.describe_exit() == ('lost its supervisor on alpha: the wrapper that runs it there (remote.py) '
+                                         'killed by SIGKILL before the role ended, and the role was killed with it')
+        assert not any('Killed' in line for line in child.tail), list(child.tail)
+        deadline = time.monotonic() + 5
+        while os.path.exists(f'/proc/{child.pgid}') and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(f'/proc/{child.pgid}')   # the role died with its wrapper
+    finally:
+        for pgid in (child.pgid, child.popen.pid):
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, TypeError):
+                pass

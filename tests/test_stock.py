@@ -90,8 +90,12 @@ def test_env_forms_and_refusals(tmp_path):
     rc, out, _ = _launch(["-n", "1", "--env", "SSDSGD_SURELY_UNSET_VAR", "true"], tmp_path,
                          env={"OMP_NUM_THREADS": "1"}, timeout=30)
     assert rc == 2 and "SSDSGD_SURELY_UNSET_VAR is not set" in out
+    # MXNet's local launcher ignores --sync-dst-dir; ours too, saying so. Over ssh it is refused, with why.
     rc, out, _ = _launch(["-n", "1", "--sync-dst-dir", "/tmp/x", "true"], tmp_path, timeout=30)
-    assert rc == 2 and "--sync-dst-dir is not supported" in out
+    assert rc == 0 and "--sync-dst-dir only applies to the ssh launcher; ignored" in out
+    rc, out, _ = _launch(["-n", "1", "--launcher", "ssh", "-H", "h1", "--sync-dst-dir", "/tmp/x", "true"], tmp_path,
+                         timeout=30)
+    assert rc == 2 and "--sync-dst-dir is not supported by the ssh launcher: the roles run in this working" in out
 
 
 def test_train_without_secret_says_so(tmp_path):

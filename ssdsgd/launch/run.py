@@ -7,7 +7,7 @@ import os
 import sys
 
 from ssdsgd.config import ROOTED_DATASETS
-from ssdsgd.launch.launcher import is_host_list
+from ssdsgd.launch.hosts import is_host_list
 from ssdsgd.train import config_from_args, parse_args
 
 
@@ -60,7 +60,7 @@ def dry_run(cfg, args):
     printed as a warning (the data or host file may live only where the job will run)."""
     import yaml
 
-    from ssdsgd.launch.launcher import UsageError
+    from ssdsgd.launch.usage import UsageError
     print(f"# effective config of {args.config}" + "".join(f" --set {s}" for s in args.set))
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
     problem = preflight(cfg, read_data=False)
@@ -151,7 +151,8 @@ def _run_with_restarts(cfg, args, run_dir):
 
 def _launch(cfg, args, resume, run_dir, dry_run=False):
     from ssdsgd.env import LOCKED_ENV, RUN_DIR_ENV
-    from ssdsgd.launch.launcher import run_job, ssh_options
+    from ssdsgd.launch.launcher import run_job
+    from ssdsgd.launch.ssh import ssh_options
     cl = cfg.cluster
     command = [sys.executable, "-m", "ssdsgd.train", "--config", os.path.abspath(args.config)]
     for text in args.set:

@@ -1,0 +1,176 @@
+"""A started role: its process, the tail of its output, its heartbeat or liveness file, and for ssh its
+remote process group and how the remote side ended; and what to say about it when it fails."""
+import collections
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from ssdsgd.env import HEARTBEAT_ENV, LIVENESS_ENV, MARK, RANK_MARK, ROLE_ENV
+from ssdsgd.launch.ssh import WRAPPER_MARK
+
+TAIL_LINES = 30        # output lines kept per process for failure reports
+PR_SET_PDEATHSIG = 1   # <linux/prctl.h>
+
+# Resolved once here: the preexec_fn runs between fork and exec and must do as little as possible.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
+_print_lock = threading.Lock()
+
+
+def _die_with_parent(parent_pid):
+    def preexec():
+        _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))  # a SIGKILLed launcher takes its children along
+        if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+            os._exit(1)
+    return preexec
+
+
+def describe_returncode(returncode):
+    if returncode >= 0:
+        return f'exited with code {returncode}'
+    try:
+        return f'killed by {signal.Signals(-returncode).name}'
+    except ValueError:  # e.g. real-time signals have no name
+        return f'killed by signal {-returncode}'
+
+
+def _describe_shell_status(status):
+    """A shell's $? (128 + N: killed by signal N) in words."""
+    return describe_returncode(128 - status if status > 128 else status)
+
+
+def group_states(pgid):
+    """One-letter states (R, S, D, T, Z, ...) of the local processes of a process group, from /proc."""
+    states = set()
+    for pid in os.listdir('/proc'):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f'/proc/{pid}/stat') as f:
+                fields = f.read().rsplit(')', 1)[1].split()   # state, ppid, pgrp, ...
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid):
+            states.add(fields[0])
+    return states
+
+
+class Child:
+    """A started process, the tail of its output, its heartbeat file and, for ssh, its remote group."""
+
+    def __init__(self, spec):
+        self.name = spec.name
+        self.host = spec.host
+        self.ssh = spec.ssh
+        self.is_worker = spec.env[ROLE_ENV] == 'worker'
+        self.heartbeat = spec.env.get(HEARTBEAT_ENV)
+        self.liveness = spec.env.get(LIVENESS_ENV)
+        self.tail = collections.deque(maxlen=TAIL_LINES)
+        self.started = time.monotonic()
+        self.rank = None
+        self.pgid = None           # the remote process group (ssh), from remote.py's report
+        self.remote_code = None    # how the remote role ended (negative: signal), from remote.py
+        self.wrapper_code = None   # how remote.py itself ended (the shell's $?), from the role's script
+        self.popen = subprocess.Popen(
+            spec.argv,
+            env=None if spec.stdin else {**os.environ, **spec.env},  # ssh itself gets only our environment
+            stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True,  # own process group: cleanup also reaches grandchildren
+            preexec_fn=_die_with_parent(os.getpid()))
+        if spec.stdin:
+            # The pipe stays open: remote.py ends the role when it closes (when this ssh client dies).
+            try:
+                self.popen.stdin.write(spec.stdin.encode())
+                self.popen.stdin.flush()
+            except BrokenPipeError:
+                pass  # ssh already exited; the supervisor reports its exit code
+        self.reader = threading.Thread(target=self._pump, daemon=True)
+        self.reader.start()
+
+    def label(self):
+        return self.name if self.rank is None else f'{self.name} (rank {self.rank})'
+
+    def _marker(self, line):
+        """Take in a MARK line; False if it is not one of ours (it is shown then)."""
+        words = line[len(MARK):].split()
+        try:
+            if words[0] == 'pgid' and self.ssh:
+                self.pgid = int(words[1])
+            elif words[0] == 'exit' and self.ssh:
+                self.remote_code = int(words[1])
+            elif words[0] == WRAPPER_MARK and self.ssh:
+                self.wrapper_code = int(words[1])
+            elif words[0] == RANK_MARK:
+                self.rank = int(words[1])
+            else:
+                return False
+        except (IndexError, ValueError):
+            return False
+        return True
+
+    def _pump(self):
+        with self.popen.stdout as pipe:
+            for raw in pipe:
+                line = raw.decode(errors='replace').rstrip('\r\n')
+                if line.startswith(MARK) and self._marker(line):
+                    continue
+                self.tail.append(line)
+                with _print_lock:  # one write per line, so lines of different roles never interleave
+                    sys.stdout.write(f'[{self.label()}] {line}\n')
+                    sys.stdout.flush()
+
+    def exit_code(self):
+        """How the role ended: None while running; for ssh the remote role's own code or signal."""
+        code = self.popen.poll()
+        if code is None or not self.ssh:
+            return code
+        self.reader.join(timeout=1.0)  # the exit report is the last line remote.py prints
+        return self.remote_code if self.remote_code is not None else code
+
+    def describe_exit(self):
+        code = self.exit_code()
+        if not self.ssh:
+            return describe_returncode(code)
+        if self.remote_code is not None:
+            return f'{describe_returncode(code)} on {self.host}'
+        if self.wrapper_code is not None:
+            # remote.py ended before it could report on the role: killed from outside (its handlers
+            # report a normal end), and the kernel then killed the role (PR_SET_PDEATHSIG).
+            return (f'lost its supervisor on {self.host}: the wrapper that runs it there (remote.py) '
+                    f'{_describe_shell_status(self.wrapper_code)} before the role ended, and the role was '
+                    f'killed with it')
+        why = (f': the connection to {self.host} was lost or refused (an unreachable host ends ssh within the '
+               f'server timeout)' if code == 255 else '')
+        return f'lost: ssh to {self.host} exited with code {code} before the role reported its end{why}'
+
+    def idle_seconds(self, path=None):
+        """Seconds since the worker last touched its heartbeat file (since its start if it never did);
+        with `path`, since that file (the liveness file of a server or the scheduler) was touched."""
+        try:
+            return time.time() - os.stat(path or self.heartbeat).st_mtime
+        except FileNotFoundError:
+            return time.monotonic() - self.started
+
+    def silence(self, seconds):
+        """What to say about a server or the scheduler that gave no sign of life for `seconds`."""
+        if self.ssh:
+            why = (f'its process is stopped or hung, {self.host} is unreachable, or it lost the shared '
+                   f'file system (the liveness file is there)')
+        else:
+            states = group_states(self.popen.pid)
+            why = ('its process is stopped (SIGSTOP or SIGTSTP)' if states & {'T', 't'}
+                   else f'its process is hung (state {"".join(sorted(states)) or "unknown"})')
+        return (f'on {self.host} gave no sign of life for {seconds:.0f} s (server timeout): {why}; the '
+                f'workers cannot go on without it')
+
+    def report(self, what):
+        if self.popen.returncode is not None:
+            self.reader.join(timeout=1.0)  # let the reader catch the last lines the process printed
+        lines = [f'launch: {self.label()} {what}']
+        if self.tail:
+            lines += [f'launch: last output of {self.label()}:'] + [f'  {line}' for line in self.tail]
+        print('\n'.join(lines), file=sys.stderr, flush=True)

@@ -1,0 +1,99 @@
+"""ssh for the launcher: the ssh argv, the script that starts a role on its host under remote.py, and the
+cleanup that ends a host's process groups.
+
+A role's script goes to `ssh HOST bash -s` on standard input (with the job secret: argv is visible to
+every user via ps). It runs remote.py, which starts the role and reports on it, then reports how remote.py
+itself ended: a wrapper killed from outside (SIGKILL) is named as such, not as a lost connection.
+"""
+import os
+import shlex
+import subprocess
+
+from ssdsgd.env import MARK, WRAPPER_ENV
+from ssdsgd.launch import remote
+
+TERM_GRACE = 3.0       # between SIGTERM and SIGKILL during cleanup
+WRAPPER_MARK = 'wrapper'   # `MARK + 'wrapper CODE'`: how remote.py ended (the shell's $?)
+_REMOTE_SOURCE = None  # remote.py's text, read on first use
+
+
+def ssh_base(host, ssh_options=(), server_timeout=None):
+    """ssh argv up to the host. User options come first: ssh keeps the first value it sees.
+
+    With a server timeout, ssh itself checks that the host answers (ServerAliveInterval, 3 misses): an
+    unreachable host ends our ssh client with exit 255 within the server timeout, and the launcher names
+    the role and the host as lost, whatever the role was doing (a role's liveness file can keep being
+    touched on a shared file system the host still reaches)."""
+    argv = ['ssh', *ssh_options, '-o', 'StrictHostKeyChecking=no', '-o', 'BatchMode=yes']
+    if server_timeout is not None:
+        argv += ['-o', f'ServerAliveInterval={max(1, int(server_timeout / 4))}', '-o', 'ServerAliveCountMax=3']
+    if host.port is not None:
+        argv += ['-p', str(host.port)]
+    return argv + [host.name]
+
+
+def ssh_options(user=None, identity=None, config=None, options=()):
+    """ssh arguments for the launcher from the CLI's or the YAML's ssh settings."""
+    argv = []
+    if config:
+        argv += ['-F', config]
+    if identity:
+        argv += ['-i', identity]
+    if user:
+        argv += ['-l', user]
+    for opt in options:
+        argv += ['-o', opt]
+    return argv
+
+
+def _remote_source():
+    global _REMOTE_SOURCE
+    if _REMOTE_SOURCE is None:
+        with open(remote.__file__) as f:
+            _REMOTE_SOURCE = f.read()
+    return _REMOTE_SOURCE
+
+
+def role_script(env, python, cwd, argv):
+    """The bash script that runs one role on its host: export `env`, cd to `cwd`, run `argv` under
+    remote.py with `python`, then report remote.py's own exit status.
+
+    PATH starts with the interpreter's folder, so a bare `python` in the command (or in a shell command)
+    is that interpreter. remote.py and the report are one line: bash reads a whole line before running
+    it, so nothing of the script is left on standard input, which remote.py watches for its end."""
+    return ('set -e\n'
+            + ''.join(f'export {k}={shlex.quote(v)}\n' for k, v in env.items())
+            + f'export PATH={shlex.quote(os.path.dirname(python))}:"$PATH"\n'
+            + f'cd {shlex.quote(cwd)}\n'
+            + f'export {WRAPPER_ENV}=1\n'
+            # bash's own stderr goes to /dev/null here: it would print remote.py's whole source with "Killed".
+            + f'exec 3>&2 2>/dev/null; code=0; {shlex.quote(python)} -c {shlex.quote(_remote_source())} '
+            + f'{shlex.join(argv)} 2>&3 3>&- || code=$?; echo "{MARK}{WRAPPER_MARK} $code"; exit $code\n')
+
+
+# Run by `sh` on an ssh host with the process group ids as arguments: SIGTERM the groups, SIGKILL
+# what is left after the grace period, exit 0 only when no process of any group is left.
+_REMOTE_KILL = """
+alive() { left=; for g in "$@"; do kill -0 -- -$g 2>/dev/null && left="$left $g"; done; }
+for g in "$@"; do kill -TERM -- -$g 2>/dev/null; kill -CONT -- -$g 2>/dev/null; done
+n=0; alive "$@"
+while [ -n "$left" ] && [ $n -lt %d ]; do sleep 0.1; n=$((n+1)); alive $left; done
+for g in $left; do kill -KILL -- -$g 2>/dev/null; done
+n=0; alive $left
+while [ -n "$left" ] && [ $n -lt 20 ]; do sleep 0.1; n=$((n+1)); alive $left; done
+[ -z "$left" ] || { echo "process groups still alive:$left"; exit 1; }
+""" % int(TERM_GRACE * 10)
+
+
+def start_remote_kills(children):
+    """One ssh per host that ends that host's reported process groups; [(host, [children], Popen)]."""
+    by_host = {}
+    for c in children:
+        if c.ssh and c.pgid is not None:
+            by_host.setdefault(tuple(c.ssh), []).append(c)
+    kills = []
+    for ssh, group in by_host.items():
+        argv = list(ssh) + [f'sh -c {shlex.quote(_REMOTE_KILL)} kill ' + ' '.join(str(c.pgid) for c in group)]
+        kills.append((group[0].host, group, subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                                             stderr=subprocess.STDOUT, start_new_session=True)))
+    return kills

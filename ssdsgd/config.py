@@ -277,6 +277,11 @@ SCHEMA = {
                                   "indices as a bitmap (size/24 words) where that is smaller than the index list "
                                   "(above ~4.2% density for a push; not the fp16 wire, whose pushes keep their "
                                   "index digits); list: always k indices"),
+        "selection": Field(str, "auto", choices=("auto", "exact", "sampled"),
+                           doc="how the sparse encoders find the k largest values (top-k, and the per-tensor "
+                               "quotas of allocation: gradient): exact partitions every value; sampled takes them "
+                               "among the values above a threshold estimated from a random sample, the same set "
+                               "(up to ties) in one masked pass; auto: sampled with a sparsifier"),
         "min_dense_bytes": Field(int, 0, min=0, doc="tensors smaller than this are sent dense"),
         "clip_norm": Field(float, None, nullable=True, gt=0,
                            doc="DGC's local gradient clipping (sparsifiers, fusion ahead): the L2 threshold for "
@@ -372,6 +377,7 @@ def _check_compression(c, sparsifier):
         "lr_weighted": (comp["lr_weighted"], "it weights the error-feedback memory of the sparse encoders"),
         "lookahead": (comp["lookahead"] > 0, "it looks ahead by the error-feedback residual of the sparse encoders"),
         "warmup": (bool(comp["warmup"]), "a density warm-up needs a sparsifier"),
+        "selection": (comp["selection"] == "sampled", "only the sparse encoders select values"),
         "downlink": (comp["downlink"] == "sparse", "sparse rebuilds the global weights from the rounds' sparse "
                                                   "updates, so it needs a sparsifier"),
     }
@@ -425,6 +431,8 @@ def _resolve_auto(c):
         comp["allocation"] = "gradient" if sparsifier and comp["fusion"] == "ahead" else "size"
     if comp["downlink"] == "auto":
         comp["downlink"] = "sparse" if sparsifier else "dense"
+    if comp["selection"] == "auto":
+        comp["selection"] = "sampled" if sparsifier else "exact"
 
 
 def ssd_warmup_steps(algorithm, steps_per_epoch):

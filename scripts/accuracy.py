@@ -17,8 +17,17 @@ import os
 import statistics
 import sys
 
-from results_io import (job_command, job_name, job_summary, run_captured, run_folder, summary_row, write_csv,
-                        write_manifest, write_text)
+from results_io import (
+    job_command,
+    job_name,
+    job_summary,
+    run_captured,
+    run_folder,
+    summary_row,
+    write_csv,
+    write_manifest,
+    write_text,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -7,7 +7,7 @@ KVStore) and a real model's gradients:
           the parameters and refresh the local optimizer (RoundClient._land_ring);
   local   the local update with this worker's gradient (RoundClient._local_update);
   encode  error feedback, top-k and the mailbox message (the buffer's SparseEncoder.message).
-The servers' side is ssdsgd.rounds.BufferState with the client's own downlink ring: each round sums
+The servers' side is ssdsgd.ps.rounds.BufferState with the client's own downlink ring: each round sums
 this worker's message and the same message from rank 1.
 
 `land` and the gradient copy that starts `encode` are also timed the way the client did them
@@ -31,7 +31,6 @@ import sys
 import time
 
 import numpy as np
-
 from results_io import write_csv, write_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,9 +61,9 @@ def build(cfg_path, sets):
     from ssdsgd.algorithms.ssd import RoundClient, density_stage
     from ssdsgd.compression.codec import MailboxFormat
     from ssdsgd.config import load_config
-    from ssdsgd.rounds import DownlinkRing, RingLayout
+    from ssdsgd.ps.rounds import DownlinkRing, RingLayout
     from ssdsgd.schedule import LRSchedule
-    from ssdsgd.worker import build_net
+    from ssdsgd.worker.loop import build_net
     cfg = load_config(cfg_path, sets)
     if cfg.algorithm.type != "ssd" or cfg.compression.downlink != "sparse" or cfg.compression.buffers != "one":
         raise SystemExit("error: the benchmark needs an ssd config with compression.downlink: sparse and "
@@ -110,7 +109,7 @@ def measure(client, params, server, stage, fwd_bwd, steps):
     import mxnet as mx
 
     from ssdsgd.compression.encoders import copy_to_host, flatten
-    from ssdsgd.rounds import RingLayout, read_ring
+    from ssdsgd.ps.rounds import RingLayout, read_ring
     grads = [p.grad() for p in params]
     pushed = [grads[i] for i in client.buffers[0].params]      # the buffer's order, as the worker pushes
     encoder = client.stages[stage][1][0]

@@ -18,7 +18,7 @@ Two topologies (--topology):
 
 For each repeat, rate and algorithm (interleaved: repeat 1 runs A B C ... at every rate, then repeat 2),
 the loopback topology creates a namespace (scripts/netns.py: lo mtu 9000, `tbf rate R mbit burst 256kb
-latency 50ms`, no qdisc for rate 0 = unlimited), runs `python -m ssdsgd.run` inside it for a fixed
+latency 50ms`, no qdisc for rate 0 = unlimited), runs `python -m ssdsgd` inside it for a fixed
 number of steps, and records:
   - the job's summary.json (images/s, wall time, steps, push/pull bytes per step of rank 0),
   - the namespace's exact lo byte counters before/after (every loopback byte is counted once as tx and
@@ -59,6 +59,7 @@ import netns
 import vcluster
 import yaml
 from results_io import COMPUTE_BOUND, rate_name, read_jsonl, stop_on_sigterm
+
 from ssdsgd.metrics import SUMMARY_FILE, metrics_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -294,7 +295,7 @@ class Sampler:
                 # Read the role every time: between the launcher's fork and the exec a child still has
                 # the launcher's environment and memory; after the exec it is a new process image.
                 role = netns.read_environ(pid).get("DMLC_ROLE") or (
-                    "launcher" if "ssdsgd.run" in _cmdline(pid) else "other")
+                    "launcher" if "-m ssdsgd " in _cmdline(pid) else "other")
                 prev_role, prev_kb = self.hwm.get(pid, (role, 0))
                 self.hwm[pid] = (role, max(kb, prev_kb) if prev_role == role else kb)
                 if role in self._role_pids:
@@ -502,7 +503,7 @@ def run_one(job, args):
     log_path = os.path.join(args.out, "logs", job["name"] + ".log")
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     row.update(run_dir=os.path.relpath(run_dir, args.out), log=os.path.relpath(log_path, args.out))
-    command = [sys.executable, "-m", "ssdsgd.run", "--config", args.config,
+    command = [sys.executable, "-m", "ssdsgd", "--config", args.config,
                "--set", f"log.dir={log_dir}", "--set", f"name={job['name']}",
                "--set", f"train.max_steps={args.steps}", "--set", f"cluster.timeout={args.job_timeout:g}"]
     for s in args.set + job["sets"]:

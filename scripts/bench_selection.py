@@ -33,7 +33,7 @@ import numpy as np
 from results_io import ROOT, write_csv, write_manifest, write_text
 from ssdsgd.compression.encoders import copy_to_host, local_clip_bound, make_encoders
 from ssdsgd.config import load_config
-from ssdsgd.models import build_model
+from ssdsgd.worker.models import build_model
 
 # model -> (config whose compression section the worker would run, input shape of one sample)
 MODELS = {

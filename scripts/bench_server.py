@@ -7,7 +7,7 @@ receive() call; the last call of a round also applies it (the O(size) momentum u
 round). Reported: the median over the measured rounds (one warm-up round first), per round and per
 value sent. "old" is the server as it was before this change (commit bec0361), reimplemented below
 verbatim: every sparse message densified (np.zeros(size) + np.add.at) and a zero accumulator
-allocated per message; "new" is ssdsgd.rounds.BufferState. Both get the same messages in the same
+allocated per message; "new" is ssdsgd.ps.rounds.BufferState. Both get the same messages in the same
 order and must end with bit-identical weights (checked). Sparse messages are 1% top-k-like: k =
 floor(density * buffer size) distinct uniform random indices per worker and buffer, normal values.
 Buffers are capped at 2**24 elements (codec.MAX_BUFFER_ELEMENTS), so a larger model is split into
@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from ssdsgd.compression.codec import MAX_BUFFER_ELEMENTS, MailboxFormat
-from ssdsgd.rounds import BufferState, RoundError
+from ssdsgd.ps.rounds import BufferState, RoundError
 
 MODELS = {"resnet20": 272_474, "resnet50": 25_557_032}
 

@@ -5,10 +5,10 @@ inference forward pass of an evaluation batch instead, imperative against the st
 Why: on some CPUs MXNet 1.9.1's hybridized graph (static_alloc, as the worker hybridizes it) trains
 slower than the imperative model, and a job's epoch time follows. This tells which mode to use here.
 An imperative model (`model.hybridize: false`) is still evaluated through a static graph that shares
-its parameters (ssdsgd.models.inference_graph); --task eval measures what that saves.
+its parameters (ssdsgd.worker.models.inference_graph); --task eval measures what that saves.
 
 Each mode runs in a fresh process (`--copies 2` runs two at once, as the two workers of a job on
-2 cores do), builds and initialises the model as ssdsgd.worker does, takes --warmup untimed steps,
+2 cores do), builds and initialises the model as ssdsgd.worker.loop does, takes --warmup untimed steps,
 then times --steps steps of record, forward, loss, backward and waitall. Reported: the median step
 time per mode and its ratio to the imperative median.
 
@@ -36,7 +36,8 @@ def child(mode, task, model, batch, shape, warmup, steps):
 
     import mxnet as mx
     from mxnet import autograd
-    from ssdsgd.worker import build_eval_net, build_net
+
+    from ssdsgd.worker.loop import build_eval_net, build_net
     hybridize = mode == "hybridized" and task == "train"
     cfg = SimpleNamespace(seed=0, model=SimpleNamespace(name=model, hybridize=hybridize))
     net, _ = build_net(cfg, 10, shape)

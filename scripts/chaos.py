@@ -27,6 +27,7 @@ import time
 
 from procs import processes_with, role_of
 from results_io import job_command, run_folder, write_manifest, write_text
+
 from ssdsgd.metrics import read_metrics, read_summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

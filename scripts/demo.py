@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from results_io import run_folder
+
 from ssdsgd.metrics import comparison_table, read_summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -18,7 +19,7 @@ def main():
     summaries = []
     for config in CONFIGS:
         print(f"=== {config}", flush=True)
-        rc = subprocess.call([sys.executable, "-m", "ssdsgd.run", "--config", config] + sys.argv[1:], cwd=ROOT)
+        rc = subprocess.call([sys.executable, "-m", "ssdsgd", "--config", config] + sys.argv[1:], cwd=ROOT)
         if rc != 0:
             print(f"demo: {config} failed with exit code {rc}", file=sys.stderr)
             return rc

@@ -9,7 +9,7 @@ all of a job's traffic crosses the shaped link, and the namespace's lo counters 
 
     with Namespace(rate_mbit=20) as ns:
         before = ns.counters()
-        subprocess.run(ns.argv([sys.executable, "-m", "ssdsgd.run", ...]))
+        subprocess.run(ns.argv([sys.executable, "-m", "ssdsgd", ...]))
         sent = ns.counters()["tx_bytes"] - before["tx_bytes"]
 
 The namespace is deleted on exit, also after an exception or Ctrl-C; processes still inside it

@@ -25,8 +25,8 @@ import statistics
 import sys
 
 import matplotlib
-
 from results_io import COMPUTE_BOUND, rate_name, read_jsonl
+
 from ssdsgd.metrics import CONFIG_FILE, SUMMARY_FILE, metrics_file
 
 matplotlib.use("Agg")

@@ -11,8 +11,8 @@ import argparse
 import os
 import sys
 
-import numpy as np
 import mxnet as mx
+import numpy as np
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--nrep", type=int, default=7)

@@ -18,6 +18,7 @@ import sys
 import time
 
 from results_io import MANIFEST, job_command, job_name, run_folder, summary_row, write_csv, write_manifest, write_text
+
 from ssdsgd.metrics import ACC_TAG, read_metrics, read_summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

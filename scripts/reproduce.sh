@@ -36,7 +36,7 @@ runs=()
 for cfg in $configs; do
   echo "=== $cfg"
   # shellcheck disable=SC2086
-  "$py" -m ssdsgd.run --config "configs/$cfg.yaml" --set "data.root=$root" --set "log.dir=$out/runs" \
+  "$py" -m ssdsgd --config "configs/$cfg.yaml" --set "data.root=$root" --set "log.dir=$out/runs" \
     --set "checkpoint.dir=$out/checkpoints/$cfg" "${cluster[@]}" ${SETS:-} ${RUN_ARGS:-}
   runs+=("$out/runs/$cfg")
 done

@@ -26,9 +26,9 @@ def job_name(label, seed):
 
 
 def job_command(config, name, log_dir, sets=()):
-    """`python -m ssdsgd.run` of one job called `name`; its run folder is a new one under log_dir/name
+    """`python -m ssdsgd` of one job called `name`; its run folder is a new one under log_dir/name
     (run_folder tells which)."""
-    cmd = [sys.executable, "-m", "ssdsgd.run", "--config", config, "--set", f"log.dir={log_dir}",
+    cmd = [sys.executable, "-m", "ssdsgd", "--config", config, "--set", f"log.dir={log_dir}",
            "--set", f"name={name}"]
     for text in sets:
         cmd += ["--set", text]

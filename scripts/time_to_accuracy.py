@@ -34,8 +34,17 @@ import sys
 import time
 
 from netns import Namespace, NetnsError, check_tools
-from results_io import (job_command, job_name, job_summary, run_captured, run_folder, stop_on_sigterm, write_csv,
-                        write_manifest)
+from results_io import (
+    job_command,
+    job_name,
+    job_summary,
+    run_captured,
+    run_folder,
+    stop_on_sigterm,
+    write_csv,
+    write_manifest,
+)
+
 from ssdsgd.metrics import read_metrics
 
 HERE = os.path.dirname(os.path.abspath(__file__))

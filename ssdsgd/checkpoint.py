@@ -36,8 +36,8 @@ import zipfile
 
 import numpy as np
 
-from ssdsgd.algorithms import ROUNDS, STOCK, client_kind
-from ssdsgd.errors import JobError
+from ssdsgd.config import ROUNDS, STOCK, client_kind
+from ssdsgd.errors import CheckpointError
 from ssdsgd.metrics import write_json_atomic
 
 MANIFEST = "manifest.json"
@@ -58,10 +58,6 @@ def server_buffer_file(b):
 def server_stock_file(rank):
     return f"{SERVER_STOCK}{rank}.npz"
 SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-class CheckpointError(JobError):
-    pass
 
 
 def round_based(cfg):

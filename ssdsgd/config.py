@@ -549,3 +549,13 @@ def load_config(path, overrides=()):
 def dump_config(cfg, path):
     with open(path, "w") as f:
         yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
+
+
+# Which client (ssdsgd/algorithms) runs a config: decided here, in one place, since the checkpoint
+# and the front end need the answer without importing the clients.
+STOCK, ROUNDS = "stock", "rounds"
+
+
+def client_kind(cfg):
+    """Our round server (SSD-SGD, compressed SSGD) or MXNet's stock KVStore (the baselines)."""
+    return ROUNDS if cfg.algorithm.type == "ssd" or is_sparsifier(cfg.compression.type) else STOCK

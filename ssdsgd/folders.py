@@ -1,7 +1,7 @@
 """One job per folder: exclusive locks on the run folder and on checkpoint.dir, taken before any
 process of the job starts, and the checks of checkpoint.dir that go with them.
 
-The lock is an flock(2) on `<folder>/.ssdsgd.lock`, held by the front end (`python -m ssdsgd.run`)
+The lock is an flock(2) on `<folder>/.ssdsgd.lock`, held by the front end (`python -m ssdsgd`)
 for the whole job; the file records who holds it (PID, host, start time, command), so a second job
 on the same folder is refused at once (exit 2) with the holder named. flock is released by the
 kernel when the holder dies, so a crashed or SIGKILLed front end never leaves a stale lock.

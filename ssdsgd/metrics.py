@@ -3,7 +3,6 @@ import json
 import os
 import time
 
-
 CONFIG_FILE = "config.yaml"            # the validated config of the run
 SUMMARY_FILE = "summary.json"          # written last, by rank 0: the run finished
 FINAL_PARAMS_FILE = "final.params"     # the global weights at the end

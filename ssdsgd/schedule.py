@@ -6,7 +6,6 @@ mx.optimizer.Optimizer sets) and our own round-based server, which builds it fro
 """
 import math
 
-
 KINDS = ("constant", "step", "cosine", "poly")
 
 

@@ -1,6 +1,6 @@
 """`python -m ssdsgd.train --config FILE [--set k=v ...]`: the command every role runs under the launcher.
 
-The scheduler and servers enter our server loop (ssdsgd.server); workers train (ssdsgd.worker).
+The scheduler and servers enter our server loop (ssdsgd.ps.server); workers train (ssdsgd.worker.loop).
 A worker that raises exits hard with status 1: a normal exit would wait forever in ps-lite's finalize
 barrier for the other workers, hanging the job instead of failing it. A JobError (a problem with the
 job's input: a data file, a checkpoint, a folder) is printed as its one-line message; anything else
@@ -57,21 +57,21 @@ def main(argv=None):
               file=sys.stderr)
         return 2
     if role == "scheduler":
-        from ssdsgd.scheduler import run_scheduler
+        from ssdsgd.ps.scheduler import run_scheduler
         run_scheduler()
         return 0
     if role == "server":
-        from ssdsgd.server import run_server
+        from ssdsgd.ps.server import run_server
         run_server()
         return 0
     if role != "worker":
         print("ssdsgd.train runs under the launcher (DMLC_ROLE is not set). Use\n"
-              f"  python -m ssdsgd.run --config {args.config}\n"
+              f"  python -m ssdsgd --config {args.config}\n"
               "or python launch/launch.py -n WORKERS -s SERVERS python -m ssdsgd.train --config ...",
               file=sys.stderr)
         return 2
     try:
-        from ssdsgd.worker import run_worker
+        from ssdsgd.worker.loop import run_worker
         run_worker(cfg, resume=args.resume, overwrite=args.overwrite)
     except BaseException as err:
         name = os.environ.get(ROLE_NAME_ENV, "worker")

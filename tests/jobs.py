@@ -5,7 +5,8 @@ import time
 from dataclasses import dataclass
 
 from procs import processes_with, role_of  # noqa: F401  (scripts/; the tests import them from here)
-from results_io import job_command, run_folder          # scripts/, on the path through pytest.ini
+from results_io import job_command, run_folder  # scripts/, on the path through pytest.ini
+
 from ssdsgd.metrics import metrics_file, read_metrics, read_summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,7 +38,7 @@ def _env(env):
 
 
 def run_job(tmp_path, config, *sets, name="job", env=None, timeout=240, args=()):
-    """Run `python -m ssdsgd.run` with the given overrides; the run folder lives under tmp_path."""
+    """Run `python -m ssdsgd` with the given overrides; the run folder lives under tmp_path."""
     cmd, log_dir = _command(tmp_path, config, sets, name, args)
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=timeout, start_new_session=True)

@@ -4,9 +4,8 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 import bench_host_step  # scripts/, on the path through pytest.ini
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "bench_host_step.py")

@@ -6,9 +6,8 @@ import signal
 import subprocess
 import sys
 
-import pytest
-
 import bench_step  # scripts/, on the path through pytest.ini
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "bench_step.py")

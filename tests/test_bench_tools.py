@@ -8,10 +8,9 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 import bench_network as bn  # scripts/, on the path through pytest.ini
 import netns
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -249,6 +248,7 @@ def test_time_to_accuracy_reads_both_clocks_and_tables_them(tmp_path, monkeypatc
     hand-computed figures. A folder written before train_seconds existed reads as None, and its
     training-clock time is unknown rather than the wall time."""
     import json
+
     import time_to_accuracy as tta
     from results_io import write_csv
 

@@ -7,10 +7,19 @@ import warnings
 import numpy as np
 import pytest
 
-from ssdsgd.compression.codec import (BITMAP_BITS, MailboxFormat, bitmap_words, encode_sparse, make_decoder,
-                                      message_length, pack_bitmap, unpack_bitmap, use_bitmap)
+from ssdsgd.compression.codec import (
+    BITMAP_BITS,
+    MailboxFormat,
+    bitmap_words,
+    encode_sparse,
+    make_decoder,
+    message_length,
+    pack_bitmap,
+    unpack_bitmap,
+    use_bitmap,
+)
 from ssdsgd.compression.fusion import make_plan, warmup_stages
-from ssdsgd.rounds import BufferState, DownlinkRing, RingLayout, RoundError, read_ring
+from ssdsgd.ps.rounds import BufferState, DownlinkRing, RingLayout, RoundError, read_ring
 from ssdsgd.schedule import LRSchedule
 
 
@@ -176,6 +185,7 @@ def test_bitmap_ring_keeps_negative_zero_and_nan_and_names_a_corrupt_slot():
 
 def test_config_index_coding_needs_a_sparsifier():
     import os
+
     from ssdsgd.config import ConfigError, load_config
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with pytest.raises(ConfigError, match="compression.index_coding: only sparse messages carry indices"):

@@ -1,5 +1,5 @@
 """Tests for the BatchNorm statistics recomputation used when evaluating the global weights
-(ssdsgd.worker.recompute_bn_stats, _bn_stats_restored, _evaluate_global), against statistics computed
+(ssdsgd.worker.loop.recompute_bn_stats, _bn_stats_restored, _evaluate_global), against statistics computed
 here in numpy from the layers' own weights (numpy convolution, numpy batch normalisation).
 
 MXNet 1.9's BatchNorm (CPU, oneDNN build) keeps running statistics of the BIASED batch variance
@@ -10,7 +10,7 @@ import pytest
 from mxnet import autograd
 from mxnet.gluon import nn
 
-from ssdsgd.worker import _batchnorm_layers, _bn_stats_restored, _evaluate_global, recompute_bn_stats
+from ssdsgd.worker.loop import _batchnorm_layers, _bn_stats_restored, _evaluate_global, recompute_bn_stats
 
 EPS = 1e-5
 IN_C, H, W = 2, 6, 6

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from jobs import ROOT, processes_with
 
 

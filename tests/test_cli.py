@@ -6,14 +6,13 @@ import subprocess
 import sys
 
 import pytest
-
 from jobs import ROOT
 
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "**", "*.yaml"), recursive=True))
 
 
 def run(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "ssdsgd.run", *args], cwd=cwd, stdout=subprocess.PIPE,
+    return subprocess.run([sys.executable, "-m", "ssdsgd", *args], cwd=cwd, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=120)
 
 
@@ -24,7 +23,7 @@ def test_help_names_the_command():
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[os.path.relpath(c, ROOT) for c in CONFIGS])
 def test_dry_run_of_every_shipped_config_starts_nothing(tmp_path, capsys, config):
-    from ssdsgd.run import main                         # in-process: one mxnet import for all configs
+    from ssdsgd.launch.run import main  # in-process: one mxnet import for all configs
     code = main(["--config", config, "--dry-run", "--set", f"log.dir={tmp_path / 'runs'}",
                  f"checkpoint.dir={tmp_path}/ck"])
     out = capsys.readouterr().out

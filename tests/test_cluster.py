@@ -14,10 +14,8 @@ import time
 
 import numpy as np
 import pytest
-
-from jobs import ROOT, processes_with
-
 import vcluster  # scripts/, on the path through pytest.ini
+from jobs import ROOT, processes_with
 
 LAUNCH = os.path.join(ROOT, "launch", "launch.py")
 SSD = os.path.join(ROOT, "configs", "demo_digits_ssd.yaml")
@@ -54,7 +52,7 @@ def _hostfile(vc, tmp_path):
 
 def _run_cmd(vc, tmp_path, *sets, config=SSD, hostfile=None, name="job"):
     log_dir = str(tmp_path / "runs")
-    return vc.exec_argv(0, [sys.executable, "-m", "ssdsgd.run", "--config", config, "--set", f"log.dir={log_dir}",
+    return vc.exec_argv(0, [sys.executable, "-m", "ssdsgd", "--config", config, "--set", f"log.dir={log_dir}",
                             "--set", f"name={name}", "--set", "cluster.launcher=ssh",
                             "--set", f"cluster.hostfile={hostfile or _hostfile(vc, tmp_path)}",
                             "--set", "cluster.interface=eth0", "--set", f"cluster.ssh_config={vc.ssh_config}",

@@ -8,15 +8,15 @@ import os
 import mxnet as mx
 import numpy as np
 import pytest
-
 from jobs import ROOT, processes_with, run_job
+
 from ssdsgd.compression.codec import MailboxFormat, make_decoder
 from ssdsgd.compression.compressor import RandomK, SampledThreshold, TopK
 from ssdsgd.compression.encoders import SparseEncoder, local_clip_bound, make_encoders, make_stages, tensor_counts
 from ssdsgd.compression.fusion import KEY_HASH, make_plan, plan_cost_model
 from ssdsgd.compression.memory import Memory
 from ssdsgd.config import ConfigError, load_config
-from ssdsgd.rounds import BufferState
+from ssdsgd.ps.rounds import BufferState
 
 TOPK_CONFIG = "configs/demo_digits_ssd_topk.yaml"
 
@@ -495,7 +495,7 @@ def test_encoder_messages_decode_on_the_server_to_the_sent_topk():
 # --------------------------------------------------------------------------- 10. real 2-worker job
 
 def _digits_param_sizes():
-    from ssdsgd.worker import build_net
+    from ssdsgd.worker.loop import build_net
     cfg = load_config(os.path.join(ROOT, TOPK_CONFIG))
     _, params = build_net(cfg, 10, (1, 8, 8))
     return [int(np.prod(p.shape)) for p in params]

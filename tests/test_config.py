@@ -1,4 +1,4 @@
-"""Tests for ssdsgd.config (schema validation, --set overrides, CLI exit codes) and ssdsgd.commands."""
+"""Tests for ssdsgd.config (schema validation, --set overrides, CLI exit codes) and ssdsgd.ps.commands."""
 import glob
 import os
 import pickle
@@ -8,9 +8,9 @@ import sys
 import pytest
 import yaml
 
-from ssdsgd import commands
-from ssdsgd.commands import CommandError
 from ssdsgd.config import ConfigError, load_config
+from ssdsgd.ps import commands
+from ssdsgd.ps.commands import CommandError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(REPO, "configs", "*.yaml")))
@@ -361,7 +361,7 @@ def run_cli(module, *args):
                           capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.parametrize("module", ["ssdsgd.run", "ssdsgd.train"])
+@pytest.mark.parametrize("module", ["ssdsgd", "ssdsgd.train"])
 def test_cli_bad_override_exits_2(module):
     res = run_cli(module, "--config", "configs/demo_digits_ssgd.yaml", "--set", "train.epochs=oops")
     assert res.returncode == 2, res.stderr
@@ -369,7 +369,7 @@ def test_cli_bad_override_exits_2(module):
     assert "Traceback" not in res.stderr
 
 
-@pytest.mark.parametrize("module", ["ssdsgd.run", "ssdsgd.train"])
+@pytest.mark.parametrize("module", ["ssdsgd", "ssdsgd.train"])
 def test_cli_missing_config_exits_2(module):
     res = run_cli(module, "--config", "configs/does_not_exist.yaml")
     assert res.returncode == 2, res.stderr

@@ -1,4 +1,4 @@
-"""Tests for ssdsgd.data on small generated datasets (nothing is downloaded)."""
+"""Tests for ssdsgd.worker.data on small generated datasets (nothing is downloaded)."""
 import gzip
 import io
 import os
@@ -10,7 +10,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from ssdsgd import data, idx
+from ssdsgd.worker import data, idx
 
 CIFAR_MEAN = np.array([0.4914, 0.4822, 0.4465]).reshape(1, 3, 1, 1)
 CIFAR_STD = np.array([0.2023, 0.1994, 0.2010]).reshape(1, 3, 1, 1)

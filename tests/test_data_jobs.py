@@ -5,10 +5,17 @@ import os
 
 import numpy as np
 import pytest
-
 from jobs import processes_with, run_job
-from test_data import (make_cifar_arrays, write_cifar, write_cifar_archive, write_cifar_recordio, write_recordio,
-                       write_raw, header, idx_bytes)
+from test_data import (
+    header,
+    idx_bytes,
+    make_cifar_arrays,
+    write_cifar,
+    write_cifar_archive,
+    write_cifar_recordio,
+    write_raw,
+    write_recordio,
+)
 
 SSGD = "configs/cifar10_resnet20_ssgd.yaml"
 SSD_TOPK = "configs/cifar10_resnet20_ssd_topk.yaml"
@@ -156,9 +163,9 @@ def check_one_message(output, dataset, make, first_line, root):
 
 @pytest.mark.parametrize("dataset,make,sets,first_line", BAD_DATA, ids=IDS)
 def test_bad_data_is_refused_by_the_front_end(tmp_path, capsys, dataset, make, sets, first_line):
-    """ssdsgd.run's main in this process (a job would spend seconds importing MXNet): exit 2 and one
+    """ssdsgd.launch.run's main in this process (a job would spend seconds importing MXNet): exit 2 and one
     message before it takes the run folder or starts a process."""
-    from ssdsgd.run import main
+    from ssdsgd.launch.run import main
     root = make(tmp_path)
     argv = ["--config", DIGITS, "--set", f"log.dir={tmp_path}/runs", "--set", f"data.dataset={dataset}",
             "--set", f"data.root={root}", "--set", "model.name=mlp"]

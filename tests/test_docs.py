@@ -7,9 +7,9 @@ import os
 import re
 import subprocess
 
+import gen_config_doc  # scripts/, on the path through pytest.ini
 import pytest
 
-import gen_config_doc  # scripts/, on the path through pytest.ini
 from ssdsgd.config import SCHEMA
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

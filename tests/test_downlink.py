@@ -1,11 +1,11 @@
 """Sparse downlink (compression.downlink: sparse): the servers publish each applied round's aggregated
-sparse update in a ring (ssdsgd.rounds.DownlinkRing); a worker's replica of the buffer's server state
+sparse update in a ring (ssdsgd.ps.rounds.DownlinkRing); a worker's replica of the buffer's server state
 applies them with the same numpy update and must stay bit for bit equal to the server's state."""
 import numpy as np
 import pytest
 
 from ssdsgd.compression.codec import MailboxFormat
-from ssdsgd.rounds import BufferState, DownlinkRing, RingLayout, RoundError, StagedRings, read_ring
+from ssdsgd.ps.rounds import BufferState, DownlinkRing, RingLayout, RoundError, StagedRings, read_ring
 from ssdsgd.schedule import LRSchedule
 
 B = 8
@@ -159,8 +159,9 @@ def test_staged_rings_route_each_round_to_its_density_stage():
 def test_round_service_publishes_each_stage_ring_in_its_own_key():
     """The server binds one key per stage ring (and the momentum key), refuses mailbox pushes before
     all of them are bound, and after each round the stored ring of that round's stage carries it."""
-    from ssdsgd.server import RoundService
     import mxnet as mx
+
+    from ssdsgd.ps.server import RoundService
     size, workers, ks = 64, 2, (8, 2)
     plan = {"num_workers": workers, "batch_size": B, "momentum": 0.0, "wd": 0.0,
             "schedule": LRSchedule("constant", base_lr=0.1, total_updates=10).to_dict(),
@@ -200,6 +201,7 @@ def test_config_downlink_needs_a_sparsifier():
     import os
 
     from jobs import ROOT
+
     from ssdsgd.config import ConfigError, load_config
     cfg = load_config(os.path.join(ROOT, "configs/demo_digits_ssd_topk.yaml"))
     assert cfg.compression.downlink == "dense" and cfg.compression.downlink_check_every == 50
@@ -219,8 +221,9 @@ def test_checksum_guard_names_the_version_and_the_buffer():
     from types import SimpleNamespace
 
     import mxnet as mx
+
     from ssdsgd.algorithms.ssd import RoundClient
-    from ssdsgd.rounds import ReplicaMismatch, weights_checksum
+    from ssdsgd.ps.rounds import ReplicaMismatch, weights_checksum
     size, workers, k, slots = 40, 2, 3, 4
     server, replica = make_pair(size, workers, k, 20, 0.9, 0.5, 1e-4, slots)
     server.ring.check_every = 2

@@ -6,13 +6,20 @@ import os
 import mxnet as mx
 import numpy as np
 import pytest
-from mxnet import autograd, gluon
-
 from jobs import ROOT, processes_with, run_job
-from ssdsgd.models import inference_graph
-from test_bn_stats import (_RecordingTestSet, _StubClient, bn_stats, global_and_local_weights, make_batches,
-                           make_net, np_inference)
-from ssdsgd.worker import _bn_stats_restored, _evaluate_global, recompute_bn_stats
+from mxnet import autograd, gluon
+from test_bn_stats import (
+    _RecordingTestSet,
+    _StubClient,
+    bn_stats,
+    global_and_local_weights,
+    make_batches,
+    make_net,
+    np_inference,
+)
+
+from ssdsgd.worker.loop import _bn_stats_restored, _evaluate_global, recompute_bn_stats
+from ssdsgd.worker.models import inference_graph
 
 
 def assert_graph_is_numpy_forward(graph, net, x):
@@ -98,8 +105,8 @@ def test_imperative_job_reports_the_accuracy_of_its_saved_weights(tmp_path):
     (rank 0: the global weights with rank 0's statistics, which final.params holds) must be that of
     final.params run through the imperative network here, on the same test set."""
     from ssdsgd.config import load_config
-    from ssdsgd.data import build_data
-    from ssdsgd.worker import build_net, count_correct
+    from ssdsgd.worker.data import build_data
+    from ssdsgd.worker.loop import build_net, count_correct
     job = run_job(tmp_path, "configs/demo_digits_ssd.yaml", "train.epochs=2", "model.hybridize=false",
                   name="imperative")
     assert job.rc == 0, job.output
@@ -118,8 +125,8 @@ def test_end_epoch_evaluates_through_the_runs_eval_net(monkeypatch):
     """The loop's evaluation hands _evaluate_global the run's eval_net (the graph), not its net."""
     from types import SimpleNamespace
 
-    from ssdsgd import worker
     from ssdsgd.config import load_config
+    from ssdsgd.worker import loop as worker
     cfg = load_config(os.path.join(ROOT, "configs", "demo_digits_ssd.yaml"), ["model.hybridize=false"])
     seen = {}
 

@@ -9,8 +9,8 @@ import types
 import mxnet as mx
 import numpy as np
 import pytest
-
 from jobs import ROOT
+
 from ssdsgd import algorithms
 from ssdsgd.algorithms.base import Client, StepRecord
 from ssdsgd.compression.codec import MailboxFormat

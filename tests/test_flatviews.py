@@ -1,9 +1,9 @@
-"""Tests for ssdsgd.flatviews: many NDArrays copied to and from one flat vector, against numpy."""
+"""Tests for ssdsgd.compression.flatviews: many NDArrays copied to and from one flat vector, against numpy."""
 import mxnet as mx
 import numpy as np
 import pytest
 
-from ssdsgd.flatviews import FlatViews
+from ssdsgd.compression.flatviews import FlatViews
 
 # ResNet-like: 4-D kernels, vectors, one scalar-sized tensor; more than 60 arrays (MXNet's fused
 # multi-tensor kernels stop at 60, amp_multicast must not)

@@ -11,7 +11,6 @@ import time
 
 import numpy as np
 import pytest
-
 from jobs import ROOT, processes_with, run_job, start_job, wait_for_progress
 
 SSGD = "configs/demo_digits_ssgd.yaml"
@@ -111,7 +110,7 @@ def test_second_job_gets_its_own_run_folder_and_a_held_checkpoint_dir_is_refused
         _stop(proc)
     assert same_ck.rc == 2, same_ck.output
     assert f"checkpoint.dir: {ck} is in use by another job: PID {proc.pid} on host" in same_ck.output
-    assert "python -m ssdsgd.run" in same_ck.output   # what the holder is
+    assert "python -m ssdsgd" in same_ck.output   # what the holder is
     assert "[worker" not in same_ck.output and "[scheduler" not in same_ck.output   # nothing was started
     assert elapsed < 30
     assert not os.path.exists(os.path.join(tmp_path, "runs", "other"))   # refused before creating it
@@ -128,7 +127,7 @@ def test_second_job_gets_its_own_run_folder_and_a_held_checkpoint_dir_is_refused
 
 @pytest.mark.timeout(240)
 def test_under_launch_py_rank_0_takes_the_locks(tmp_path):
-    """A job started with launch.py (no ssdsgd.run front end) on a checkpoint.dir a running job holds
+    """A job started with launch.py (no ssdsgd.launch.run front end) on a checkpoint.dir a running job holds
     fails, with the holder named by rank 0, and leaves the holder's files alone."""
     ck = os.path.join(str(tmp_path), "ck")
     proc, job = start_job(tmp_path, SSGD, "train.epochs=500", "log.every_steps=1", f"checkpoint.dir={ck}",

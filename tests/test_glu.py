@@ -1,10 +1,10 @@
-"""Tests for the GLU local optimizer (ssdsgd.glu) against a numpy reference of its update rule."""
+"""Tests for the GLU local optimizer (ssdsgd.algorithms.glu) against a numpy reference of its update rule."""
 import mxnet as mx
 import numpy as np
 import pytest
 
-from ssdsgd.flatviews import FlatViews
-from ssdsgd.glu import GLU, GlobalMomentum, LocalSGD
+from ssdsgd.algorithms.glu import GLU, GlobalMomentum, LocalSGD
+from ssdsgd.compression.flatviews import FlatViews
 from ssdsgd.schedule import LRSchedule
 
 RESCALE = 1.0 / 8

@@ -4,7 +4,6 @@ import time
 
 import numpy as np
 import pytest
-
 from jobs import ROOT, processes_with, run_job
 
 SSGD = "configs/demo_digits_ssgd.yaml"
@@ -76,7 +75,7 @@ def test_ssd_with_full_warmup_reproduces_ssgd_weights(tmp_path):
     server and the round server's dist_async one): each worker counts every other batch of the
     360 test images, and the accuracy rank 0 reports is that of the final weights on the whole
     set, computed here in numpy (the MLP has no BatchNorm, so every worker evaluates the same model)."""
-    from ssdsgd.data import build_data
+    from ssdsgd.worker.data import build_data
     common = ["train.epochs=2", "model.name=mlp", "train.eval_workers=all"]
     a = run_job(tmp_path, SSGD, *common, name="ssgd")
     b = run_job(tmp_path, SSD, *common, "algorithm.warmup_iters=100000", name="ssd_warm")
@@ -102,8 +101,8 @@ def test_ssd_with_full_warmup_reproduces_ssgd_weights(tmp_path):
 
 def _simulate_strict_ssd(cfg, num_workers, total_steps):
     """Independent numpy simulation of strict SSD-SGD on softmax regression (model 'linear')."""
-    from ssdsgd.data import build_data
-    from ssdsgd.worker import build_net
+    from ssdsgd.worker.data import build_data
+    from ssdsgd.worker.loop import build_net
 
     B = cfg.train.batch_size
     sets = [build_data("digits", batch_size=B, rank=r, num_workers=num_workers, seed=cfg.seed).train

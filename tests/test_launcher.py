@@ -1,4 +1,4 @@
-"""Tests for ssdsgd.launcher with a toy job (plain Python children, no mxnet)."""
+"""Tests for ssdsgd.launch.launcher with a toy job (plain Python children, no mxnet)."""
 import glob
 import json
 import os
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from ssdsgd import launcher as launch
-from ssdsgd.launcher import Host, UsageError, build_ssh_commands, read_hostfile, run_job
+from ssdsgd.launch import launcher as launch
+from ssdsgd.launch.launcher import Host, UsageError, build_ssh_commands, read_hostfile, run_job
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(REPO, 'launch', 'launch.py')
@@ -480,17 +480,18 @@ def test_ssh_dry_run(tmp_path):
 
 
 def test_ssh_options_from_settings():
-    from ssdsgd.launcher import ssh_options
+    from ssdsgd.launch.launcher import ssh_options
     assert ssh_options('me', '/k', '/cfg', ['A=1', 'B=2']) == ['-F', '/cfg', '-i', '/k', '-l', 'me', '-o', 'A=1',
                                                               '-o', 'B=2']
     assert ssh_options() == []
 
 
 def test_scheduler_loads_the_library_mxnet_itself_loads(monkeypatch, tmp_path):
-    """ssdsgd/scheduler.py finds libmxnet.so without importing mxnet, by MXNet's own lookup (which
+    """ssdsgd/ps/scheduler.py finds libmxnet.so without importing mxnet, by MXNet's own lookup (which
     honours MXNET_LIBRARY_PATH)."""
     import mxnet.libinfo
-    from ssdsgd.scheduler import mxnet_library_path
+
+    from ssdsgd.ps.scheduler import mxnet_library_path
     assert mxnet_library_path() == mxnet.libinfo.find_lib_path()[0]
     other = tmp_path / "libmxnet.so"
     other.write_bytes(b"")

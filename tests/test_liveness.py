@@ -10,7 +10,6 @@ import re
 import signal
 
 import pytest
-
 from jobs import hit_role, processes_with, start_job
 
 SSD_TOPK = "configs/demo_digits_ssd_topk.yaml"

@@ -7,7 +7,6 @@ import shutil
 
 import numpy as np
 import pytest
-
 from jobs import ROOT, processes_with, run_job
 
 SSGD = "configs/demo_digits_ssgd.yaml"

@@ -1,4 +1,4 @@
-"""Every node proves it belongs to the job (ssdsgd.membership): a stranger that joins is named at once."""
+"""Every node proves it belongs to the job (ssdsgd.ps.membership): a stranger that joins is named at once."""
 import json
 import os
 import re
@@ -9,9 +9,9 @@ import time
 
 import numpy as np
 import pytest
-
 from jobs import processes_with, role_of, start_job
-from ssdsgd import membership
+
+from ssdsgd.ps import membership
 
 SSGD = "configs/demo_digits_ssgd.yaml"
 SSD_TOPK = "configs/demo_digits_ssd_topk.yaml"

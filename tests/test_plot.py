@@ -7,9 +7,8 @@ import os
 import shlex
 import subprocess
 
-import pytest
-
 import plot  # scripts/, on the path through pytest.ini
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

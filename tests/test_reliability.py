@@ -8,9 +8,15 @@ import time
 
 import numpy as np
 import pytest
-
-from jobs import (hit_role, processes_with, role_of, run_job, start_job, stopped_resumed_and_uninterrupted,
-                  wait_for_progress)
+from jobs import (
+    hit_role,
+    processes_with,
+    role_of,
+    run_job,
+    start_job,
+    stopped_resumed_and_uninterrupted,
+    wait_for_progress,
+)
 
 SSGD = "configs/demo_digits_ssgd.yaml"
 SSD_TOPK = "configs/demo_digits_ssd_topk.yaml"
@@ -36,7 +42,7 @@ def test_sigkill_of_any_role_ends_the_job(tmp_path, role, task):
 
     out, elapsed = hit_role(job, proc, role, task, kill, progress_timeout=60, end_timeout=60)
     assert "libmxnet.so" in libraries["maps"]
-    # The scheduler runs from MXNet's C library alone (ssdsgd/scheduler.py); the other roles import
+    # The scheduler runs from MXNet's C library alone (ssdsgd/ps/scheduler.py); the other roles import
     # the mxnet package, which loads SciPy's compiled modules on the way.
     assert ("/scipy/" in libraries["maps"]) == (role != "scheduler")
     assert proc.returncode != 0

@@ -8,7 +8,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from jobs import ROOT, processes_with
 
 

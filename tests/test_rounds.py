@@ -1,4 +1,4 @@
-"""Tests for the round-based global update (ssdsgd.rounds), the server's RoundService, the mailbox
+"""Tests for the round-based global update (ssdsgd.ps.rounds), the server's RoundService, the mailbox
 codecs and the buffer plan (ssdsgd.compression.fusion.make_plan), against numpy references."""
 import pickle
 import tracemalloc
@@ -7,12 +7,12 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from ssdsgd import commands
 from ssdsgd.compression.codec import MailboxFormat, SparseGrad, make_decoder, payload_length
 from ssdsgd.compression.fusion import KEY_HASH, make_plan
-from ssdsgd.rounds import BufferState, RoundError
+from ssdsgd.ps import commands
+from ssdsgd.ps.rounds import BufferState, RoundError
+from ssdsgd.ps.server import RoundService
 from ssdsgd.schedule import LRSchedule
-from ssdsgd.server import RoundService
 
 N, B, SIZE = 3, 4, 7
 MU, WD = 0.9, 1e-2

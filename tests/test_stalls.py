@@ -4,7 +4,6 @@ import re
 import signal
 
 import pytest
-
 from jobs import hit_role, processes_with, start_job
 
 SSGD = "configs/demo_digits_ssgd.yaml"
@@ -30,7 +29,7 @@ def test_a_stopped_worker_is_the_one_named(tmp_path):
 def test_a_stall_on_hosts_points_at_the_network():
     """Every ssh role still running and none stopped: the message says to check the links (a link that
     drops large packets stalls a job just so), naming the silent worker's host."""
-    from ssdsgd.launcher import _stalled_culprit
+    from ssdsgd.launch.launcher import _stalled_culprit
 
     class Worker:
         def __init__(self, host, idle):

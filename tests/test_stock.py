@@ -7,7 +7,6 @@ import sys
 import time
 
 import pytest
-
 from jobs import ROOT, processes_with
 
 LAUNCH = os.path.join(ROOT, "launch", "launch.py")
@@ -83,7 +82,7 @@ def test_raising_stock_worker_fails_the_job_fast(script, tmp_path):
 
 
 def test_env_forms_and_refusals(tmp_path):
-    from ssdsgd.launcher import _parser
+    from ssdsgd.launch.launcher import _parser
     args = _parser().parse_args(["-n", "1", "--env", "A=1", "--env", "B:2", "--env", "PATH",
                                  "--env-server", "S:3", "--env-worker", "W=4", "true"])
     assert args.env == [("A", "1"), ("B", "2"), ("PATH", os.environ["PATH"])]

@@ -7,7 +7,6 @@ import re
 import struct
 
 import pytest
-
 from jobs import run_job
 
 

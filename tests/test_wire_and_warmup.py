@@ -7,8 +7,8 @@ import os
 import mxnet as mx
 import numpy as np
 import pytest
-
 from jobs import ROOT, processes_with, run_job
+
 from ssdsgd.algorithms.ssd import density_stage
 from ssdsgd.compression.codec import DIGIT, FP16_MAX, MailboxFormat, make_decoder
 from ssdsgd.compression.compressor import TopK
@@ -16,8 +16,8 @@ from ssdsgd.compression.encoders import SparseEncoder, make_stages, tensor_count
 from ssdsgd.compression.fusion import KEY_HASH, make_plan
 from ssdsgd.compression.memory import Memory
 from ssdsgd.config import ConfigError, load_config
+from ssdsgd.ps.server import RoundService
 from ssdsgd.schedule import LRSchedule
-from ssdsgd.server import RoundService
 
 TOPK_CONFIG = "configs/demo_digits_ssd_topk.yaml"
 SHAPES = [(3000,), (50, 60), (7,)]          # 6007 elements: indices need the high fp16 digit

@@ -1,4 +1,4 @@
-"""ssdsgd/remote.py, the wrapper of an ssh job's role on its host: the role never outlives it."""
+"""ssdsgd/launch/remote.py, the wrapper of an ssh job's role on its host: the role never outlives it."""
 import os
 import signal
 import subprocess
@@ -6,9 +6,9 @@ import sys
 import time
 
 import pytest
-
 from jobs import processes_with
-from ssdsgd import remote
+
+from ssdsgd.launch import remote
 
 
 @pytest.mark.timeout(60)

@@ -1,25 +1,20 @@
 """Clients: how a worker moves gradients and weights to and from the servers (base.py: the contract).
 
-Which client runs a config is decided in one place, client_kind; CLIENTS maps each kind to its class,
-imported only when a worker builds it (this package is read by the front end and by checkpoint.py,
-which must not import mxnet). A new variant is one module with a base.Client subclass plus its line
-in CLIENTS, and the configs it runs routed to it in client_kind (see the README, "Extending").
+Which client runs a config is decided in one place, ssdsgd.config.client_kind; CLIENTS maps each kind
+to its class, imported only when a worker builds it (this package is read by the front end, which must
+not import mxnet). A new variant is one module with a base.Client subclass plus its line in CLIENTS,
+and the configs it runs routed to it in client_kind (see the README, "Extending").
 """
 import importlib
 import os
 
-from ssdsgd.compression.registry import is_sparsifier
+from ssdsgd.config import ROUNDS, STOCK, client_kind
+from ssdsgd.env import rank_line
 
-STOCK, ROUNDS = "stock", "rounds"
 CLIENTS = {
     STOCK: "ssdsgd.algorithms.stock:StockClient",       # SSGD / ASGD on MXNet's stock KVStore
     ROUNDS: "ssdsgd.algorithms.ssd:RoundClient",        # SSD-SGD and compressed SSGD on the round server
 }
-
-
-def client_kind(cfg):
-    """Our round server (SSD-SGD, compressed SSGD) or MXNet's stock KVStore (the baselines)."""
-    return ROUNDS if cfg.algorithm.type == "ssd" or is_sparsifier(cfg.compression.type) else STOCK
 
 
 def client_class(cfg):
@@ -29,16 +24,14 @@ def client_class(cfg):
 
 def create_kvstore(cfg):
     """The KVStore the config's client runs on (the rank is known only once it exists), once every
-    worker and server has proven that it belongs to the job (ssdsgd.membership)."""
+    worker and server has proven that it belongs to the job (ssdsgd.ps.membership)."""
     import mxnet as mx
 
-    from ssdsgd.launcher import RANK_MARK
-    from ssdsgd.membership import prove_worker
-    from ssdsgd.remote import MARK
+    from ssdsgd.ps.membership import prove_worker
     cls = client_class(cfg)
     os.environ.update(cls.kvstore_environment())
     kv = mx.kv.create(cls.kvstore_type(cfg))
-    print(f"{MARK}{RANK_MARK} {kv.rank}", flush=True)   # the launcher labels our output with the rank
+    print(rank_line(kv.rank), flush=True)
     if kv.type.startswith("dist"):         # a local KVStore (a client without servers) has no roll call
         prove_worker(kv)
     return kv

@@ -1,4 +1,4 @@
-"""The contract between the training loop (ssdsgd/worker.py) and a client (how one algorithm moves
+"""The contract between the training loop (ssdsgd/worker/loop.py) and a client (how one algorithm moves
 gradients and weights between a worker and the servers).
 
 Per job the worker calls, in order: kvstore_environment/kvstore_type (before the KVStore exists),

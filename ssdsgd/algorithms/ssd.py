@@ -1,12 +1,12 @@
 """Round-based client: SSD-SGD (warm-up, then steps delay with GLU) and compressed SSGD.
 
-Talks to the round service of ssdsgd.server through three keys per fused buffer (see fusion.py):
+Talks to the round service of ssdsgd.ps.server through three keys per fused buffer (see fusion.py):
   mailbox  every step: [round, rank, payload] (dense gradient, or sparse pieces from a compressor;
            one mailbox key per density stage when compression.warmup is set);
   weight   the global weights of the buffer plus their version (rounds applied) in the last slot;
   clock    the version alone, one float: polled cheaply while waiting for a round;
   with compression.downlink: sparse, more: per density stage, the ring of the last R rounds'
-           aggregated sparse updates (ssdsgd.rounds.DownlinkRing), pulled instead of the weights and
+           aggregated sparse updates (ssdsgd.ps.rounds.DownlinkRing), pulled instead of the weights and
            applied to a replica of the buffer's server state, and the momentum (with its version)
            from which that replica is rebuilt when it cannot catch up from the ring.
 The KVStore is dist_async, so a push is acknowledged as soon as the server has filed it and never
@@ -34,26 +34,25 @@ from typing import NamedTuple
 import mxnet as mx
 import numpy as np
 
-from ssdsgd import commands
-from ssdsgd.algorithms import ROUNDS
 from ssdsgd.algorithms.base import Client, StepRecord
-from ssdsgd.checkpoint import CheckpointError
-from ssdsgd.commands import num_servers
-from ssdsgd.config import ssd_warmup_steps
+from ssdsgd.algorithms.glu import GLU, GlobalMomentum, LocalSGD
 from ssdsgd.compression.codec import MAX_ROUND_FP16, use_bitmap
 from ssdsgd.compression.encoders import flatten, local_clip_bound, make_stages, time_encoding
+from ssdsgd.compression.flatviews import FlatBuffer, FlatViews
 from ssdsgd.compression.fusion import KeyAllocator
 from ssdsgd.compression.registry import is_sparsifier
+from ssdsgd.config import ROUNDS, ssd_warmup_steps
 from ssdsgd.env import BIGARRAY_BOUND_ENV
+from ssdsgd.errors import CheckpointError
 from ssdsgd.faults import cost_scale
-from ssdsgd.flatviews import FlatBuffer, FlatViews
-from ssdsgd.glu import GLU, GlobalMomentum, LocalSGD
-from ssdsgd.rounds import BufferState, ReplicaMismatch, RingLayout, read_ring
+from ssdsgd.ps import commands
+from ssdsgd.ps.commands import num_servers
+from ssdsgd.ps.rounds import BufferState, ReplicaMismatch, RingLayout, read_ring
 from ssdsgd.schedule import LRSchedule
 
 
 class BufferViews(NamedTuple):
-    """A buffer's arrays as flat views (ssdsgd.flatviews), made once per buffer (_buffer_views)."""
+    """A buffer's arrays as flat views (ssdsgd.compression.flatviews), made once per buffer (_buffer_views)."""
     params: FlatViews             # the parameters' data
     states: object                # the local optimizer's state_views of their states (None: no state)
     pulled: FlatBuffer            # the pull buffer's weights (its last element, the version, left out)
@@ -540,7 +539,7 @@ class RoundClient(Client):
 
     def _buffer_views(self, bi):
         """Buffer bi's parameters, its local optimizer's states and the pieces of its pull and staging
-        buffers as flat views (ssdsgd.flatviews), made once; made again if any of those arrays was
+        buffers as flat views (ssdsgd.compression.flatviews), made once; made again if any of those arrays was
         replaced (load_state and _plan write them in place, so this is a guard, not the usual case)."""
         b = self.buffers[bi]
         states = [self.local_states[i] for i in b.params]

@@ -8,10 +8,10 @@ its own, so N pushes of g/(N*B) make one synchronous step's worth of progress.
 """
 import mxnet as mx
 
-from ssdsgd import commands
-from ssdsgd.algorithms import STOCK
 from ssdsgd.algorithms.base import Client, StepRecord
 from ssdsgd.compression.registry import NATIVE_2BIT
+from ssdsgd.config import STOCK
+from ssdsgd.ps import commands
 
 
 class StockClient(Client):

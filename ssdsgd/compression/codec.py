@@ -30,7 +30,7 @@ into the round's accumulator: decoding and adding one message cost O(k), not O(b
 bitmap message O(size / 24 + k), and it is chosen only where size / 24 < k).
 
 mxnet is imported inside the encoding functions only: the server imports this module before it may
-import mxnet (see ssdsgd.server.run_server).
+import mxnet (see ssdsgd.ps.server.run_server).
 """
 import threading
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import mxnet as mx
 import numpy as np
 
-from ssdsgd import idx
-from ssdsgd.config import DATASETS, IN_MEMORY_DATASETS as IN_MEMORY, VALIDATION_SOURCES
+from ssdsgd.config import DATASETS, VALIDATION_SOURCES
+from ssdsgd.config import IN_MEMORY_DATASETS as IN_MEMORY
 from ssdsgd.errors import JobError
-
+from ssdsgd.worker import idx
 
 # gluoncv's CIFAR-10 recipe (scripts/classification/cifar/train_cifar10.py).
 _CIFAR_MEAN = np.array([0.4914, 0.4822, 0.4465], np.float32).reshape(1, 3, 1, 1)
@@ -387,7 +387,7 @@ def _read_cifar_recordio(path):
     """(N, 3, 32, 32) uint8 RGB images and N labels of an im2rec .rec file of 32x32 images, read
     whole into memory (180 MB of pixels for CIFAR-10), so that training uses the same crop, flip and
     normalisation as the batch files."""
-    import cv2      # MXNet's own dependency for packing and decoding RecordIO images
+    import cv2  # MXNet's own dependency for packing and decoding RecordIO images
     with open(path, "rb") as f:
         raw = f.read()
     images, labels = [], []

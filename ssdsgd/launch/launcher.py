@@ -13,7 +13,7 @@ it would only show up as a stalled worker; with it, the server is named, with it
 Exit codes: 0 success, 1 a process failed or stalled (or a remote process could not be confirmed
 gone), 2 bad usage, 124 timeout, 128+signum when the launcher got SIGINT/SIGTERM/SIGHUP.
 
-ssh jobs: the scheduler runs here; each server and worker runs on its host under ssdsgd/remote.py
+ssh jobs: the scheduler runs here; each server and worker runs on its host under ssdsgd/launch/remote.py
 (shipped as source), which starts it in its own process group, reports the group id and how the
 role ended, and ends the group when the ssh connection closes. Cleanup ends every reported group
 over ssh (SIGTERM, SIGKILL after TERM_GRACE) and checks that none is left.
@@ -37,9 +37,19 @@ import threading
 import time
 from typing import NamedTuple, Optional
 
-from ssdsgd import remote
-from ssdsgd.env import (HEARTBEAT_ENV, HOST_INTERFACE_ENV, JOB_DIR_ENV, LIVENESS_ENV, ROLE_ENV, ROLE_NAME_ENV,
-                        SECRET_ENV, TASK_ID_ENV, WRAPPER_ENV)
+from ssdsgd.env import (
+    HEARTBEAT_ENV,
+    HOST_INTERFACE_ENV,
+    JOB_DIR_ENV,
+    LIVENESS_ENV,
+    RANK_MARK,
+    ROLE_ENV,
+    ROLE_NAME_ENV,
+    SECRET_ENV,
+    TASK_ID_ENV,
+    WRAPPER_ENV,
+)
+from ssdsgd.launch import remote
 
 LIVENESS_INTERVAL = 1.0  # seconds; pyhooks/sitecustomize.py's LIVENESS_INTERVAL (a test keeps them equal)
 
@@ -51,8 +61,7 @@ REMOTE_KILL_TIMEOUT = 20.0  # one ssh round to a host that ends and checks its p
 PR_SET_PDEATHSIG = 1   # <linux/prctl.h>
 
 HOOKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'pyhooks')  # sitecustomize for roles
-RANK_MARK = 'rank'     # a role prints `remote.MARK + 'rank N'` once it knows its KVStore rank
-_REMOTE_SOURCE = None  # ssdsgd/remote.py's text, read on first use
+_REMOTE_SOURCE = None  # ssdsgd/launch/remote.py's text, read on first use
 
 # Resolved once here: the preexec_fn runs between fork and exec and must do as little as possible.
 _prctl = ctypes.CDLL(None, use_errno=True).prctl

@@ -27,9 +27,9 @@ import threading
 
 import numpy as np
 
-from ssdsgd import commands
 from ssdsgd.compression.fusion import KeyAllocator
 from ssdsgd.env import NUM_WORKER_ENV, ROLE_NAME_ENV, SECRET_ENV
+from ssdsgd.ps import commands
 
 # Seconds from the first worker's signed hello to the last one's: all roles leave ps-lite's start-up
 # together and a worker says hello at once (all within 0.1-0.3 s on a loaded 2-core machine).

@@ -15,7 +15,7 @@ local SGD, the ablation that measures what the compensation term buys.
 """
 import mxnet as mx
 
-from ssdsgd.flatviews import FlatViews
+from ssdsgd.compression.flatviews import FlatViews
 
 
 class _WholeStates:

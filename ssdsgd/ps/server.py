@@ -1,10 +1,10 @@
 """Server and scheduler roles: MXNet's KVStore server loop with our controller and updater.
 
-Commands from workers travel as signed JSON data (ssdsgd.commands), never as pickles: the stock
+Commands from workers travel as signed JSON data (ssdsgd.ps.commands), never as pickles: the stock
 server would unpickle whatever arrives. The one updater installed on the server dispatches by key:
   - keys of a round-based plan (SSD-SGD, compressed SSGD): weight / mailbox / clock keys, handled by
-    RoundService with the numpy global update of ssdsgd.rounds;
-  - the evaluation tally key (ssdsgd.eval_tally): every push is added into it;
+    RoundService with the numpy global update of ssdsgd.ps.rounds;
+  - the evaluation tally key (ssdsgd.ps.eval_tally): every push is added into it;
   - any other key: the stock MXNet optimizer built from the `stock_optimizer` command, so the SSGD
     (dist_sync) and ASGD (dist_async) baselines run with stock semantics against this same process.
 An exception inside the updater would be swallowed by MXNet's ctypes callback and leave the weights
@@ -16,16 +16,13 @@ import traceback
 
 import numpy as np
 
-from ssdsgd import commands
-from ssdsgd.checkpoint import (SERVER_STOCK, CheckpointError, load_npz, save_npz, server_buffer_file,
-                               server_stock_file)
+from ssdsgd.checkpoint import SERVER_STOCK, CheckpointError, load_npz, save_npz, server_buffer_file, server_stock_file
 from ssdsgd.compression.codec import MailboxFormat
-from ssdsgd.env import ROLE_ENV, SECRET_ENV
-from ssdsgd.eval_tally import TALLY_KEY
-from ssdsgd.launcher import RANK_MARK
-from ssdsgd.membership import RollCall, proof_keys
-from ssdsgd.remote import MARK
-from ssdsgd.rounds import BufferState, DownlinkRing, RingLayout, StagedRings
+from ssdsgd.env import ROLE_ENV, SECRET_ENV, rank_line
+from ssdsgd.ps import commands
+from ssdsgd.ps.eval_tally import TALLY_KEY
+from ssdsgd.ps.membership import RollCall, proof_keys
+from ssdsgd.ps.rounds import BufferState, DownlinkRing, RingLayout, StagedRings
 from ssdsgd.schedule import LRSchedule
 
 
@@ -247,7 +244,7 @@ def run_server():
                 self.updater_installed = True
                 # Our server rank (ps-lite knows it only once the loop runs): the launcher labels our
                 # output and messages with it, the rank the workers' key placement and messages use.
-                print(f"{MARK}{RANK_MARK} {self.kvstore.rank}", flush=True)
+                print(rank_line(self.kvstore.rank), flush=True)
             op = msg["op"]
             if op == commands.HELLO:
                 self.roll_call.hello(msg, self.kvstore.rank)

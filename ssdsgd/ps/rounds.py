@@ -30,6 +30,7 @@ import numpy as np
 
 from ssdsgd.compression.codec import SparseGrad, bitmap_indices, bitmap_words, pack_bitmap
 
+
 class RoundError(RuntimeError):
     pass
 

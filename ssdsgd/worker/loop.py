@@ -33,7 +33,7 @@ def build_net(cfg, num_classes, image_shape):
     import mxnet as mx
     from mxnet import autograd
 
-    from ssdsgd.models import build_model
+    from ssdsgd.worker.models import build_model
     mx.random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     net = build_model(cfg.model.name, num_classes)
@@ -50,7 +50,7 @@ def build_net(cfg, num_classes, image_shape):
 
 def build_eval_net(cfg, net):
     """What evaluates: the hybridized net itself, or a static-graph twin of the imperative one."""
-    from ssdsgd.models import inference_graph
+    from ssdsgd.worker.models import inference_graph
     return net if cfg.model.hybridize else inference_graph(net)
 
 
@@ -150,7 +150,7 @@ class Counters:
 def summarize(cfg, run, counters, parts, steps, epochs, wall_seconds, checkpoint):
     """The run summary (summary.json) from rank 0's counters and every worker's part. wall_seconds: of
     every attempt of the run (a resumed run adds those before the resume)."""
-    from ssdsgd.commands import num_servers
+    from ssdsgd.ps.commands import num_servers
     tag = counters.tag
     stal = [p["max_staleness"] for p in parts if p["max_staleness"] is not None]
     return {
@@ -229,11 +229,11 @@ def _start_run(cfg, resume, overwrite):
 
     from ssdsgd import checkpoint as ckpt
     from ssdsgd.algorithms import create_kvstore, make_client
-    from ssdsgd.data import data_from_config
-    from ssdsgd.eval_tally import EvalTally
     from ssdsgd.faults import FaultPlan
     from ssdsgd.metrics import MetricsLog
+    from ssdsgd.ps.eval_tally import EvalTally
     from ssdsgd.schedule import schedule_from_config
+    from ssdsgd.worker.data import data_from_config
     # The kvstore must exist before we know our rank; its type depends only on the config.
     kv = create_kvstore(cfg)
     rank, nworkers = kv.rank, kv.num_workers
@@ -281,7 +281,7 @@ def _start_run(cfg, resume, overwrite):
 
 
 def _prepare_run_folder(cfg, kv, resume, overwrite):
-    """(folder locks, run folder, the verified checkpoint to resume from or None). Under ssdsgd.run the
+    """(folder locks, run folder, the verified checkpoint to resume from or None). Under ssdsgd.launch.run the
     front end chose the run folder and holds the locks (SSDSGD_RUN_DIR); under another launcher rank 0
     does both (folders.prepare, locks held until this process ends) and the other workers, after a
     barrier, take the folder the resumed checkpoint records or the one `latest` points at. Rank 0 writes
@@ -293,10 +293,10 @@ def _prepare_run_folder(cfg, kv, resume, overwrite):
     from ssdsgd.metrics import CONFIG_FILE
     held, out_dir, point = [], os.environ.get(RUN_DIR_ENV), None
     if not os.environ.get(LOCKED_ENV):
-        # Started by another launcher than ssdsgd.run: nobody opens a file in the run folder before
+        # Started by another launcher than ssdsgd.launch.run: nobody opens a file in the run folder before
         # rank 0 has chosen it and holds the locks.
         if kv.rank == 0:
-            held, out_dir = folders.prepare(cfg, resume, overwrite, "rank 0 of a job started without ssdsgd.run")
+            held, out_dir = folders.prepare(cfg, resume, overwrite, "rank 0 of a job started without ssdsgd.launch.run")
         kv._barrier()
     if resume:
         point = resume_point(cfg)              # (folder, manifest), verified once per worker
@@ -313,7 +313,7 @@ def _prepare_run_folder(cfg, kv, resume, overwrite):
 
 
 def _print_start(run, steps_per_epoch):
-    from ssdsgd.commands import num_servers
+    from ssdsgd.ps.commands import num_servers
     cfg = run.cfg
     print(f"{cfg.name}: {cfg.algorithm.type} + compression {cfg.compression.type}, {run.kv.num_workers} workers, "
           f"{num_servers(run.kv)} servers, {steps_per_epoch} steps/epoch, {run.total_steps} steps, "
@@ -423,8 +423,14 @@ def _evaluate_if_due(run, counters, epoch, step, epoch_seconds):
 
 def _finish_run(run, counters, step, epochs_run, t_start):
     """The final weights (rank 0), every worker's part file, then rank 0's summary."""
-    from ssdsgd.metrics import (FINAL_PARAMS_FILE, SUMMARY_FILE, summary_table, worker_part_file, write_json_atomic,
-                                write_metrics_csv)
+    from ssdsgd.metrics import (
+        FINAL_PARAMS_FILE,
+        SUMMARY_FILE,
+        summary_table,
+        worker_part_file,
+        write_json_atomic,
+        write_metrics_csv,
+    )
     rank, out_dir = run.kv.rank, run.out_dir
     checkpoint = None
     if rank == 0:
@@ -463,7 +469,7 @@ def _save_checkpoint(run, counters, epochs_done, step):
     import mxnet as mx
 
     from ssdsgd import checkpoint as ckpt
-    from ssdsgd import commands
+    from ssdsgd.ps import commands
     cfg, kv, rank, net, params, client = run.cfg, run.kv, run.kv.rank, run.net, run.params, run.client
     directory = ckpt.epoch_dir(cfg.checkpoint.dir, epochs_done)
     mx.nd.waitall()                # this worker's pushes are acknowledged: the servers have them

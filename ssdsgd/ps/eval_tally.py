@@ -1,6 +1,6 @@
 """Evaluation shared by all workers (train.eval_workers: all): each worker counts the correct
 predictions on its share of the evaluation set and pushes [correct, images] to one KVStore key;
-the servers add every push into it (ssdsgd/server.py), so rank 0 reads the sum.
+the servers add every push into it (ssdsgd/ps/server.py), so rank 0 reads the sum.
 
 The key only ever grows: rank 0 remembers the totals it last read and waits until the images
 counted since then reach the evaluation set's size (every worker has pushed), whatever the

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 
-MARK = '@ssdsgd '        # a line `@ssdsgd <key> <value>...` is for the launcher and is not shown
+MARK = '@ssdsgd '        # ssdsgd.env.MARK: a line `@ssdsgd <key> <value>...` is for the launcher
 JOB_DIR_ENV = 'SSDSGD_JOB_DIR'     # ssdsgd.env.JOB_DIR_ENV
 JOB_DIR_POLL = 1.0       # seconds between checks that the launcher's job folder still exists
 TERM_GRACE = 3.0         # between SIGTERM and SIGKILL

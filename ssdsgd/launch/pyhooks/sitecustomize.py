@@ -19,7 +19,7 @@ needs nothing but the interpreter, so it keeps going while the main thread sits 
 (ctypes releases the GIL), also for stock scripts whose server loop runs inside `import mxnet`; it stops
 with the process, and also when the process is stopped (SIGSTOP) or its host is cut off, which is what
 the launcher watches for (cluster.server_timeout). The variable is taken out of the environment, so only
-this process, not the processes it starts, speaks for the role. ssdsgd/remote.py, which wraps the role
+this process, not the processes it starts, speaks for the role. ssdsgd/launch/remote.py, which wraps the role
 on an ssh host, sets SSDSGD_REMOTE_WRAPPER and leaves the file to the role it starts.
 """
 import os

@@ -13,12 +13,12 @@ import os
 from ssdsgd.env import NUM_SERVER_ENV, SECRET_ENV
 
 PREFIX = "SSDSGD1:"
-# The commands (the "op" of a message) and their fields; ssdsgd.server handles each.
+# The commands (the "op" of a message) and their fields; ssdsgd.ps.server handles each.
 STOCK_OPTIMIZER = "stock_optimizer"    # lr, momentum, wd, rescale_grad, schedule: MXNet's SGD for the stock path
 ROUND_PLAN = "round_plan"              # the buffers and global hyper-parameters of the round service
 SAVE = "save"                          # dir: write the servers' state into this checkpoint folder
 LOAD = "load"                          # dir: read it back
-HELLO = "hello"                        # rank, nonce: a worker's roll call (ssdsgd.membership)
+HELLO = "hello"                        # rank, nonce: a worker's roll call (ssdsgd.ps.membership)
 
 
 class CommandError(ValueError):

@@ -7,14 +7,14 @@ import os
 import sys
 
 from ssdsgd.config import ROOTED_DATASETS
-from ssdsgd.launcher import is_host_list
+from ssdsgd.launch.launcher import is_host_list
 from ssdsgd.train import config_from_args, parse_args
 
 
 def preflight(cfg, read_data=True):
     """Problems that can be found before any process starts; None if there are none. read_data: also
     read the data set once, as rank 0 will (else only check that data.root exists)."""
-    from ssdsgd.models import ModelError, check_model_name
+    from ssdsgd.worker.models import ModelError, check_model_name
     try:
         check_model_name(cfg.model.name)
     except ModelError as err:
@@ -27,7 +27,7 @@ def preflight(cfg, read_data=True):
     if cfg.data.dataset in ROOTED_DATASETS and read_data:
         # Read the data once here, as rank 0 will: a missing, damaged or too small data set then
         # stops the job with one line, before any process starts (the workers meet the same error).
-        from ssdsgd.data import DataError, data_from_config
+        from ssdsgd.worker.data import DataError, data_from_config
         try:
             data_from_config(cfg, 0, cfg.cluster.workers)
         except DataError as err:
@@ -45,7 +45,7 @@ def take_folders(cfg, args):
     left, check the checkpoint to resume from: (held locks, run folder); a JobError (RunFinished for a
     resume with nothing left to train) if the job cannot start."""
     from ssdsgd.folders import prepare
-    what = "python -m ssdsgd.run --config " + args.config
+    what = "python -m ssdsgd --config " + args.config
     return prepare(cfg, args.resume, args.overwrite, what)
 
 
@@ -59,7 +59,7 @@ def dry_run(cfg, args):
     printed as a warning (the data or host file may live only where the job will run)."""
     import yaml
 
-    from ssdsgd.launcher import UsageError
+    from ssdsgd.launch.launcher import UsageError
     print(f"# effective config of {args.config}" + "".join(f" --set {s}" for s in args.set))
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
     problem = preflight(cfg, read_data=False)
@@ -150,7 +150,7 @@ def _run_with_restarts(cfg, args, run_dir):
 
 def _launch(cfg, args, resume, run_dir, dry_run=False):
     from ssdsgd.env import LOCKED_ENV, RUN_DIR_ENV
-    from ssdsgd.launcher import run_job, ssh_options
+    from ssdsgd.launch.launcher import run_job, ssh_options
     cl = cfg.cluster
     command = [sys.executable, "-m", "ssdsgd.train", "--config", os.path.abspath(args.config)]
     for text in args.set:

@@ -128,6 +128,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=os.path.join(ROOT, "results", "bench_selection"))
     args = p.parse_args(argv)
+    load_before = os.getloadavg()
     rows = []
     for name in args.models:
         for selection in args.selections:
@@ -139,7 +140,9 @@ def main(argv=None):
                + "\n\nWall time (median per step)\n\n" + table(rows, "wall"))
     write_manifest(args.out, [os.path.join(ROOT, MODELS[m][0]) for m in args.models],
                    environment={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
-                   note="the machine was shared with other jobs (2 cores); medians over the measured steps")
+                   load_average_before=load_before, load_average_after=os.getloadavg(),
+                   note="the machine was shared with other jobs (2 cores; the load averages above); medians "
+                        "over the measured steps")
     print(table(rows))
     print(table(rows, "wall"))
 

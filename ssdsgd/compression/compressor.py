@@ -83,10 +83,11 @@ def sampled_candidates(a, k, rng, sample=None):
 
 
 def top_magnitudes(a, k, rng=None, sample=None):
-    """Indices of the k largest entries of the non-negative array a (all of them if k >= a.size).
-    With rng (compression.selection: sampled): the same set, up to the choice among equal
-    magnitudes, taken among sampled_candidates in O(n) with a small constant instead of a
-    partition of all of a."""
+    """Indices of the k largest entries of the non-negative array a (all of them if k >= a.size):
+    every entry above the k-th largest, then the first of those equal to it (so the set does not
+    depend on how a partition happens to order equal values). With rng (compression.selection:
+    sampled): the same set, taken among sampled_candidates in O(n) with a small constant instead of
+    a partition of all of a (every entry equal to the k-th largest is a candidate)."""
     n = a.shape[0]
     if k >= n:
         return np.arange(n)
@@ -96,7 +97,12 @@ def top_magnitudes(a, k, rng=None, sample=None):
         found = sampled_candidates(a, k, rng, sample)
         if found is not None:
             return found[top_magnitudes(a[found], k)]
-    return np.argpartition(a, n - k)[n - k:]
+    idx = np.argpartition(a, n - k)[n - k:]
+    kth = a[idx].min()
+    if np.count_nonzero(a[idx] == kth) == np.count_nonzero(a == kth):
+        return idx                    # no entry equal to the k-th largest was left out
+    above = np.flatnonzero(a > kth)
+    return np.concatenate([above, np.flatnonzero(a == kth)[:k - above.size]])
 
 
 def step_rng(seed, key, step):

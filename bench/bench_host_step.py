@@ -110,9 +110,10 @@ def build(cfg_path, sets):
 def measure(client, params, server, stage, fwd_bwd, steps):
     import mxnet as mx
 
-    from ssdsgd.compression.encoders import flatten
+    from ssdsgd.compression.encoders import copy_to_host, flatten
     from ssdsgd.ps.rounds import RingLayout, read_ring
     grads = [p.grad() for p in params]
+    pushed = [grads[i] for i in client.buffers[0].params]      # the buffer's order, as the worker pushes
     encoder = client.stages[stage][1][0]
     ring_buf = client.downlink.ring_bufs[0][stage]
     down = client.downlink.plans[0]
@@ -132,19 +133,20 @@ def measure(client, params, server, stage, fwd_bwd, steps):
         old_rep.catch_up(read_ring(ring_buf.asnumpy(), layout, from_round=old_rep.version))
         per_parameter_refresh(client.buffers[0], old_opt, old_w, old_s, old_rep.weights, 1)
 
+    host = np.empty(encoder.buffer.size, np.float32)
+
     def flat_copy():          # what encode() does first: the gradients into one host array
-        encoder.grad_views.copy_to(encoder.grads_flat)
-        encoder.grads_flat.array.asnumpy()
+        copy_to_host(pushed, host, encoder.offsets, encoder.buffer.sizes)
 
     pieces = {"land_flat": lambda: client._apply_pull(0), "land_per_parameter": old_land,
               "local": client._local_update, "local_on_the_copies": old_local,
               "gradient_copy_flat": flat_copy,
-              "gradient_copy_per_parameter": lambda: flatten(grads).asnumpy()}
+              "gradient_copy_per_parameter": lambda: flatten(pushed).asnumpy()}
     rows = []
     for i in range(steps):
         step = client.warmup + i
-        row = {"step": i, "encode_ms": _timed(lambda: encoder.message(grads, step, 0))}
-        msg = encoder.message(grads, step, 0).asnumpy()       # what the server gets (memory moved on: fine)
+        row = {"step": i, "encode_ms": _timed(lambda: encoder.message(pushed, step, 0))}
+        msg = encoder.message(pushed, step, 0).asnumpy()       # what the server gets (memory moved on: fine)
         server.receive(msg)
         msg[1] = 1                                              # the other worker's push of the round
         if server.receive(msg) != 1:

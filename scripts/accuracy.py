@@ -1,6 +1,7 @@
 """Accuracy and traffic of the algorithms and their ablations, over several seeds: on the digits demo
 (`--suite digits`) or on Fashion-MNIST with ResNet-20 (`--suite fmnist`); `--suite defaults` runs a
-config that leaves every setting at the schema's default beside the one that writes them out.
+config that leaves every setting at the schema's default beside the one that writes them out;
+`--suite selection` the shipped Fashion-MNIST top-k config with exact and with sampled selection.
 
     python scripts/accuracy.py [--suite digits] [--seeds 0 1 2] [--variants LABEL ...]
         [--set KEY=VALUE ...] [--out results/accuracy_digits]
@@ -100,7 +101,12 @@ DEFAULTS = {
     "SSD-SGD + top-k 1%, fmnist_resnet20_short_ssd_topk.yaml (defaults)":
         ("configs/fmnist_resnet20_short_ssd_topk.yaml", []),
 }
-SUITES = {"digits": VARIANTS, "fmnist": FMNIST, "defaults": DEFAULTS}
+# compression.selection: the exact top-k search against the sampled one (issue 36, item 6).
+SELECTION = {
+    "SSD-SGD + top-k 1%, exact selection": (F_TOPK, ["compression.selection=exact"]),
+    "SSD-SGD + top-k 1%, sampled selection": (F_TOPK, ["compression.selection=sampled"]),
+}
+SUITES = {"digits": VARIANTS, "fmnist": FMNIST, "defaults": DEFAULTS, "selection": SELECTION}
 
 
 def run(label, config, sets, seed, out):

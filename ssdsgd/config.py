@@ -101,6 +101,7 @@ def _check_compression(c, sparsifier):
         "fp16_values": (comp["fp16_values"], "only sparse pushes have an fp16 wire format"),
         "index_coding": (comp["index_coding"] != "auto", "only sparse messages carry indices"),
         "warmup": (bool(comp["warmup"]), "a density warm-up needs a sparsifier"),
+        "selection": (comp["selection"] == "sampled", "only the sparse encoders select values"),
         "downlink": (comp["downlink"] == "sparse", "sparse rebuilds the global weights from the rounds' sparse "
                                                   "updates, so it needs a sparsifier"),
     }
@@ -139,6 +140,8 @@ def _resolve_auto(c):
         comp["allocation"] = "gradient" if sparsifier and comp["fusion"] == "ahead" else "size"
     if comp["downlink"] == "auto":
         comp["downlink"] = "sparse" if sparsifier else "dense"
+    if comp["selection"] == "auto":
+        comp["selection"] = "sampled" if sparsifier else "exact"
 
 
 def ssd_warmup_steps(algorithm, steps_per_epoch):

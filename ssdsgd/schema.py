@@ -224,6 +224,11 @@ SCHEMA = {
                                   "indices as a bitmap (size/24 words) where that is smaller than the index list "
                                   "(above ~4.2% density for a push; not the fp16 wire, whose pushes keep their "
                                   "index digits); list: always k indices"),
+        "selection": Field(str, "auto", choices=("auto", "exact", "sampled"),
+                           doc="how the sparse encoders find the k largest values (top-k, and the per-tensor "
+                               "quotas of allocation: gradient): exact partitions every value; sampled takes them "
+                               "among the values above a threshold estimated from a random sample, the same set "
+                               "(up to ties) in one masked pass; auto: sampled with a sparsifier"),
         "min_dense_bytes": Field(int, 0, min=0, doc="tensors smaller than this are sent dense"),
         "fusion": Field(str, "ahead", choices=("ahead", "behind")),
         "allocation": Field(str, "auto", choices=("auto", "size", "gradient"),

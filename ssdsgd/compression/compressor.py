@@ -32,17 +32,18 @@ class RandomK:
         self.seed = seed
 
     def select(self, x, k, key, step):
-        return _rng(self.seed, key, step).choice(x.shape[0], size=k, replace=False).astype(np.int64)
+        return step_rng(self.seed, key, step).choice(x.shape[0], size=k, replace=False).astype(np.int64)
 
 
 @register("dgc")
 class SampledThreshold:
-    """DGC's selection: estimate the top-k threshold from a random sample of magnitudes and take
-    the entries above it. The push size must be exactly k (inter-worker alignment), so the
-    candidates are then cut or filled by magnitude: above-threshold entries first, largest first.
-    On this CPU build that costs a full top-k anyway and selects the top-k set whenever the
-    estimate is not too high; it is kept for comparison with the DGC literature. What changes
-    training in DGC is its momentum correction (compression.momentum_correction, memory.py)."""
+    """DGC's selection: estimate the top-k threshold from a random sample of magnitudes (a fraction
+    of the tensor, at least min_sample entries) and take the entries above it. The push size must
+    be exactly k (inter-worker alignment), so the k largest are then taken among the entries above
+    the estimate (a sampled_candidates search with DGC's sample size): the top-k set, found in one
+    masked pass instead of a full partition. Kept for comparison with the DGC literature; what
+    changes training in DGC is its momentum correction (compression.momentum_correction, memory.py),
+    and compression.selection: sampled gives every top-k selection the same search."""
 
     def __init__(self, sample_fraction=0.01, min_sample=256, seed=0):
         self.sample_fraction = sample_fraction
@@ -51,28 +52,61 @@ class SampledThreshold:
 
     def select(self, x, k, key, step):
         n = x.shape[0]
-        if k >= n:
-            return np.arange(n)
         m = min(n, max(self.min_sample, int(n * self.sample_fraction)))
-        rng = _rng(self.seed, key, step)
-        a = np.abs(x)
-        sample = a[rng.choice(n, size=m, replace=False)]
-        k_sample = max(1, int(round(m * k / n)))
-        thr = np.partition(sample, m - k_sample)[m - k_sample]      # the k_sample-th largest
-        # Above-threshold entries outrank every other; within each group, larger magnitudes first.
-        score = a + (a >= thr) * (a.max() + 1)
-        return top_magnitudes(score, k)
+        return top_magnitudes(np.abs(x), k, step_rng(self.seed, key, step), sample=m)
 
 
-def top_magnitudes(a, k):
-    """Indices of the k largest entries of the non-negative array a (all of them if k >= a.size)."""
+# compression.selection: sampled. The threshold is the SAMPLE_HITS-th largest of a random sample, lowered
+# by SAMPLE_MARGIN standard deviations of that count: below the k-th largest magnitude unless the
+# sample is off by more than that (about 3e-5 of searches), when the search falls back to a partition.
+SAMPLE_HITS = 256
+SAMPLE_MARGIN = 4
+
+
+def sampled_candidates(a, k, rng, sample=None):
+    """Increasing indices of the entries of the non-negative array a at or above a threshold
+    estimated from a random sample, at least k of them: a superset of the k largest (every entry
+    left out is below every one taken). Costs a sample and one masked pass. None where a partition
+    is as cheap (the sample would cover an eighth of a, or k is above a quarter of it: the
+    candidates would be most of a) or the estimate came out above the k-th largest. sample: the
+    sample size (default: SAMPLE_HITS entries expected above the threshold)."""
+    n = a.shape[0]
+    m = sample or -(-SAMPLE_HITS * n // max(k, 1))
+    if k > n // 4 or m > n // 8:
+        return None
+    drawn = a[rng.integers(0, n, m)]                 # with replacement: O(m), no permutation
+    hits = m * k / n
+    r = min(m, int(hits + SAMPLE_MARGIN * hits ** 0.5) + 1)
+    threshold = np.partition(drawn, m - r)[m - r]    # the r-th largest of the sample
+    found = np.flatnonzero(a >= threshold)
+    return found if found.size >= k else None
+
+
+def top_magnitudes(a, k, rng=None, sample=None):
+    """Indices of the k largest entries of the non-negative array a (all of them if k >= a.size):
+    every entry above the k-th largest, then the first of those equal to it (so the set does not
+    depend on how a partition happens to order equal values). With rng (compression.selection:
+    sampled): the same set, taken among sampled_candidates in O(n) with a small constant instead of
+    a partition of all of a (every entry equal to the k-th largest is a candidate)."""
     n = a.shape[0]
     if k >= n:
         return np.arange(n)
-    return np.argpartition(a, n - k)[n - k:]
+    if k == 1:                        # one pass, no partition (the floor of one of gradient allocation)
+        return np.array([np.argmax(a)])
+    if rng is not None:
+        found = sampled_candidates(a, k, rng, sample)
+        if found is not None:
+            return found[top_magnitudes(a[found], k)]
+    idx = np.argpartition(a, n - k)[n - k:]
+    kth = a[idx].min()
+    if np.count_nonzero(a[idx] == kth) == np.count_nonzero(a == kth):
+        return idx                    # no entry equal to the k-th largest was left out
+    above = np.flatnonzero(a > kth)
+    return np.concatenate([above, np.flatnonzero(a == kth)[:k - above.size]])
 
 
-def _rng(seed, key, step):
+def step_rng(seed, key, step):
+    """The generator of one tensor's (or buffer's) selection at one step: the same on every worker."""
     # SeedSequence wants non-negative entries; keys and steps can be negative (behind-fusion keys,
     # the startup timing run).
     return np.random.default_rng([seed % 2**32, key % 2**32, step % 2**32])

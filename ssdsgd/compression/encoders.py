@@ -17,13 +17,15 @@ sparse buffer's gradient is copied to the host once per step and encoded with nu
 allocation needs every magnitude on the host anyway, and per ResNet-20 step the mx.nd version (a
 sorting topk and a dozen small ops per tensor) took three times the CPU, on the critical path.
 """
+import ctypes
 import time
 
 import mxnet as mx
 import numpy as np
+from mxnet.base import _LIB, check_call
 
 from ssdsgd.compression.codec import FP16_MAX, encode_message, encode_sparse
-from ssdsgd.compression.flatviews import FlatViews
+from ssdsgd.compression.compressor import TopK, sampled_candidates, step_rng, top_magnitudes
 from ssdsgd.compression.fusion import plan_for_config, tensor_counts, warmup_stages
 from ssdsgd.compression.memory import Memory
 from ssdsgd.compression.registry import is_sparsifier, make_compressor
@@ -50,7 +52,7 @@ class DenseEncoder:
 class SparseEncoder:
     codec = "sparse"
 
-    def __init__(self, buffer, compressor, memory, whole, behind=False, allocate_every=0):
+    def __init__(self, buffer, compressor, memory, whole, behind=False, allocate_every=0, sampled=False, seed=0):
         self.buffer = buffer
         self.compressor = compressor
         self.memory = memory
@@ -61,24 +63,32 @@ class SparseEncoder:
         self.offsets = buffer.offsets
         self.counts = list(buffer.counts)       # k_i per tensor; their sum (the message size) is fixed
         self.allocate_every = allocate_every    # compression.allocation: gradient (0: by size, fixed)
-        self.grad_views = self.grads_flat = None   # flat views of the gradients, and their flat copy
+        # compression.selection: sampled: top-k searches among sampled candidates (compressor.py). The
+        # searches of top-k proper run on the encoder's magnitudes, see _sampled_ahead.
+        self.sampled, self.seed = sampled, seed
+        self.by_magnitude = sampled and isinstance(compressor, TopK)
+        self.host = self.mag = None             # the buffer's gradient on the host, its magnitudes
 
     def encode(self, grads, step):
         """The payload, as a float32 NDArray (codec.encode_sparse)."""
         b = self.buffer
-        if self.grad_views is None or not self.grad_views.matches(grads):
-            self.grad_views = FlatViews(grads)
-            self.grads_flat = self.grad_views.buffer()
-        self.grad_views.copy_to(self.grads_flat)
-        flat = self.grads_flat.array.asnumpy()          # the one host copy of the buffer per step
+        flat = self._to_host(grads)
+        rng = step_rng(self.seed, -1 - b.id, step) if self.sampled else None
         if self.behind:
-            idx, val = self._select(self.memory.accumulate(-1 - b.id, flat), b.topk_count, -1 - b.id, step)
+            acc = self.memory.accumulate(-1 - b.id, flat, self.mag if self.by_magnitude else None)
+            idx = top_magnitudes(self.mag, b.topk_count, rng) if self.by_magnitude else None
+            idx, val = self._select(acc, b.topk_count, -1 - b.id, step, idx=idx)
         else:
-            accs = [self.memory.accumulate(b.params[j], flat[off:off + n])
+            allocate = self.allocate_every and step % self.allocate_every == 0
+            # The magnitudes are needed for a sampled search: written as the memory accumulates.
+            mag = self.mag if self.sampled and (allocate or self.by_magnitude) else None
+            accs = [self.memory.accumulate(b.params[j], flat[off:off + n],
+                                           None if mag is None or j in self.whole else mag[off:off + n])
                     for j, (off, n) in enumerate(zip(self.offsets, b.sizes))]
-            if self.allocate_every and step % self.allocate_every == 0:
+            picks = self._sampled_ahead(accs, allocate, rng) if mag is not None else {}
+            if allocate and not self.sampled:
                 self.counts = allocate_by_threshold(accs, self.counts, self.whole)
-            parts = [self._select(acc, self.counts[j], b.params[j], step, whole=j in self.whole)
+            parts = [self._select(acc, self.counts[j], b.params[j], step, whole=j in self.whole, idx=picks.get(j))
                      for j, acc in enumerate(accs)]
             idx = np.concatenate([i + off for (i, _), off in zip(parts, self.offsets)])
             val = np.concatenate([v for _, v in parts])
@@ -88,9 +98,54 @@ class SparseEncoder:
     def message(self, grads, step, rank):
         return encode_message(step, rank, self.encode(grads, step), self.fp16)
 
-    def _select(self, acc, k, key, step, whole=False):
-        """Select (or, for a tensor sent whole, take every index), send, remember the rest."""
-        idx = np.arange(acc.shape[0]) if whole else self.compressor.select(acc, k, key, step)
+    def _to_host(self, grads):
+        """The buffer's gradients copied into one float32 host array, reused every step (a fresh
+        array per step costs its page faults: at ResNet-50's size, more than the copy)."""
+        b = self.buffer
+        if self.host is None:
+            self.host = np.empty(b.size, np.float32)
+            self.mag = np.empty(b.size, np.float32)
+            for j in self.whole:         # never a candidate of a top-k search: sent whole anyway
+                self.mag[self.offsets[j]:self.offsets[j] + b.sizes[j]] = -1.0
+        copy_to_host(grads, self.host, self.offsets, b.sizes)
+        return self.host
+
+    def _sampled_ahead(self, accs, allocate, rng):
+        """compression.selection: sampled, fusion ahead, with self.mag filled. Re-allocates the quotas
+        (allocate) from one sampled candidate search over the buffer, and with top-k returns {tensor:
+        its indices}, taken among those candidates where the tensor's quota fits in them, else by a
+        search of its own."""
+        b, mag = self.buffer, self.mag
+        part = [j for j in range(len(accs)) if j not in self.whole]
+        found = None
+        if allocate and len(part) > 1:
+            found = sampled_candidates(mag, sum(self.counts[j] for j in part), rng)
+            if found is None:
+                self.counts = allocate_by_threshold(accs, self.counts, self.whole)
+            else:
+                values = mag[found]
+                # found[bounds[j]:bounds[j + 1]] are tensor j's candidates (found is increasing)
+                bounds = np.searchsorted(found, np.concatenate([[0], np.cumsum(b.sizes)]))
+                self.counts = allocate_from_candidates(values, bounds, self.counts, self.whole)
+        if not self.by_magnitude:
+            return {}
+        picks = {}
+        for j in part:
+            off, n, k = self.offsets[j], b.sizes[j], self.counts[j]
+            if found is not None and k <= bounds[j + 1] - bounds[j]:
+                mine = slice(bounds[j], bounds[j + 1])
+                picks[j] = found[mine][top_magnitudes(values[mine], k)] - off
+            else:
+                picks[j] = top_magnitudes(mag[off:off + n], k, rng)
+        return picks
+
+    def _select(self, acc, k, key, step, whole=False, idx=None):
+        """Select (or, for a tensor sent whole, take every index; or take idx, the encoder's own
+        top-k search), send, remember the rest."""
+        if whole:
+            idx = np.arange(acc.shape[0])
+        elif idx is None:
+            idx = self.compressor.select(acc, k, key, step)
         val = acc[idx]
         lost = None
         if self.fp16:
@@ -100,6 +155,19 @@ class SparseEncoder:
         # the momentum, see Memory.update.
         self.memory.update(key, acc, idx, lost, whole=whole or k >= acc.shape[0])
         return idx, val
+
+
+def copy_to_host(arrays, out, offsets, sizes):
+    """Each float32 NDArray of `arrays` into out[offset:offset + size]: what NDArray.asnumpy does
+    (the same MXNet call, which waits for the array's pending writes), into a host array that is
+    reused, one copy per tensor and no flat NDArray in between."""
+    if out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"host buffer of {out.dtype}: a contiguous float32 array is needed")
+    base = out.ctypes.data
+    for a, off, n in zip(arrays, offsets, sizes):
+        if a.dtype != np.float32 or a.size != n or off + n > out.size:
+            raise ValueError(f"gradient of {a.size} {np.dtype(a.dtype)} values for a slot of {n} float32")
+        check_call(_LIB.MXNDArraySyncCopyToCPU(a.handle, ctypes.c_void_p(base + 4 * off), ctypes.c_size_t(n)))
 
 
 def allocate_by_threshold(accs, counts, whole):
@@ -124,6 +192,30 @@ def allocate_by_threshold(accs, counts, whole):
     tau = np.partition(flat, flat.size - budget)[flat.size - budget]
     above = np.array([int((m > tau).sum()) for m in mags])
     ties = np.array([int((m == tau).sum()) for m in mags])
+    return _quotas(counts, part, above, ties, budget)
+
+
+def allocate_from_candidates(values, bounds, counts, whole):
+    """allocate_by_threshold's quotas from a sampled candidate search (compression.selection:
+    sampled): values, the magnitudes of every entry of the buffer at or above a threshold, at least
+    the budget of them (compressor.sampled_candidates), tensor j's in values[bounds[j]:bounds[j + 1]].
+    The budget's largest magnitude and every entry equal to it are among them, so the quotas are the
+    exact ones, found in O(len(values))."""
+    part = [j for j in range(len(counts)) if j not in whole]
+    budget = sum(counts[j] for j in part)
+    if len(part) < 2:
+        return list(counts)
+    tau = np.partition(values, values.size - budget)[values.size - budget]
+    ends = np.asarray(bounds)[[j + 1 for j in part]]
+    starts = np.asarray(bounds)[part]
+    above = np.concatenate([[0], np.cumsum(values > tau)])
+    ties = np.concatenate([[0], np.cumsum(values == tau)])
+    return _quotas(counts, part, above[ends] - above[starts], ties[ends] - ties[starts], budget)
+
+
+def _quotas(counts, part, above, ties, budget):
+    """counts with the sparsified tensors' (part) quotas replaced: `above` the budget's threshold
+    and a share of the `ties` at it, at least one each, `budget` in all."""
     # Entries equal to tau (all of them when most are 0) fill the rest of the budget in tensor order.
     want = above + np.minimum(ties, np.maximum(0, budget - above.sum() - np.concatenate([[0], np.cumsum(ties)[:-1]])))
     new = np.maximum(want, 1)
@@ -156,8 +248,9 @@ def make_encoders(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, s
 
 def _sparse_encoders(buffers, compressor, memory, whole, comp):
     every = comp.allocate_every if comp.allocation == "gradient" else 0
-    return [SparseEncoder(b, compressor, memory, [whole[i] for i in b.params],
-                          behind=comp.fusion == "behind", allocate_every=every) for b in buffers]
+    return [SparseEncoder(b, compressor, memory, [whole[i] for i in b.params], behind=comp.fusion == "behind",
+                          allocate_every=every, sampled=comp.selection == "sampled", seed=compressor.seed)
+            for b in buffers]
 
 
 def make_stages(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, seed=0):

@@ -15,6 +15,9 @@ The state is float32 numpy arrays on the host, where the encoders select (see co
 import numpy as np
 
 
+MEMORY_CHUNK = 1 << 18          # elements per chunk of accumulate's passes (1 MiB: within L2)
+
+
 class Memory:
     def __init__(self, error_feedback=True, momentum=0.0, masking=True):
         self.error_feedback = error_feedback
@@ -23,19 +26,36 @@ class Memory:
         self.residual = {}
         self.velocity = {}
 
-    def accumulate(self, key, g):
-        """The vector to sparsify for this step (g: a 1-D float32 array, left unchanged)."""
+    def accumulate(self, key, g, magnitude=None):
+        """The vector to sparsify for this step (g: a 1-D float32 array, left unchanged). With error
+        feedback it is the tensor's residual itself, updated in place: call update() with it before
+        the next accumulate of the same key. magnitude: an array of g's size that receives the
+        result's absolute values, computed while each chunk is still in the cache."""
+        u = r = None
         if self.momentum:
             u = self.velocity.get(key)
-            if u is None:
+            if u is None:                 # the first step: u = g, and nothing below adds to it
                 u = self.velocity[key] = g.copy()
-            else:
-                u *= np.float32(self.momentum)
-                u += g
-            g = u
-        if self.error_feedback and key in self.residual:
-            return self.residual[key] + g
-        return g
+                g = None
+        if self.error_feedback:
+            r = self.residual.get(key)
+            if r is None:                 # the first step: nothing held back yet
+                r = self.residual[key] = np.zeros(g.shape[0] if g is not None else u.shape[0], np.float32)
+        add = u if u is not None else g   # what the residual gets: the momentum, or the gradient
+        out = r if r is not None else add
+        # In place, chunk by chunk: no new array of the tensor's size per step (at ResNet-50's size its
+        # page faults cost more than the arithmetic), and each chunk's several passes hit the cache.
+        mu = np.float32(self.momentum)
+        for lo in range(0, out.shape[0], MEMORY_CHUNK):
+            part = slice(lo, lo + MEMORY_CHUNK)
+            if u is not None and g is not None:
+                np.multiply(u[part], mu, out=u[part])
+                np.add(u[part], g[part], out=u[part])
+            if r is not None:
+                np.add(r[part], add[part], out=r[part])
+            if magnitude is not None:
+                np.abs(out[part], out=magnitude[part])
+        return out
 
     def update(self, key, acc, idx, lost=None, whole=False):
         """Forget what was sent: zero the sent positions of the residual (and of the momentum).
@@ -49,9 +69,10 @@ class Memory:
         if not (self.error_feedback or self.momentum):
             return
         if self.error_feedback:
-            residual = acc.copy()
+            residual = self.residual.get(key)
+            if residual is not acc:          # an acc that accumulate did not make (tests, tools)
+                self.residual[key] = residual = acc.copy()
             residual[idx] = 0.0 if lost is None else lost
-            self.residual[key] = residual
         if self.momentum and self.masking and not whole:
             self.velocity[key][idx] = 0.0
 

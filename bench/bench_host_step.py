@@ -108,8 +108,6 @@ def build(cfg_path, sets):
 
 
 def measure(client, params, server, stage, fwd_bwd, steps):
-    import mxnet as mx
-
     from ssdsgd.compression.encoders import copy_to_host, flatten
     from ssdsgd.ps.rounds import RingLayout, read_ring
     grads = [p.grad() for p in params]
@@ -163,11 +161,16 @@ def measure(client, params, server, stage, fwd_bwd, steps):
         if i % 4 == 0:
             row["forward_backward_ms"] = _timed(fwd_bwd)
         rows.append(row)
+    _check_same_end([p.data() for p in params] + client.local_states, old_w + old_s)
+    return rows
+
+
+def _check_same_end(flat_way, per_parameter_way):
+    import mxnet as mx
     mx.nd.waitall()
-    for a, b in zip([p.data() for p in params] + client.local_states, old_w + old_s):
+    for a, b in zip(flat_way, per_parameter_way):
         if not np.array_equal(a.asnumpy().view(np.uint32), b.asnumpy().view(np.uint32)):
             raise SystemExit("error: the flat and the per-parameter ways ended with different weights or states")
-    return rows
 
 
 def _timed(fn):

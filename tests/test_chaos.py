@@ -48,7 +48,7 @@ def test_chaos_cluster_short(tmp_path):
     except vcluster.ClusterError as e:
         pytest.skip(f"no virtual cluster here: {e}")
     out = tmp_path / "chaos_cluster"
-    rc, text, pid = _chaos(["--cluster", "--faults", "2", "--kinds", "kill", "cut", "--epochs", "6",
+    rc, text, pid = _chaos(["--cluster", "--faults", "2", "--kinds", "kill", "cut", "--epochs", "12",
                             "--out", str(out)], timeout=180)
     assert rc == 0, text[-4000:]
     summary = (out / "summary.md").read_text()

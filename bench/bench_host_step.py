@@ -214,9 +214,9 @@ def main(argv=None):
     if args.steps < 4:
         ap.error("--steps must be at least 4 (one forward and backward every 4 steps)")
     sets = DEFAULT_SETS if args.sets is None else args.sets
-    os.makedirs(args.out, exist_ok=True)
     client, params, server, stage, fwd_bwd = build(args.config, sets)
     rows = measure(client, params, server, stage, fwd_bwd, args.steps)
+    os.makedirs(args.out, exist_ok=True)      # only now: a refused config leaves no empty results folder
     write_csv(os.path.join(args.out, "steps.csv"), rows)
     text = table(rows, args, sets)
     write_text(os.path.join(args.out, "table.md"), text)

@@ -1,14 +1,15 @@
 """MXNet's stock command lines, N times under MXNet's own launcher and under ours, side by side (issue 38).
 
-    python scripts/stock_compat.py [--repeats 10] [--out results/stock_compat] [--cases sparse_step,...]
+    python scripts/stock_compat.py [--repeats 10] [--out results/stock_compat] [--cases sparse_step,...] [--load N]
 
 Each case is one command line from MXNet's nightly KVStore tests or its launcher's documentation, run with
 our own small scripts (tests/stock_scripts/) in a fresh working directory per run. A run passes when the
 roles did what the script checks: every worker printed its `passed`/`profiled` line and the expected files
 exist. The launcher's exit code is recorded too; stock's says little (its local tracker waits for the
 scheduler only, so a failing worker still exits 0). Writes runs.csv (one row per run), table.md and
-manifest.json to --out. Slow (tens of minutes): not part of `make test`; tests/test_stock_compat.py runs
-each case once.
+manifest.json to --out. --load N keeps N busy-loop processes running meanwhile (a machine as loaded
+as a whole `make test` on 2 cores), for failures that show only under load. Slow (tens of minutes):
+not part of `make test`; tests/test_stock_compat.py runs each case once.
 """
 import argparse
 import glob
@@ -107,6 +108,18 @@ def run_once(launcher, case, timeout):
     return row
 
 
+def start_load(count):
+    """count busy-loop processes (each its own process group, ended by stop_load)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+            for _ in range(count)]
+
+
+def stop_load(procs):
+    for proc in procs:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def table(rows, cases):
     lines = ["| case | launcher | passed | exit codes | seconds (median) |", "|---|---|---|---|---|"]
     for case in cases:
@@ -128,22 +141,26 @@ def main():
                     help=f"comma-separated, of: {', '.join(CASES)} (default: all but sparse_step_n4)")
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "stock_compat"))
     ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--load", type=int, default=0, help="busy-loop processes kept running meanwhile")
     args = ap.parse_args()
     cases = args.cases.split(",")
     unknown = [c for c in cases if c not in CASES]
     if unknown:
         sys.exit(f"stock_compat.py: unknown case(s) {', '.join(unknown)} (known: {', '.join(CASES)})")
     os.makedirs(args.out, exist_ok=True)
-    rows = []
-    for case in cases:
-        for _ in range(min(args.repeats, FEW.get(case, args.repeats))):
-            for launcher in LAUNCHERS:   # alternate, so both see the same load over time
-                rows.append(run_once(launcher, case, args.timeout))
-                print(json.dumps(rows[-1]), flush=True)
-                write_csv(os.path.join(args.out, "runs.csv"), rows)
+    rows, load = [], start_load(args.load)
+    try:
+        for case in cases:
+            for _ in range(min(args.repeats, FEW.get(case, args.repeats))):
+                for launcher in LAUNCHERS:   # alternate, so both see the same load over time
+                    rows.append(run_once(launcher, case, args.timeout))
+                    print(json.dumps(rows[-1]), flush=True)
+                    write_csv(os.path.join(args.out, "runs.csv"), rows)
+    finally:
+        stop_load(load)
     write_text(os.path.join(args.out, "table.md"), table(rows, cases))
-    write_manifest(args.out, [], repeats=args.repeats, cases=cases,
-                   note="2-core machine shared with other jobs while this ran (load average 15-24)")
+    write_manifest(args.out, [], repeats=args.repeats, cases=cases, busy_loops=args.load,
+                   load_average=os.getloadavg())
     print(table(rows, cases))
 
 

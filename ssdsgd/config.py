@@ -102,8 +102,9 @@ def _check_compression(c, sparsifier):
         "index_coding": (comp["index_coding"] != "auto", "only sparse messages carry indices"),
         "warmup": (bool(comp["warmup"]), "a density warm-up needs a sparsifier"),
         "selection": (comp["selection"] == "sampled", "only the sparse encoders select values"),
-        "downlink": (comp["downlink"] == "sparse", "sparse rebuilds the global weights from the rounds' sparse "
-                                                  "updates, so it needs a sparsifier"),
+        "downlink": (comp["downlink"] in ("sparse", "compressed"),
+                     f"{comp['downlink']} rebuilds the global weights from the rounds' sparse updates, so it "
+                     f"needs a sparsifier"),
     }
     for key, (is_set, why) in sparse_only.items():
         if is_set and not sparsifier:

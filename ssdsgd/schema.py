@@ -242,14 +242,18 @@ SCHEMA = {
         "warmup": ListField([], item=float, max=1,
                             doc="density of each of the first epochs, e.g. DGC's [0.25, 0.0625, 0.015625, "
                                 "0.004]; `density` from then on"),
-        "downlink": Field(str, "auto", choices=("auto", "dense", "sparse"),
+        "downlink": Field(str, "auto", choices=("auto", "dense", "sparse", "compressed"),
                           doc="round-based runs with a sparsifier: refresh from dense weight pulls, or from "
                               "the rounds' aggregated sparse updates applied to a replica of the servers' state "
-                              "(per buffer, only where that is smaller); auto: sparse with a sparsifier, dense "
+                              "(per buffer, only where that is smaller); sparse: the exact sums (a pull grows "
+                              "with the workers, up to N pushes); compressed: where the exact sums would be over "
+                              "2 pushes, the servers apply and send only each sum's top-k (one push's worth, "
+                              "their own error feedback keeps the rest); auto: sparse with a sparsifier, dense "
                               "otherwise"),
         "downlink_check_every": Field(int, 50, min=0,
-                                      doc="downlink sparse: every this many rounds the servers publish a CRC-32 of "
-                                          "a buffer's weights in its ring and the replica must match it (0: never)"),
+                                      doc="downlink sparse or compressed: every this many rounds the servers "
+                                          "publish a CRC-32 of a buffer's weights in its ring and the replica must "
+                                          "match it (0: never)"),
     },
     "checkpoint": {
         "dir": Field(str, None, nullable=True),

@@ -197,6 +197,87 @@ def test_round_service_publishes_each_stage_ring_in_its_own_key():
     assert sorted(read_ring(stored[4].asnumpy(), RingLayout(1, workers * ks[0], size))) == [1]
 
 
+def test_compressed_rounds_stay_bit_identical_and_lose_nothing():
+    """Compressed downlink at 8 workers: the servers apply and publish each round's top-k of
+    (sum + residual), k one push's count, so every slot holds at most k values; the replica that
+    applies the ring equals the servers' weights bit for bit; and nothing is lost: the residual plus
+    every published round is the sum of all pushes (the servers' error feedback keeps the rest)."""
+    rng = np.random.default_rng(3)
+    size, workers, k, rounds, slots = 400, 8, 10, 30, 4
+    fmt = [WireFormat("sparse", size, k)]
+    server = BufferState(size, workers, B, 0.9, 1e-4, schedule(rounds), fmt, 0.5, 5)
+    replica = BufferState(size, workers, B, 0.9, 1e-4, schedule(rounds), [], 0.5, 5)
+    server.ring = DownlinkRing(RingLayout(slots, k, size), check_every=1, compressed=True)
+    w0 = rng.standard_normal(size).astype(np.float32)
+    server.bind(w0)
+    replica.bind(w0)
+    pushed, published = np.zeros(size, np.float64), np.zeros(size, np.float64)
+    for rnd in range(rounds):
+        for rank in range(workers):
+            idx = rng.choice(size, k, replace=False)
+            vals = rng.standard_normal(k).astype(np.float32)
+            np.add.at(pushed, idx, vals)
+            server.receive(sparse_message(rnd, rank, idx, vals))
+        ring = read_ring(server.ring.array.copy(), server.ring.layout, from_round=replica.version)
+        entry = ring[rnd]
+        assert 0 < len(entry.indices) <= k
+        published[entry.indices] += entry.values
+        assert replica.catch_up(ring) and replica.checks == rnd + 1      # the guard: every round
+        assert bits_equal(replica.weights, server.weights) and bits_equal(replica.mom, server.mom)
+    assert np.allclose(published + server.residual, pushed, atol=1e-4)
+    assert np.count_nonzero(server.residual) > size // 2         # most of what was pushed still waits
+
+
+def test_compressed_downlink_picks_per_buffer_by_size():
+    """compression.downlink compressed: the exact ring where it is at most twice the compressed one
+    (2 workers), the compressed ring beyond, dense where no ring is smaller than the dense weights;
+    sparse keeps the exact ring at any N."""
+    from types import SimpleNamespace
+    from ssdsgd.algorithms.downlink import ring_choice
+    comp = SimpleNamespace(downlink="compressed", index_coding="list")
+    assert ring_choice(comp, 5, 10000, 100, 2)[0] == "sparse"
+    kind, layout = ring_choice(comp, 5, 10000, 100, 8)
+    assert kind == "compressed" and layout.cap == 100
+    assert ring_choice(comp, 5, 400, 100, 8)[0] == "dense"
+    sparse = SimpleNamespace(downlink="sparse", index_coding="list")
+    kind, layout = ring_choice(sparse, 5, 100000, 100, 8)
+    assert kind == "sparse" and layout.cap == 800
+
+
+def test_round_service_keeps_the_residual_in_its_checkpoint(tmp_path):
+    """A server's compressed-downlink residual is part of its checkpoint: saved and loaded back."""
+    import mxnet as mx
+
+    from ssdsgd.ps.server import RoundService
+    size, workers, k = 64, 4, 3
+    plan = {"num_workers": workers, "batch_size": B, "momentum": 0.0, "wd": 0.0,
+            "schedule": LRSchedule("constant", base_lr=0.1, total_updates=10).to_dict(),
+            "buffers": [{"id": 0, "size": size, "weight_key": 0, "clock_key": 1,
+                         "mailboxes": [{"key": 2, "codec": "sparse", "size": size, "topk_count": k}],
+                         "downlink": {"rings": [{"key": 4, "cap": k, "bitmap": False, "compressed": True}],
+                                      "first_rounds": [0], "mom_key": 6, "slots": 2, "check_every": 0}}]}
+
+    def service():
+        svc = RoundService(plan, mx.nd)
+        stored = {key: mx.nd.zeros(n) for key, n in ((0, size + 1), (1, 1), (6, size + 1),
+                                                      (4, RingLayout(2, k, size).length))}
+        for key in stored:
+            svc.push(key, mx.nd.zeros(stored[key].shape), stored[key])
+        return svc
+
+    svc = service()
+    rng = np.random.default_rng(5)
+    for rank in range(workers):
+        msg = sparse_message(0, rank, rank * k + np.arange(k), rng.standard_normal(k) + 5)   # disjoint, non-zero
+        svc.push(2, mx.nd.array(msg), mx.nd.zeros(msg.size))
+    residual = svc.states[0].residual.copy()
+    assert np.count_nonzero(residual) == workers * k - k
+    svc.save(str(tmp_path))
+    again = service()
+    again.load(str(tmp_path))
+    assert bits_equal(again.states[0].residual, residual) and again.states[0].version == 1
+
+
 def test_config_downlink_needs_a_sparsifier():
     import os
 
@@ -340,5 +421,31 @@ def test_resume_with_a_ring_pull_in_flight_matches_uninterrupted_run(tmp_path):
     client = b.summary()["client"]
     assert client["downlink_resyncs"] == 0
     assert [d["downlink"] for d in client["downlink"]] == ["sparse"] * 3 * client["buffers"]
+    for job in (a, b, c):
+        assert processes_with(job.marker) == []
+
+
+@pytest.mark.timeout(400)
+def test_compressed_downlink_at_4_workers_resumes_exactly(tmp_path):
+    """Strict SSD-SGD + top-k at 4 workers with compression.downlink compressed: every buffer's ring
+    is the compressed one; after the warm-up a worker pulls about what it pushes (the exact ring would
+    be up to 4 pushes); the guard checks every round; and a run stopped and resumed from its
+    checkpoint (the servers' residual in it) ends bit for bit where the uninterrupted one ends."""
+    from jobs import processes_with, stopped_resumed_and_uninterrupted
+    common = STRICT[1:] + ["cluster.workers=4", "train.epochs=3", "checkpoint.every_epochs=1",
+                           "compression.downlink=compressed", "compression.downlink_check_every=1"]
+    a, b, c = stopped_resumed_and_uninterrupted(tmp_path, TOPK, *common, stop_steps=22)
+    sb, sc = b.summary(), c.summary()
+    assert sb["steps"] == sc["steps"]
+    wb, wc = _params(sb["checkpoint"]), _params(sc["checkpoint"])
+    for name in wc:
+        assert bits_equal(wb[name], wc[name]), name
+    client = sc["client"]
+    assert {d["downlink"] for d in client["downlink"]} == {"compressed"}
+    assert client["downlink_checks"] > 0 and client["downlink_resyncs"] == client["buffers"]  # the start's
+    aw = sc["after_warmup"]
+    push, pull = aw["push_bytes"] / aw["steps"], aw["pull_bytes"] / aw["steps"]
+    print(f"4 workers, after warm-up, per step: pushed {push:.0f} B, pulled {pull:.0f} B ({pull / push:.2f}x)")
+    assert pull <= 1.3 * push, (push, pull)
     for job in (a, b, c):
         assert processes_with(job.marker) == []

@@ -1,6 +1,11 @@
-"""The sparse downlink's worker side (compression.downlink: sparse): a replica of each buffer's server
-state, refreshed from the ring of the last rounds' aggregated sparse updates instead of a pull of the
-dense weights (the ring itself, server side: ssdsgd.ps.rounds.DownlinkRing).
+"""The sparse downlink's worker side (compression.downlink: sparse or compressed): a replica of each
+buffer's server state, refreshed from the ring of the last rounds' aggregated sparse updates instead of
+a pull of the dense weights (the ring itself, server side: ssdsgd.ps.rounds.DownlinkRing).
+
+sparse: a round's slot holds the exact sum of the N workers' pushes, up to N pushes' values, so the
+pull grows with N. compressed: where that exact slot would be more than twice one push's, the servers
+apply and publish only the top-k_b of each round's sum (their own error feedback keeps the rest for
+later rounds: ssdsgd.ps.rounds.BufferState.squeezed), so the pull stays one push's worth at any N.
 
 Per buffer and density stage the server keeps the last R rounds' aggregated updates in a ring key:
 R = S (at least k; 1 for synchronous SGD, which pulls every round), each slot [round, count,
@@ -27,6 +32,23 @@ def ring_zeros(size, down, ring):
     return mx.nd.zeros(RingLayout.of_plan(size, down, ring).length)
 
 
+def ring_choice(comp, slots, size, topk_count, workers):
+    """(kind, RingLayout) of one buffer's ring in one density stage: kind "sparse" (the exact round
+    sums: up to `workers` pushes' values each), "compressed" (the servers' top-k of them, one push's
+    worth: compression.downlink compressed, where the exact ring would be more than twice its size) or
+    "dense" (no ring: the chosen ring would not be smaller than one pull of the dense weights)."""
+    def layout(cap):
+        cap = min(cap, size)
+        return RingLayout(slots, cap, size, use_bitmap(size, cap, comp.index_coding))   # the ring is fp32
+
+    kind, chosen = "sparse", layout(workers * topk_count)
+    if comp.downlink == "compressed":
+        squeezed = layout(topk_count)
+        if chosen.length > 2 * squeezed.length:
+            kind, chosen = "compressed", squeezed
+    return ("dense" if chosen.length >= size + 1 else kind), chosen
+
+
 class Downlink:
     """Per buffer: its downlink plan (None: dense pulls only), its replica (a ps.rounds.BufferState
     made by `make_replica(size)`), its ring pull buffers, and what its last pull was: the density stage
@@ -40,7 +62,7 @@ class Downlink:
         self.stages = transport.stages
         n = len(transport.buffers)
         self.plans, self.replicas, self.ring_bufs, self.pulled = [None] * n, [None] * n, [None] * n, [None] * n
-        if comp is None or comp.downlink != "sparse":
+        if comp is None or comp.downlink not in ("sparse", "compressed"):
             return
         decisions = self._plan(slots, comp, make_replica)
         self.stats.update(downlink=decisions, downlink_resyncs=0, downlink_checks=0)
@@ -61,16 +83,13 @@ class Downlink:
         for bi, b in enumerate(buffers):
             rings = []
             for stage, (bufs, _) in enumerate(self.stages):
-                cap = min(kv.num_workers * bufs[bi].topk_count, b.size)
-                bitmap = use_bitmap(b.size, cap, comp.index_coding)   # the ring is fp32
-                layout = RingLayout(slots, cap, b.size, bitmap)
-                ring_bytes, dense_bytes = 4 * layout.length, 4 * (b.size + 1)
-                sparse = ring_bytes < dense_bytes
-                decisions.append({"buffer": bi, "stage": stage, "downlink": "sparse" if sparse else "dense",
-                                  "slots": slots, "slot_bytes": 4 * layout.slot_length,
-                                  "ring_bytes": ring_bytes, "dense_bytes": dense_bytes,
-                                  "indices": "bitmap" if bitmap else "list"})
-                rings.append({"key": keys.on(b.server), "cap": cap, "bitmap": bitmap} if sparse else None)
+                kind, layout = ring_choice(comp, slots, b.size, bufs[bi].topk_count, kv.num_workers)
+                decisions.append({"buffer": bi, "stage": stage, "downlink": kind, "slots": slots,
+                                  "slot_bytes": 4 * layout.slot_length, "ring_bytes": 4 * layout.length,
+                                  "dense_bytes": 4 * (b.size + 1), "indices": "bitmap" if layout.bitmap else "list"})
+                rings.append(None if kind == "dense" else
+                             {"key": keys.on(b.server), "cap": layout.cap, "bitmap": layout.bitmap,
+                              "compressed": kind == "compressed"})
             if not any(rings):
                 continue
             self.plans[bi] = {"rings": rings, "first_rounds": first_rounds, "mom_key": keys.on(b.server),

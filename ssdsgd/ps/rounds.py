@@ -16,7 +16,15 @@ momentum of their gradients, so the servers run the rule above with mu = 0, whic
 weight decay without momentum (1/(1 - mu) times weaker than SSGD's).
 
 Rounds may arrive in any order and a fast worker may be several rounds ahead; their accumulators wait
-in `pending` until they can be applied in order.
+in `pending` until they can be applied in order. Within a round the contributions are added in rank
+order (one that arrives early is held until its turn): float32 addition is not associative, and with 3
+or more workers the arrival order would otherwise change the sum, and so the run, from one run to the
+next.
+
+Under the compressed downlink (a ring stage marked compressed) the servers apply, and publish, not G_t
+itself but its top-`cap` values after adding the servers' own error feedback (as DoubleSqueeze does):
+C_t = top_cap(G_t + e_t), e_{t+1} = G_t + e_t - C_t. The servers' weights are then exactly what the
+workers' replicas rebuild from the published rounds; what the rounds have not yet carried waits in e.
 """
 import bisect
 import zlib
@@ -53,9 +61,10 @@ class BufferState:
         self.weights = None           # np.float32 (size,), set by bind()
         self.mom = np.zeros(size, np.float32)
         self.version = 0              # number of rounds applied
-        self.pending = {}             # round -> [sum array, set of ranks]
+        self.pending = {}             # round -> [sum array, ranks received, {rank: contribution not yet added}]
         self.ring = None              # publishes each applied round (sparse downlink): StagedRings or a DownlinkRing
         self.checks = 0               # replica side: rounds whose published checksum this state matched
+        self.residual = None          # compressed downlink: the servers' error feedback e (float32, size)
 
     def bind(self, weights, version=0):
         if weights.shape != (self.size,):
@@ -76,20 +85,50 @@ class BufferState:
         entry = self.pending.get(rnd)
         if entry is None:
             # The round's accumulator: O(size), once per round (not per message).
-            entry = self.pending[rnd] = [np.zeros(self.size, np.float32), set()]
+            entry = self.pending[rnd] = [np.zeros(self.size, np.float32), set(), {}]
         if rank in entry[1]:
             raise RoundError(f"rank {rank} pushed round {rnd} twice")
-        if isinstance(grad, SparseGrad):
-            grad.add_to(entry[0])         # scatter-add: O(values sent)
-        else:
-            entry[0] += grad
         entry[1].add(rank)
+        entry[2][rank] = grad
+        self._add_in_rank_order(entry)
         applied = 0
-        while self.version in self.pending and len(self.pending[self.version][1]) == self.num_workers:
-            grad_sum, _ = self.pending.pop(self.version)
-            self.apply(grad_sum)
+        while self.version in self.pending and len(self.pending[self.version][1]) == self.num_workers \
+                and not self.pending[self.version][2]:
+            grad_sum = self.pending.pop(self.version)[0]
+            self.apply(self.squeezed(grad_sum))
             applied += 1
         return applied
+
+    @staticmethod
+    def _add_in_rank_order(entry):
+        """Add the held contributions of a round [sum, ranks received, {rank: held}] whose turn has come:
+        ranks 0, 1, 2, ... in that order whatever order they arrived in, so that with 3 or more
+        workers the float32 sum, and so the run, does not depend on timing."""
+        while True:
+            turn = len(entry[1]) - len(entry[2])          # ranks 0 .. turn - 1 are in the sum
+            grad = entry[2].pop(turn, None)
+            if grad is None:
+                return
+            if isinstance(grad, SparseGrad):
+                grad.add_to(entry[0])         # scatter-add: O(values sent)
+            else:
+                entry[0] += grad
+
+    def squeezed(self, grad_sum):
+        """The round's sum as the servers apply it: itself, or under a compressed ring stage its `cap`
+        largest magnitudes after adding the residual e, the rest kept in e for later rounds."""
+        cap = self.ring.compressed_cap(self.version) if self.ring is not None else None
+        if cap is None:
+            return grad_sum
+        if self.residual is None:
+            self.residual = np.zeros(self.size, np.float32)
+        acc = self.residual
+        acc += grad_sum
+        out = np.zeros(self.size, np.float32)
+        idx = top_magnitudes(acc, cap)
+        out[idx] = acc[idx]
+        acc[idx] = 0.0
+        return out
 
     def apply(self, grad_sum):
         lr = np.float32(self.schedule(self.version + 1))     # MXNet counts updates from 1
@@ -101,16 +140,21 @@ class BufferState:
         self.version += 1
 
     def state_dict(self):
-        return {"weights": self.weights, "mom": self.mom, "version": self.version,
-                "pending": {r: (s, sorted(ranks)) for r, (s, ranks) in self.pending.items()}}
+        """The pending rounds as {round: (sum, ranks received, {rank: held contribution, dense})}."""
+        return {"weights": self.weights, "mom": self.mom, "version": self.version, "residual": self.residual,
+                "pending": {r: (s, sorted(ranks), {q: g.to_dense() if isinstance(g, SparseGrad) else g
+                                                   for q, g in held.items()})
+                            for r, (s, ranks, held) in self.pending.items()}}
 
     def load_state_dict(self, d):
         self.weights = np.asarray(d["weights"], np.float32).copy()
         self.mom = np.asarray(d["mom"], np.float32).copy()
         self.version = int(d["version"])
-        self.pending = {int(r): [np.asarray(s, np.float32).copy(), set(ranks)]
-                        for r, (s, ranks) in d["pending"].items()}
-
+        self.residual = None if d.get("residual") is None else np.asarray(d["residual"], np.float32).copy()
+        # A held sparse contribution comes back dense: adding it is bit for bit the same (SparseGrad.add_to).
+        self.pending = {int(r): [np.asarray(s, np.float32).copy(), set(ranks),
+                                 {int(q): np.asarray(g, np.float32).copy() for q, g in held.items()}]
+                        for r, (s, ranks, held) in d["pending"].items()}
 
     def catch_up(self, rounds):
         """Replica side of the sparse downlink: apply the published rounds (`read_ring`) from this
@@ -196,6 +240,13 @@ class RingLayout:
         return self.slots * self.slot_length
 
 
+def top_magnitudes(values, count):
+    """Indices of the `count` largest |values| (all of them if count >= size), in no particular order."""
+    if count >= values.size:
+        return np.arange(values.size)
+    return np.argpartition(np.abs(values), values.size - count)[values.size - count:]
+
+
 def weights_checksum(weights):
     """CRC-32 of a float32 array's bytes: equal for bit-identical arrays."""
     return zlib.crc32(np.ascontiguousarray(weights, np.float32).view(np.uint8))
@@ -214,12 +265,17 @@ class DownlinkRing:
     the same float32 array bit for bit, -0.0 and NaN included. check_every > 0: every
     check_every-th round (rounds r with (r + 1) % check_every == 0) carries the weights' checksum."""
 
-    def __init__(self, layout, check_every=0):
+    def __init__(self, layout, check_every=0, compressed=False):
         if layout.size >= RING_EXACT:
             raise RoundError(f"a buffer of {layout.size} elements cannot carry its indices as float32")
-        self.layout, self.check_every = layout, check_every
+        # compressed: the round sums this ring's stage applies are first cut to layout.cap values
+        # (BufferState.squeezed), so they always fit; otherwise a sum may overflow its slot.
+        self.layout, self.check_every, self.compressed = layout, check_every, compressed
         self.array = np.zeros(layout.length, np.float32)
         self.array[::layout.slot_length] = -1.0
+
+    def compressed_cap(self, rnd):
+        return self.layout.cap if self.compressed else None
 
     def record(self, rnd, grad_sum, weights=None):
         """Publish round `rnd`'s sum; `weights`: the server's weights after it (for the checksum)."""
@@ -264,6 +320,11 @@ class StagedRings:
 
     def stage_of(self, rnd):
         return bisect.bisect_right(self.first_rounds, rnd) - 1
+
+    def compressed_cap(self, rnd):
+        """The values round `rnd` may carry under the compressed downlink, or None (exact or dense)."""
+        ring = self.rings[self.stage_of(rnd)]
+        return ring.layout.cap if ring is not None and ring.compressed else None
 
     def record(self, rnd, grad_sum, weights=None):
         stage = self.stage_of(rnd)

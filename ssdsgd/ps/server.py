@@ -64,7 +64,8 @@ class RoundService:
                 for stage, ring in enumerate(down["rings"]):
                     if ring is not None:
                         self.roles[ring["key"]] = (b, "ring", stage)
-                        ring = DownlinkRing(RingLayout.of_plan(buf["size"], down, ring), down.get("check_every", 0))
+                        ring = DownlinkRing(RingLayout.of_plan(buf["size"], down, ring), down.get("check_every", 0),
+                                            ring.get("compressed", False))
                     rings.append(ring)
                 self.roles[down["mom_key"]] = (b, "mom", None)
                 self.states[b].ring = StagedRings(rings, down["first_rounds"])
@@ -78,10 +79,16 @@ class RoundService:
                 continue                      # this buffer lives on another server
             d = st.state_dict()
             rounds = sorted(d["pending"])
+            held = [(r, q) for r in rounds for q in sorted(d["pending"][r][2])]
             arrays = {"weights": d["weights"], "mom": d["mom"],
                       "pending_sums": np.stack([d["pending"][r][0] for r in rounds])
-                      if rounds else np.zeros((0, st.size), np.float32)}
-            meta = {"version": d["version"], "pending": {str(r): d["pending"][r][1] for r in rounds}}
+                      if rounds else np.zeros((0, st.size), np.float32),
+                      "pending_held": np.stack([d["pending"][r][2][q] for r, q in held])
+                      if held else np.zeros((0, st.size), np.float32)}
+            if d["residual"] is not None:
+                arrays["residual"] = d["residual"]        # the compressed downlink's error feedback
+            meta = {"version": d["version"], "pending": {str(r): d["pending"][r][1] for r in rounds},
+                    "held": held}
             save_npz(os.path.join(directory, server_buffer_file(b)), arrays, meta)
 
     def load(self, directory):
@@ -95,9 +102,12 @@ class RoundService:
                 if got != shape:
                     raise CheckpointError(f"{path}: {name} has shape {got}, but buffer {b} of this run's plan "
                                           f"has {st.size} elements; the checkpoint's plan cannot be served")
-            pending = {int(r): (arrays["pending_sums"][i], ranks)
+            held = {}
+            for i, (r, q) in enumerate(meta["held"]):
+                held.setdefault(int(r), {})[int(q)] = arrays["pending_held"][i]
+            pending = {int(r): (arrays["pending_sums"][i], ranks, held.get(int(r), {}))
                        for i, (r, ranks) in enumerate(sorted(meta["pending"].items(), key=lambda x: int(x[0])))}
-            st.load_state_dict({"weights": arrays["weights"], "mom": arrays["mom"],
+            st.load_state_dict({"weights": arrays["weights"], "mom": arrays["mom"], "residual": arrays.get("residual"),
                                 "version": meta["version"], "pending": pending})
             self._publish(b)
 

@@ -1,13 +1,16 @@
 """Accuracy and traffic of the algorithms and their ablations, over several seeds: on the digits demo
 (`--suite digits`) or on Fashion-MNIST with ResNet-20 (`--suite fmnist`); `--suite defaults` runs a
 config that leaves every setting at the schema's default beside the one that writes them out;
-`--suite selection` the shipped Fashion-MNIST top-k config with exact and with sampled selection.
+`--suite selection` the shipped Fashion-MNIST top-k config with exact and with sampled selection;
+`--suite scale` SSGD and SSD-SGD + top-k 1% (exact and compressed downlink) at 8, 4 and 2 workers
+with the 2-worker configs' global batch.
 
     python scripts/accuracy.py [--suite digits] [--seeds 0 1 2] [--variants LABEL ...]
         [--set KEY=VALUE ...] [--out results/accuracy_digits]
 
-Every variant runs through the real launcher (1 scheduler, 1 server, 2 workers), one job at a
-time, seeds interleaved. Writes runs.csv (one row per job), table.md (mean and spread per variant)
+Every variant runs through the real launcher (1 scheduler, 1 server, 2 workers unless the variant
+says otherwise), one job at a time, seeds interleaved, with the time to go printed after each job.
+Writes runs.csv (one row per job), table.md (mean and spread per variant)
 and manifest.json (command, configs, commit, machine, date), and prints the table. `--set
 data.validation=0.1` tunes on a validation split carved from the training set (the table then says
 so); without it the runs report the test set.
@@ -16,6 +19,7 @@ import argparse
 import os
 import statistics
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
@@ -106,7 +110,27 @@ SELECTION = {
     "SSD-SGD + top-k 1%, exact selection": (F_TOPK, ["compression.selection=exact"]),
     "SSD-SGD + top-k 1%, sampled selection": (F_TOPK, ["compression.selection=sampled"]),
 }
-SUITES = {"digits": VARIANTS, "fmnist": FMNIST, "defaults": DEFAULTS, "selection": SELECTION}
+
+
+def _same_global_batch(workers, global_batch=256):
+    """N workers sharing the 2-worker configs' global batch and schedule (what N does to the algorithm,
+    not to the batch): per-worker batch global/N, the local update's lr N times the global one."""
+    return [f"cluster.workers={workers}", f"train.batch_size={global_batch // workers}",
+            f"algorithm.local.lr_scale={float(workers)}"]
+
+
+# Past two workers (issue 36): SSGD, SSD-SGD + top-k 1% with the exact and the compressed downlink, at
+# N = 8, 4 and 2 workers (largest first: the runs that matter most finish first).
+SCALE = {}
+for _n in (8, 4, 2):
+    SCALE.update({
+        f"N={_n} SSGD": (F_SSGD, _same_global_batch(_n)[:2]),
+        f"N={_n} SSD-SGD + top-k 1%, exact downlink": (F_TOPK, _same_global_batch(_n)
+                                                        + ["compression.downlink=sparse"]),
+        f"N={_n} SSD-SGD + top-k 1%, compressed downlink": (F_TOPK, _same_global_batch(_n)
+                                                             + ["compression.downlink=compressed"]),
+    })
+SUITES = {"digits": VARIANTS, "fmnist": FMNIST, "defaults": DEFAULTS, "selection": SELECTION, "scale": SCALE}
 
 
 def run(label, config, sets, seed, out):
@@ -181,15 +205,17 @@ def main():
     out = results_folder(args.out or f"results/accuracy_{args.suite}")
     used = sorted({os.path.join(ROOT, variants[label][0]) for label in args.variants or variants})
     write_manifest(out, used, finished=False)
-    rows = []
-    for seed in args.seeds:
-        for label in args.variants or list(variants):
-            config, sets = variants[label]
-            print(f"[seed {seed}] {label}", flush=True)
-            rows.append(run(label, config, sets + args.set, seed, out))
-            if rows[-1]["rc"] == 0:
-                print(f"  final {rows[-1]['eval_set']} accuracy {rows[-1]['final_acc']:.4f}", flush=True)
-            write_csv(os.path.join(out, "runs.csv"), rows)          # after every job: a partial result survives
+    rows, jobs, started = [], [(s, v) for s in args.seeds for v in args.variants or list(variants)], time.monotonic()
+    for i, (seed, label) in enumerate(jobs):
+        config, sets = variants[label]
+        print(f"[{i + 1}/{len(jobs)}, seed {seed}] {label}", flush=True)
+        rows.append(run(label, config, sets + args.set, seed, out))
+        if rows[-1]["rc"] == 0:
+            print(f"  final {rows[-1]['eval_set']} accuracy {rows[-1]['final_acc']:.4f}", flush=True)
+        write_csv(os.path.join(out, "runs.csv"), rows)          # after every job: a partial result survives
+        elapsed = time.monotonic() - started
+        print(f"  {elapsed / 60:.0f} min so far; about {elapsed / (i + 1) * (len(jobs) - i - 1) / 60:.0f} min to go",
+              flush=True)
     text = table(rows, variants)
     pairs = paired_ahead_behind(rows, variants)
     if pairs:

@@ -148,10 +148,28 @@ def test_profiles_are_written_as_under_stock(tmp_path):
     assert processes_with(str(tmp_path)) == []
 
 
-@pytest.mark.timeout(180)
+# MXNet's own server aborting on its row_sparse checks, seen twice in whole-suite runs on 2 busy cores and
+# never in 45 runs of the same command under either launcher, idle or with busy loops alongside
+# (results/stock_compat*): a race inside MXNet's server, not something the launcher does.
+UPSTREAM_SPARSE_CHECKS = ("Check failed: (lvalue.shape_.Size()) == (rvalue.shape_.Size())",
+                          "Check failed: size == to->Size()")
+
+
+def _sparse_step(launch):
+    """Run the sparse step (launch() -> (rc, output)); once more if, and only if, MXNet's server aborted
+    on one of its row_sparse checks. Returns the last (rc, output)."""
+    rc, out = launch()
+    if rc != 0 and any(check in out for check in UPSTREAM_SPARSE_CHECKS):
+        print("MXNet's server aborted on its row_sparse check; running the sparse step again:\n" + out[-2000:])
+        rc, out = launch()
+    return rc, out
+
+
+@pytest.mark.timeout(300)
 def test_sparse_step(tmp_path):
     """MXNet's nightly gluon sparse-step check, our own script: every worker holds the servers' update."""
-    rc, out = _launch(LAUNCH, ["-n", "2", "python", os.path.join(SCRIPTS, "sparse_step.py")], tmp_path, timeout=150)
+    rc, out = _sparse_step(lambda: _launch(LAUNCH, ["-n", "2", "python", os.path.join(SCRIPTS, "sparse_step.py")],
+                                           tmp_path, timeout=140))
     assert rc == 0, out
     assert sorted(re.findall(r"rank (\d) sparse step passed", out)) == ["0", "1"], out
 
@@ -192,10 +210,7 @@ def test_stock_host_file_forms_and_command_lines_over_ssh(vc, work):
                                             ("worker", None, str(work))]
 
 
-UPSTREAM_SPARSE_RACE = "Check failed: (lvalue.shape_.Size()) == (rvalue.shape_.Size())"
-
-
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(360)
 def test_mxnet_scripts_over_ssh(vc, work):
     """The profiles and the sparse step with roles on three hosts (the working directory is shared)."""
     rc, out = _ssh_launch(vc, work, "h1\nh2\nh3\n", ["-n", "2", "-s", "1", "python",
@@ -203,14 +218,8 @@ def test_mxnet_scripts_over_ssh(vc, work):
     assert rc == 0, out
     assert sorted(os.path.basename(p) for p in glob.glob(str(work / "*_profile.json"))) == [
         "rank0_server_profile.json", "rank0_worker_profile.json", "rank1_worker_profile.json"]
-    rc, out = _ssh_launch(vc, work, "h1\nh2\nh3\n", ["-n", "2", "-s", "1", "python",
-                                                    os.path.join(SCRIPTS, "sparse_step.py")])
-    if rc != 0 and UPSTREAM_SPARSE_RACE in out:
-        # Seen once in a whole-suite run: MXNet's own server aborts merging a row_sparse push of another
-        # shape (its check, not ours). Whether MXNet's launcher over ssh meets it too is not measured
-        # yet (locally it hung once in 10 runs at 4 workers / 4 servers: results/stock_compat_sparse4).
-        # Any other failure fails the test.
-        pytest.skip("MXNet's server hit its row_sparse merge check (" + UPSTREAM_SPARSE_RACE + ")")
+    rc, out = _sparse_step(lambda: _ssh_launch(vc, work, "h1\nh2\nh3\n", ["-n", "2", "-s", "1", "python",
+                                                                       os.path.join(SCRIPTS, "sparse_step.py")]))
     assert rc == 0, out
     assert sorted(re.findall(r"rank (\d) sparse step passed", out)) == ["0", "1"], out
 

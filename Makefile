@@ -23,7 +23,7 @@ demo: setup
 # barriers, timeouts it provokes), and each file's tests stay together in one process (module
 # fixtures such as the virtual cluster are built once).
 test: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --durations=25 tests
 
 lint: setup
 	$(PY) -m ruff check .

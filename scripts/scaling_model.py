@@ -394,6 +394,7 @@ def runs_of(path, args):
     """(rows, config, sets, measured compute) of one runs.csv."""
     rows = _read_csv(path, NEEDED)
     config, sets = bench_setup(path, args)
+    args.configs_used = sorted(set(getattr(args, "configs_used", [])) | {config})
     cb_path = args.compute_bound or path
     cb_rows = rows if cb_path == path else _read_csv(cb_path, NEEDED)
     return rows, config, sets, measured_compute(cb_rows, cb_path, config, sets)
@@ -414,7 +415,7 @@ def fit_overlap(path, args):
     ssgd = [r for r in _hosts_ok(rows) if r["algorithm"] == "ssgd"]
     if not ssgd:
         raise ModelError(f"{path}: no ok ssgd run on per-host links to fit the SSGD overlap on (--fit-on)")
-    values = []
+    values, bounds = [], []
     for r in ssgd:
         cfg = algorithm_config("ssgd", int(_num(r["num_workers"])), int(_num(r.get("num_servers"), 1)), config, sets)
         p = predict_row(r, cfg, measured, 0.0, args.cores)
@@ -422,12 +423,16 @@ def fit_overlap(path, args):
         links = link_seconds(lay["bytes"], lay["rate"])
         a, b = max(links["worker_up"], links["server_rx"]), max(links["server_tx"], links["worker_down"])
         measured_t = lay["workers"] * cfg.train.batch_size / _num(r["steady_images_per_sec"])
-        comm = measured_t - max(lay["t_c"], cpu_share(lay)) - lay["server"]
-        values.append((a + b - comm) / min(a, b) if min(a, b) else 0.0)
+        rest = max(lay["t_c"], cpu_share(lay)) + lay["server"]
+        values.append((a + b - (measured_t - rest)) / min(a, b) if min(a, b) else 0.0)
+        bounds.append((measured_t / (rest + a + b) - 1, measured_t / (rest + max(a, b)) - 1))
     overlap = min(1.0, max(0.0, statistics.median(values)))
     keys = {_key(path, r) + (r["repeat"],) for r in ssgd}
+    serial, full = (statistics.median(e[i] for e in bounds) for i in (0, 1))
     note = (f"SSGD overlap {overlap:.2f}, fitted on {len(ssgd)} SSGD run(s) of {_show(path)} "
-            f"(per run: {', '.join(f'{v:.2f}' for v in values)}); those runs are in-sample")
+            f"(per run: {', '.join(f'{v:.2f}' for v in values)}); those runs are in-sample (unfitted, their "
+            f"error would be {_pct(serial)} with push and pull in series, overlap 0, and {_pct(full)} fully "
+            f"overlapped, overlap 1)")
     return overlap, keys, note
 
 
@@ -445,7 +450,7 @@ def _key(path, r):
 def validate(paths, args, overlap, in_sample):
     """One row per measured layout (runs.csv, algorithm, N, S, rate): medians over its repeats of the
     measured and the predicted figures, and the error. Rows the model does not cover are listed with why."""
-    groups, skipped = {}, []
+    groups, skipped = {}, {}
     for path in paths:
         rows, config, sets, measured = runs_of(path, args)
         print(f"{path}: {len(rows)} rows; compute of one worker {measured['t_c'] * 1e3:.1f} ms/step "
@@ -458,16 +463,17 @@ def validate(paths, args, overlap, in_sample):
             n, s = int(_num(r["num_workers"])), int(_num(r.get("num_servers"), 1))
             cfg = algorithm_config(r["algorithm"], n, s, config, sets) if topology == "hosts" else None
             if cfg is None:
-                why = "one shared loopback link (older runs)" if topology != "hosts" else "unknown algorithm key"
-                skipped.append(f"{_show(path)}: {r['algorithm']} at {rate_name(_num(r['rate_mbit']))}: "
-                               f"{why}")
+                why = ("the loopback topology (every role on one shared link; runs of earlier code and configs)"
+                       if topology != "hosts" else "an algorithm key this checkout's bench_network does not know")
+                skipped.setdefault((_show(path), why), set()).add(r["algorithm"])
                 continue
             p = predict_row(r, cfg, measured, overlap, args.cores)
             g = groups.setdefault(_key(path, r), dict(rows=[], predicted=[], in_sample=False))
             g["rows"].append(r)
             g["predicted"].append(p)
             g["in_sample"] |= _key(path, r) + (r["repeat"],) in in_sample
-    return [_layout_row(k, g) for k, g in groups.items()], sorted(set(skipped))
+    notes = [f"{path}: {', '.join(sorted(algs))}: {why}" for (path, why), algs in skipped.items()]
+    return [_layout_row(k, g) for k, g in groups.items()], notes
 
 
 def _layout_row(key, g):
@@ -584,9 +590,11 @@ def projection_md(rows, note):
     lines += ["", f"Latency {LATENCY * 1e6:g} us per message (assumed); the hosts' network stacks are assumed to "
               f"keep up with the link; the servers' CPU per round and the SSD-SGD worker's encode and replica "
               f"update are this project's CPU measurements (results/bench_server, results/bench_selection), one "
-              f"core each. {note}. Each cell: img/s (what limits the step).", ""]
+              f"core each. {note}. Each cell: img/s (what limits the step: SSD-SGD's step is the largest of its terms; "
+              f"SSGD and ring all-reduce add their communication to the compute, and the label names the larger "
+              f"of the two). The servers are hosts of their own, on links of the same rate.", ""]
     for model in PUBLISHED:
-        for policy, label in (("one", "S = 1 server"), ("n", "S = N servers (dedicated hosts)")):
+        for policy, label in (("one", "S = 1 server"), ("n", "S = N servers (2N hosts; the ring uses N)")):
             sel = [r for r in rows if r["model"] == model and (r["servers"] == 1) == (policy == "one")]
             lines += [f"### {model}, {label}", "",
                       "| N | link | compute bound img/s | " + " | ".join(names) + " | best |",
@@ -613,8 +621,10 @@ def write_outputs(out, validation, projection, args):
         sections.append(projection_md(rows, note))
     text = "# Cost model of the system (scripts/scaling_model.py)\n\n" + "\n\n".join(sections)
     write_text(os.path.join(out, "table.md"), text)
-    write_manifest(out, [], published=PUBLISHED, latency_seconds=LATENCY, frame=FRAME, mss=MSS,
-                   cores=args.cores, fit_on=args.fit_on, runs=args.runs,
+    configs = sorted({os.path.join(ROOT, p["config"]) for p in PUBLISHED.values()} | set(args.configs_used))
+    write_manifest(out, configs, inputs=[SERVER_FITS, SELECTION], published=PUBLISHED, latency_seconds=LATENCY,
+                   frame=FRAME, mss=MSS, cores=args.cores, fit_on=_show(args.fit_on),
+                   runs=[_show(r) for r in args.runs],
                    note="the machine was shared with other jobs while the inputs were measured; the model itself "
                         "runs no timing")
     print(text)

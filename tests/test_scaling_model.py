@@ -118,7 +118,7 @@ def test_validate_on_a_tiny_runs_csv(tmp_path):
     assert float(ssd["predicted_images_per_sec"]) == pytest.approx(expected, abs=0.1)
     assert float(ssd["error"]) == pytest.approx(float(ssd["predicted_images_per_sec"]) / 300.0 - 1, abs=5e-4)
     text = (out / "table.md").read_text()
-    assert "one shared loopback link" in text and (out / "manifest.json").exists()
+    assert "ssd_topk_sparse: the loopback topology" in text and (out / "manifest.json").exists()
 
 
 def test_bad_input_is_one_line_naming_it(tmp_path, capsys):

@@ -212,7 +212,7 @@ def encode_seconds(model, selection, path=os.path.join(ROOT, SELECTION)):
 
 def worker_extra(cfg, b):
     """CPU seconds per step the round-based worker adds to the compute: its encode (a sparsifier) and the
-    replica's update from the ring (the servers' O(size) apply, once per pull)."""
+    replica's update from the ring (the servers' O(size) apply, once per round)."""
     from ssdsgd.compression.registry import is_sparsifier
     if not is_sparsifier(cfg.compression.type):
         return 0.0
@@ -220,9 +220,9 @@ def worker_extra(cfg, b):
     if model is None:
         raise ModelError(f"model {cfg.model.name}: no measured encode or server costs (measured: "
                          f"{', '.join(BENCH_MODEL)})")
+    # the replica applies every round (a pull every k steps brings k of them): one apply per step
     replica = server_costs(model)["apply"] * b["values"] if b.get("replica") else 0.0
-    delay = cfg.algorithm.delay if cfg.algorithm.type == "ssd" else 1
-    return encode_seconds(model, cfg.compression.selection) + replica / delay
+    return encode_seconds(model, cfg.compression.selection) + replica
 
 
 def server_seconds(cfg, b, per_byte):

@@ -538,6 +538,9 @@ def project_point(model, workers, servers, gbit, overlap):
             out[f"{name}: pull/push"] = round(lay["bytes"]["pull"] / lay["bytes"]["push"], 2)
             out[f"{name}: worker extra ms"] = round(lay["extra"] * 1e3, 1)
             out[f"{name}: server ms"] = round(lay["server"] * 1e3, 1)
+            # what-if: the encode and the replica update off the step's critical path (not the code today)
+            hidden = step(dict(lay, extra=0.0), overlap)[0]
+            out[f"{name}: without worker CPU"] = round(workers * pub["batch"] / hidden, 1)
     return out
 
 
@@ -604,7 +607,10 @@ def projection_md(rows, note):
                 cells = [f"{r[n]:,.0f} ({r[n + ': limited by']})" for n in names]
                 lines.append(f"| {r['workers']} | {r['gbit']} Gbit/s | {r['compute_bound']:,.0f} | "
                              + " | ".join(cells) + f" | {best} |")
-            lines.append("")
+            key = names[2] + ": without worker CPU"
+            lines += ["", f"What-if, not the code today: with the worker's encode and replica update off the step's "
+                          f"critical path, {names[2]} would give "
+                      + ", ".join(f"{r[key]:,.0f}" for r in sel) + " img/s (the rows above, in order).", ""]
     return "\n".join(lines)
 
 

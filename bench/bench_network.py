@@ -102,6 +102,9 @@ ALGORITHMS = {
     # The product's top-k setting: the shipped top-k config's k, momentum, local update, quotas and
     # sparse downlink (issue targets of the per-host links are checked on this one).
     "ssd_topk_sparse": ("SSD-SGD+top-k 1%, sparse downlink (shipped)", shipped_settings()),
+    # The same with the servers re-sparsifying each round (at N > 2: a pull of one push's size).
+    "ssd_topk_compressed": ("SSD-SGD+top-k 1%, compressed downlink",
+                            shipped_settings() + ["compression.downlink=compressed"]),
 }
 COMPUTE_BOUND_LABEL = "compute bound (1 worker, no comm.)"
 # Dense pushes, not top-k: the bound must not include the compressor's own compute. On an unlimited
@@ -110,7 +113,7 @@ COMPUTE_BOUND_LABEL = "compute bound (1 worker, no comm.)"
 COMPUTE_BOUND_SETS = ["cluster.workers=1", "cluster.servers=1", "algorithm.type=ssd",
                       "algorithm.delay=100000", "algorithm.warmup_iters=0", "compression.type=none"]
 BASELINE = "ssgd"
-COMPRESSED = ("ssgd_2bit", "ssd_topk", "ssgd_topk", "ssd_topk_s2k", "ssd_topk_sparse")
+COMPRESSED = ("ssgd_2bit", "ssd_topk", "ssgd_topk", "ssd_topk_s2k", "ssd_topk_sparse", "ssd_topk_compressed")
 HOST_TARGET = "ssd_topk_sparse"     # the algorithm the per-host-link targets are checked on
 ROLES = ("worker", "server", "scheduler", "launcher")
 CPU_ROLES = ("server", "worker")     # whose CPU seconds per step the runs report

@@ -189,6 +189,20 @@ def paired_ahead_behind(rows, variants=VARIANTS):
     return "\n".join(lines)
 
 
+def done_rows(path):
+    """The successful rows of an earlier runs.csv (numbers back as numbers), for --keep-done."""
+    import csv
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["rc"] == "0"]
+    for r in rows:
+        for k, v in r.items():
+            try:
+                r[k] = int(v) if k in ("rc", "seed", "steps") else float(v)
+            except (TypeError, ValueError):
+                pass
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suite", choices=sorted(SUITES), default="digits")
@@ -197,15 +211,24 @@ def main():
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config override for every job (repeatable), e.g. data.validation=0.1")
     ap.add_argument("--out", default=None, help="default: results/accuracy_<suite>")
+    ap.add_argument("--keep-done", action="store_true",
+                    help="keep the finished jobs of --out's runs.csv and run only the others")
     args = ap.parse_args()
     variants = SUITES[args.suite]
     unknown = [v for v in args.variants or [] if v not in variants]
     if unknown:
         ap.error(f"unknown variant(s) {unknown}; the {args.suite} suite has: {', '.join(variants)}")
     out = results_folder(args.out or f"results/accuracy_{args.suite}")
+    csv_path = os.path.join(out, "runs.csv")
+    if os.path.exists(csv_path) and not args.keep_done:
+        sys.exit(f"accuracy.py: {csv_path} exists; --keep-done keeps its finished jobs and runs the rest, "
+                 f"or choose another --out")
     used = sorted({os.path.join(ROOT, variants[label][0]) for label in args.variants or variants})
     write_manifest(out, used, finished=False)
-    rows, jobs, started = [], [(s, v) for s in args.seeds for v in args.variants or list(variants)], time.monotonic()
+    rows = done_rows(csv_path) if os.path.exists(csv_path) else []
+    done = {(r["variant"], r["seed"]) for r in rows}
+    jobs = [(s, v) for s in args.seeds for v in args.variants or list(variants) if (v, s) not in done]
+    started = time.monotonic()
     for i, (seed, label) in enumerate(jobs):
         config, sets = variants[label]
         print(f"[{i + 1}/{len(jobs)}, seed {seed}] {label}", flush=True)

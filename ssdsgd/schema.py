@@ -247,7 +247,7 @@ SCHEMA = {
                               "the rounds' aggregated sparse updates applied to a replica of the servers' state "
                               "(per buffer, only where that is smaller); sparse: the exact sums (a pull grows "
                               "with the workers, up to N pushes); compressed: where the exact sums would be over "
-                              "2 pushes, the servers apply and send only each sum's top-k (one push's worth, "
+                              "2 pushes, the servers apply and send only each sum's top-2k (two pushes' worth, "
                               "their own error feedback keeps the rest); auto: sparse with a sparsifier, dense "
                               "otherwise"),
         "downlink_check_every": Field(int, 50, min=0,

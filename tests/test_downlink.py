@@ -229,16 +229,17 @@ def test_compressed_rounds_stay_bit_identical_and_lose_nothing():
 
 
 def test_compressed_downlink_picks_per_buffer_by_size():
-    """compression.downlink compressed: the exact ring where it is at most twice the compressed one
-    (2 workers), the compressed ring beyond, dense where no ring is smaller than the dense weights;
-    sparse keeps the exact ring at any N."""
+    """compression.downlink compressed: the exact ring up to 2 workers (it is then no larger than the
+    compressed ring of two pushes' worth), the compressed ring beyond, dense where no ring is smaller than
+    the dense weights; sparse keeps the exact ring at any N."""
     from types import SimpleNamespace
     from ssdsgd.algorithms.downlink import ring_choice
     comp = SimpleNamespace(downlink="compressed", index_coding="list")
     assert ring_choice(comp, 5, 10000, 100, 2)[0] == "sparse"
+    assert ring_choice(comp, 5, 10000, 100, 3)[0] == "compressed"
     kind, layout = ring_choice(comp, 5, 10000, 100, 8)
-    assert kind == "compressed" and layout.cap == 100
-    assert ring_choice(comp, 5, 400, 100, 8)[0] == "dense"
+    assert kind == "compressed" and layout.cap == 200
+    assert ring_choice(comp, 5, 800, 100, 8)[0] == "dense"
     sparse = SimpleNamespace(downlink="sparse", index_coding="list")
     kind, layout = ring_choice(sparse, 5, 100000, 100, 8)
     assert kind == "sparse" and layout.cap == 800
@@ -428,8 +429,8 @@ def test_resume_with_a_ring_pull_in_flight_matches_uninterrupted_run(tmp_path):
 @pytest.mark.timeout(400)
 def test_compressed_downlink_at_4_workers_resumes_exactly(tmp_path):
     """Strict SSD-SGD + top-k at 4 workers with compression.downlink compressed: every buffer's ring
-    is the compressed one; after the warm-up a worker pulls about what it pushes (the exact ring would
-    be up to 4 pushes); the guard checks every round; and a run stopped and resumed from its
+    is the compressed one; after the warm-up a worker pulls at most twice what it pushes (the exact ring
+    would be up to 4 pushes); the guard checks every round; and a run stopped and resumed from its
     checkpoint (the servers' residual in it) ends bit for bit where the uninterrupted one ends."""
     from jobs import processes_with, stopped_resumed_and_uninterrupted
     common = STRICT[1:] + ["cluster.workers=4", "train.epochs=3", "checkpoint.every_epochs=1",
@@ -446,6 +447,6 @@ def test_compressed_downlink_at_4_workers_resumes_exactly(tmp_path):
     aw = sc["after_warmup"]
     push, pull = aw["push_bytes"] / aw["steps"], aw["pull_bytes"] / aw["steps"]
     print(f"4 workers, after warm-up, per step: pushed {push:.0f} B, pulled {pull:.0f} B ({pull / push:.2f}x)")
-    assert pull <= 1.3 * push, (push, pull)
+    assert pull <= 2.1 * push, (push, pull)
     for job in (a, b, c):
         assert processes_with(job.marker) == []

@@ -21,9 +21,10 @@ demo: setup
 
 # Two test files at a time (pytest-xdist): a job test spends much of its time waiting (start-up
 # barriers, timeouts it provokes), and each file's tests stay together in one process (module
-# fixtures such as the virtual cluster are built once).
+# fixtures such as the virtual cluster are built once). The files start in tests/conftest.py's
+# order, the slowest first (--no-loadscope-reorder keeps xdist from sorting them by test count).
 test: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --durations=25 tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests
 
 lint: setup
 	$(PY) -m ruff check .

@@ -156,18 +156,14 @@ def test_ssdsgd_run_on_four_hosts(vc, tmp_path):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("form", ["bin", "py", "recordio"])
-def test_cifar10_forms_train_over_ssh_with_the_shipped_topk_config(vc, tmp_path, form):
-    """A user's CIFAR-10 run on hosts: the official binary or python archive (.tar.gz) or im2rec RecordIO
-    (tiny), the shipped cifar10_resnet20_ssd_topk.yaml, one epoch, workers on two hosts; exit 0 and a
-    test accuracy."""
-    from test_data import make_cifar_arrays, write_cifar_archive, write_cifar_recordio
+def test_cifar10_recordio_trains_over_ssh_with_the_shipped_topk_config(vc, tmp_path):
+    """A user's CIFAR-10 run on hosts: im2rec RecordIO (tiny), the shipped cifar10_resnet20_ssd_topk.yaml,
+    one epoch, workers on two hosts; exit 0 and a test accuracy. (One form: the hosts share the file
+    system, so the form does not change what ssh does; tests/test_data_jobs.py trains the same config
+    on every form, the two official archives and RecordIO, with the same data and batch.)"""
+    from test_data import make_cifar_arrays, write_cifar_recordio
     data = tmp_path / "cifar"
-    if form == "recordio":
-        write_cifar_recordio(data, make_cifar_arrays())
-    else:
-        data.mkdir()
-        write_cifar_archive(str(data), form, make_cifar_arrays())
+    write_cifar_recordio(data, make_cifar_arrays())
     argv, run_dir = _run_cmd(vc, tmp_path, "train.epochs=1", "train.batch_size=8", "log.every_steps=5",
                              "cluster.stall_timeout=90", "cluster.server_timeout=30", f"data.root={data}",
                              f"checkpoint.dir={tmp_path / 'ck'}",

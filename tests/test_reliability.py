@@ -15,7 +15,6 @@ from jobs import (
     run_job,
     start_job,
     stopped_resumed_and_uninterrupted,
-    wait_for_progress,
 )
 
 SSGD = "configs/demo_digits_ssgd.yaml"
@@ -328,22 +327,35 @@ def _listening(pid):
     return found
 
 
-@pytest.mark.timeout(180)
-def test_ports_are_bound_to_the_chosen_interface_only(tmp_path):
-    """ps-lite's data plane is unauthenticated: the scheduler, servers and workers must listen on the
-    job's interface (lo here: 127.0.0.1), never on every address (0.0.0.0 / ::). (Stock and round-based
-    runs bind through the same ps-lite code; one job covers both.)"""
-    proc, job = start_job(tmp_path, SSD_TOPK, "train.epochs=500", "log.every_steps=1", name="ports")
-    try:
-        wait_for_progress(job, proc, timeout=60)
-        listening = {}
+@pytest.fixture(scope="module")
+def garbage_job(tmp_path_factory):
+    """One job for two tests: once it trains, the TCP sockets every role listens on are read, then
+    server 0 gets garbage on its ps-lite port. Returns (listening by (role, task), output, seconds from
+    the garbage to the job's end, exit code, Job)."""
+    tmp = tmp_path_factory.mktemp("garbage")
+    proc, job = start_job(tmp, SSD_TOPK, "train.epochs=500", "log.every_steps=1", name="garbage")
+    listening = {}
+
+    def read_ports_then_send_garbage(victim):
         for pid in processes_with(job.marker):
             role, task = role_of(pid)
             if role:
                 listening[(role, task)] = _listening(pid)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.communicate(timeout=60)
+        [(addr, port)] = _listening(victim)
+        with socket.create_connection((addr, port), timeout=10) as s:
+            _send_zmtp_message(s, b"\x07 not a protobuf")      # tag 7: field 0, wire type 7: invalid
+
+    out, elapsed = hit_role(job, proc, "server", 0, read_ports_then_send_garbage)
+    return listening, out, elapsed, proc.returncode, job
+
+
+@pytest.mark.timeout(180)
+def test_ports_are_bound_to_the_chosen_interface_only(garbage_job):
+    """ps-lite's data plane is unauthenticated: the scheduler, servers and workers must listen on the
+    job's interface (lo here: 127.0.0.1), never on every address (0.0.0.0 / ::). (Stock and round-based
+    runs bind through the same ps-lite code; one job covers both. It is the garbage test's job, read
+    while it trains.)"""
+    listening, _, _, _, job = garbage_job
     assert set(listening) == {("scheduler", 0), ("server", 0), ("worker", 0), ("worker", 1)}, listening
     for who, sockets in listening.items():
         assert sockets, f"{who} listens on nothing"
@@ -375,20 +387,14 @@ def _send_zmtp_message(sock, payload):
 
 
 @pytest.mark.timeout(180)
-def test_garbage_on_a_ps_lite_port_ends_the_job_naming_the_role(tmp_path):
+def test_garbage_on_a_ps_lite_port_ends_the_job_naming_the_role(garbage_job):
     """ps-lite aborts on a message it cannot parse (van.cc: Check failed: pb.ParseFromArray; not patched:
     the data plane is documented as unauthenticated). The job must still end at once, naming the role.
     (The scheduler runs the same van.cc and aborts the same way; its death is named like any role's.)"""
-    role, name = "server", "server 0"
-    proc, job = start_job(tmp_path, SSD_TOPK, "train.epochs=500", "log.every_steps=1", name="garbage")
-    def send_garbage(victim):
-        [(addr, port)] = _listening(victim)
-        with socket.create_connection((addr, port), timeout=10) as s:
-            _send_zmtp_message(s, b"\x07 not a protobuf")      # tag 7: field 0, wire type 7: invalid
-
-    out, elapsed = hit_role(job, proc, role, 0, send_garbage)
+    name = "server 0"
+    _, out, elapsed, returncode, job = garbage_job
     print(f"garbage sent to the {name}: job ended after {elapsed:.1f} s")
-    assert proc.returncode == 1, out[-3000:]
+    assert returncode == 1, out[-3000:]
     assert re.search(rf"^launch: {name}( \(rank 0\))? (killed by SIG\w+|exited with code \d+)", out, re.M), \
         out[-3000:]
     assert "ParseFromArray" in out, out[-3000:]

@@ -1,5 +1,6 @@
 """Tests for the round-based global update (ssdsgd.ps.rounds), the server's RoundService, the mailbox
 codecs and the buffer plan (ssdsgd.compression.fusion.make_plan), against numpy references."""
+import itertools
 import pickle
 import tracemalloc
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from ssdsgd.compression.codec import WireFormat, SparseGrad
-from ssdsgd.compression.fusion import KEY_HASH, make_plan
+from ssdsgd.compression.fusion import KEY_HASH, group_even, make_plan
 from ssdsgd.ps import commands
 from ssdsgd.ps.rounds import BufferState, RoundError
 from ssdsgd.ps.server import RoundService
@@ -580,6 +581,45 @@ def test_mode_one_one_buffer_per_server_when_first_layer_is_largest():
     check_plan(buffers, shapes)
     assert len(buffers) == 2
     assert sorted(b.server for b in buffers) == [0, 1]
+
+
+def _max_deviation(sizes, groups):
+    sums = [sum(sizes[p] for p in g) for g in groups]
+    mean = sum(sums) / len(sums)
+    return max(abs(x - mean) for x in sums) / mean
+
+
+def test_group_even_is_the_most_even_contiguous_split():
+    """Against every contiguous split of small random inputs: the same largest deviation from the mean,
+    every tensor once, in order, no empty group, min(parts, tensors) groups."""
+    rng = np.random.RandomState(5)
+    for _ in range(300):
+        n, parts = rng.randint(1, 9), rng.randint(1, 6)
+        sizes = [int(x) for x in rng.randint(1, 60, n)]
+        groups = group_even(sizes, parts)
+        want = min(parts, n)
+        assert len(groups) == want and all(groups) and [p for g in groups for p in g] == list(range(n))
+        best = min(_max_deviation(sizes, [list(range(a, b)) for a, b in zip((0,) + c, c + (n,))])
+                   for c in itertools.combinations(range(1, n), want - 1))
+        assert _max_deviation(sizes, groups) == pytest.approx(best), (sizes, parts, groups)
+
+
+def test_group_even_does_not_overshoot_the_even_share():
+    # Splitting where the running sum first reaches the even share (12.5) gives 18 + 7 (44% off the mean).
+    assert group_even([6, 6, 6, 6, 1], 2) == [[0, 1], [2, 3, 4]]
+    # A large tensor last (backward order): the other groups still share the rest evenly.
+    assert group_even([2, 2, 2, 2, 2, 2, 6], 3) == [[0, 1, 2], [3, 4, 5], [6]]
+    assert group_even([5], 3) == [[0]] and group_even([], 2) == []
+
+
+def test_mode_one_plan_is_recomputed_identically():
+    """What a resume relies on: the same shapes give the same buffers, servers and keys."""
+    shapes = [(16, 3, 3, 3), (16,), (16,), (32, 16, 3, 3), (32,), (32,), (64, 32, 3, 3), (64,), (10, 64), (10,)]
+    for servers in (2, 3, 4):
+        a, b = make_plan(shapes, servers, mode="one"), make_plan(list(shapes), servers, mode="one")
+        assert [x.to_dict() for x in a] == [x.to_dict() for x in b]
+        check_plan(a, shapes)
+        assert sorted(x.server for x in a) == list(range(servers))
 
 
 def test_fixed_mode_respects_cap():

@@ -21,6 +21,7 @@ Usage (root; the tools of bench/vcluster.py):
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -113,7 +114,11 @@ def main(argv=None):
 # ------------------------------------------------------------------------------------------ table
 
 def _servers_of(row):
-    return len(json.loads(row["steady_per_server"])) if row.get("steady_per_server") else None
+    """A row's server count: its per-server figures, else its summary's, else its job's name (plan())."""
+    if row.get("steady_per_server"):
+        return len(json.loads(row["steady_per_server"]))
+    named = re.search(r"_s(\d+)\.log$", row.get("log") or "")
+    return int(bn._num(row.get("num_servers")) or (named and named.group(1)) or 0) or None
 
 
 def _median_list(lists):
@@ -126,7 +131,7 @@ def balance_groups(rows):
     server's figures per step and of the largest deviations."""
     groups = {}
     for r in rows:
-        key = (_servers_of(r) or bn._num(r.get("num_servers")), r["algorithm"])
+        key = (_servers_of(r), r["algorithm"])
         g = groups.setdefault(key, {"servers": key[0], "algorithm": r["algorithm"], "label": r["label"],
                                     "rate": bn._rate(r), "runs": 0, "ok": []})
         g["runs"] += 1

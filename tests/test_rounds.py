@@ -622,6 +622,31 @@ def test_mode_one_plan_is_recomputed_identically():
         assert sorted(x.server for x in a) == list(range(servers))
 
 
+def test_stock_keys_spread_elements_and_keys_over_the_servers():
+    """The stock path's keys (ssdsgd.algorithms.stock.balanced_keys): each hashes to the server chosen
+    for it; elements and key counts even where the sizes allow; one server: 0..n-1 (the numbering
+    before, so one-server checkpoints keep their keys); arrays at the big-array bound place nowhere."""
+    from ssdsgd.algorithms.stock import balanced_keys
+    sizes = [36864] * 5 + [18432, 9216, 9216, 4608, 2304, 432] + [64, 32, 16] * 10     # ResNet-20-like
+    assert balanced_keys(sizes, 1) == list(range(len(sizes)))
+    for servers in (2, 3, 4):
+        keys = balanced_keys(sizes, servers)
+        assert len(set(keys)) == len(keys) and min(keys) >= 0
+        load, count = [0] * servers, [0] * servers
+        for k, n in zip(keys, sizes):
+            load[(k * KEY_HASH) % servers] += n
+            count[(k * KEY_HASH) % servers] += 1
+        assert max(count) <= -(-len(sizes) // servers)
+        # within 5% above the mean (or two of the five large arrays, which some server must take at S = 4) and
+        # 10% below the mean of the rest
+        mean = sum(sizes) / servers
+        rest = (sum(sizes) - 2 * 36864) / (servers - 1) if servers == 4 else mean
+        assert max(load) <= 1.05 * max(mean, 2 * 36864) and min(load) >= 0.9 * rest, (servers, load)
+    # above the bound MXNet splits the array over every server: it does not count toward any one
+    keys = balanced_keys([100, 10, 10, 80], 2, bound=100)
+    assert [(k * KEY_HASH) % 2 for k in keys[1:]] == [1, 1, 0]      # 80 on one server, 10 + 10 on the other
+
+
 def test_fixed_mode_respects_cap():
     cap = 700
     buffers = make_plan(SHAPES, 1, mode="fixed", buffer_bytes=4 * cap)

@@ -1114,15 +1114,20 @@ def plan(args):
     return jobs
 
 
+def remake_table(csv_path, out_dir, write=None, prog="bench_network"):
+    """--table-only: table.md again from runs.csv (by `write`, default write_table); the exit status."""
+    if not os.path.exists(csv_path):
+        print(f"{prog}: {csv_path} not found", file=sys.stderr)
+        return 2
+    print((write or write_table)(csv_path, out_dir))
+    return 0
+
+
 def main(argv=None):
     args = parse_args(argv)
     csv_path = os.path.join(args.out, "runs.csv")
     if args.table_only:
-        if not os.path.exists(csv_path):
-            print(f"bench_network: {csv_path} not found", file=sys.stderr)
-            return 2
-        print(write_table(csv_path, args.out))
-        return 0
+        return remake_table(csv_path, args.out)
     jobs = plan(args)
     if args.dry_run:
         for j in jobs:

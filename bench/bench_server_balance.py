@@ -88,11 +88,7 @@ def main(argv=None):
     args = parse_args(argv)
     csv_path = os.path.join(args.out, "runs.csv")
     if args.table_only:
-        if not os.path.exists(csv_path):
-            print(f"bench_server_balance: {csv_path} not found", file=sys.stderr)
-            return 2
-        print(write_table(csv_path, args.out))
-        return 0
+        return bn.remake_table(csv_path, args.out, write_table, "bench_server_balance")
     common = network_args(args)
     jobs = plan(args)
     try:

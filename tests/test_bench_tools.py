@@ -548,6 +548,9 @@ def test_hosts_topology_smoke(tmp_path):
             assert 0 < float(row[f"{role}_{d}_util"]) < 1, (role, d, row)
     assert row["host_links"].count(" worker ") == 2 and float(row["steady_server_cpu_seconds_per_step"]) >= 0
     assert float(row["steady_worker_cpu_seconds_per_step"]) > 0       # a worker always computes
+    (server,) = json.loads(row["steady_per_server"])                  # the one server host, on its own
+    assert server["host"] == "h1" and server["tx"] > 0 and server["rx"] > 0 and server["cpu"] >= 0, server
+    assert float(row["server_tx_max_dev"]) == 0
     assert "— per-host links" in (out / "table.md").read_text()
     manifest = json.loads((out / "manifest.json").read_text())
     assert [manifest[k] for k in ("finished", "jobs", "exit_status", "appended")] == [True, 1, 0, False]

@@ -12,7 +12,10 @@ Two topologies (--topology):
     sent (tx) and received (rx) by the server hosts and by the worker hosts (mean over the hosts of
     that role), per step in the steady window, and each link's utilisation in that window
     (bytes * 8 / (rate * window seconds)); the servers' CPU seconds per step (whole job and steady
-    window); kernel bytes are the sum of every host's eth0 tx (each byte once, when it leaves its host).
+    window); per server host on its own (steady window): its server's CPU seconds and its link's tx
+    and rx bytes per step, and each measure's largest deviation from the servers' mean (SERVER_FIELDS;
+    bench/bench_server_balance.py tabulates them); kernel bytes are the sum of every host's eth0 tx
+    (each byte once, when it leaves its host).
   loopback: one namespace with a rate-limited loopback that every role shares (the behaviour before the
     per-host topology existed; the README's older figures).
 

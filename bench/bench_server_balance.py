@@ -50,6 +50,8 @@ def parse_args(argv=None):
                     help="extra config override for every job (repeatable)")
     ap.add_argument("--job-timeout", type=float, default=600.0, help="seconds per job (default 600)")
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "server_balance"), help="output folder")
+    ap.add_argument("--note", default="", help="a line on how the run was made (e.g. which code it measured), "
+                                               "kept in the manifest")
     ap.add_argument("--table-only", action="store_true", help="only re-make table.md from <out>/runs.csv")
     args = ap.parse_args(argv)
     try:
@@ -97,10 +99,10 @@ def main(argv=None):
         print(f"bench_server_balance: {e}", file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
-    write_manifest(args.out, [args.config], finished=False)
+    write_manifest(args.out, [args.config], finished=False, note=args.note)
     t0 = time.monotonic()
     status = bn._run_suite(jobs, common, csv_path, "w")
-    write_manifest(args.out, [args.config], finished=True, jobs=len(jobs), exit_status=status,
+    write_manifest(args.out, [args.config], finished=True, note=args.note, jobs=len(jobs), exit_status=status,
                    suite_seconds=round(time.monotonic() - t0))
     if os.path.exists(csv_path):
         print(write_table(csv_path, args.out))

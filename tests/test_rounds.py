@@ -490,6 +490,8 @@ def test_round_service_two_workers_two_buffers():
                      mx.nd.zeros(buf.wire.length))
         stores[buf.id] = bind(svc, buf, w0)
     assert not svc.owns(max(max(b.weight_key, b.mailbox_key, b.clock_key) for b in buffers) + 1)
+    assert svc.summary() == ", ".join(f"{'buffers ' if i == 0 else ''}{b.id} (3 keys, 0 rounds)"
+                                      for i, b in enumerate(buffers))
     # worker 1 runs two rounds ahead on every buffer, then worker 0 catches up
     order = [(0, 1), (1, 1), (0, 0), (2, 1), (1, 0), (3, 1), (2, 0), (3, 0)]
     pushed = set()
@@ -506,6 +508,8 @@ def test_round_service_two_workers_two_buffers():
             assert stored_c.asnumpy()[0] == version
             np.testing.assert_allclose(got[:-1], refs[buf.id][version], rtol=1e-5, atol=1e-6)
     assert all(svc.states[b.id].version == rounds for b in buffers)
+    assert svc.summary().startswith(f"buffers {buffers[0].id} (3 keys, {rounds} rounds), ")
+    assert RoundService(plan, mx.nd).summary() == "no buffers"       # none bound: they live on other servers
 
 
 def test_round_service_rebind_is_ignored_and_resume_version():

@@ -12,7 +12,10 @@ Two topologies (--topology):
     sent (tx) and received (rx) by the server hosts and by the worker hosts (mean over the hosts of
     that role), per step in the steady window, and each link's utilisation in that window
     (bytes * 8 / (rate * window seconds)); the servers' CPU seconds per step (whole job and steady
-    window); kernel bytes are the sum of every host's eth0 tx (each byte once, when it leaves its host).
+    window); per server host on its own (steady window): its server's CPU seconds and its link's tx
+    and rx bytes per step, and each measure's largest deviation from the servers' mean (SERVER_FIELDS;
+    bench/bench_server_balance.py tabulates them); kernel bytes are the sum of every host's eth0 tx
+    (each byte once, when it leaves its host).
   loopback: one namespace with a rate-limited loopback that every role shares (the behaviour before the
     per-host topology existed; the README's older figures).
 
@@ -102,7 +105,7 @@ ALGORITHMS = {
     # The product's top-k setting: the shipped top-k config's k, momentum, local update, quotas and
     # sparse downlink (issue targets of the per-host links are checked on this one).
     "ssd_topk_sparse": ("SSD-SGD+top-k 1%, sparse downlink (shipped)", shipped_settings()),
-    # The same with the servers re-sparsifying each round (at N > 2: a pull of one push's size).
+    # The same with the servers re-sparsifying each round (at N > 2: a pull of two pushes' size).
     "ssd_topk_compressed": ("SSD-SGD+top-k 1%, compressed downlink",
                             shipped_settings() + ["compression.downlink=compressed"]),
 }
@@ -126,11 +129,16 @@ LINK_FIELDS = [f"{r}_{d}_bytes" for r in LINK_ROLES for d in ("tx", "rx")] + \
               [f"steady_{r}_{d}_bytes_per_step" for r in LINK_ROLES for d in ("tx", "rx")] + \
               [f"{r}_{d}_util" for r in LINK_ROLES for d in ("tx", "rx")]
 
+# Hosts topology, each server host on its own (steady window): per step its server's CPU seconds and its
+# link's tx and rx bytes (JSON list, one dict per server host), and per measure the largest deviation of
+# a server from the servers' mean, as a share of that mean (how evenly the servers share the load).
+SERVER_FIELDS = ["steady_per_server"] + [f"server_{m}_max_dev" for m in ("cpu", "tx", "rx")]
+
 FIELDS = ["algorithm", "label", "topology", "rate_mbit", "repeat", "status", "exit_code", "images_per_sec",
           "steady_images_per_sec", "wall_seconds", "job_seconds", "steady_seconds", "steps", "num_workers",
           "num_servers", "kernel_bytes", "kernel_bytes_per_step", "steady_kernel_bytes_per_step",
           "kernel_rx_bytes", "qdisc_drops", "push_bytes_per_step", "pull_bytes_per_step",
-          "push_bytes_per_step_after_warmup", "pull_bytes_per_step_after_warmup"] + LINK_FIELDS + \
+          "push_bytes_per_step_after_warmup", "pull_bytes_per_step_after_warmup"] + LINK_FIELDS + SERVER_FIELDS + \
          ["server_cpu_seconds_per_step", "steady_server_cpu_seconds_per_step",
           "steady_worker_cpu_seconds_per_step", "final_loss", "final_test_acc",
           "wait_seconds"] + \
@@ -245,18 +253,49 @@ def link_columns(roles, before, after, samples, window, rate_mbit):
     return {k: "" if v is None else v for k, v in row.items()}
 
 
+def max_deviation(values):
+    """The largest |value - mean| / mean of a list of values (None if a value is unknown or the mean is 0)."""
+    if not values or any(v is None for v in values):
+        return None
+    mean = sum(values) / len(values)
+    return max(abs(v - mean) for v in values) / mean if mean > 0 else None
+
+
+def per_server_columns(roles, link_samples, host_cpu, window):
+    """The SERVER_FIELDS of a hosts-topology row: each server host's CPU seconds (of its server
+    process) and link tx and rx bytes per step in the steady window, and their largest deviation from
+    the servers' mean. link_samples: {host: {"tx": [(time, bytes)], "rx": [...]}}; host_cpu: {host:
+    [(time, CPU seconds)]}; window: steady_window's (steps, t0, t1) or None (then no columns)."""
+    if window is None:
+        return {}
+    dsteps, t0, t1 = window
+    per_server = []
+    for i in [i for i, role in enumerate(roles) if role == "server"]:
+        got = {"cpu": window_delta(host_cpu.get(i, []), t0, t1)}
+        got.update({d: window_delta(link_samples.get(i, {}).get(d, []), t0, t1) for d in ("tx", "rx")})
+        per_server.append(dict({k: None if v is None else v / dsteps for k, v in got.items()}, host=f"h{i}"))
+    digits = {"cpu": 6, "tx": 0, "rx": 0}
+    shown = [{k: v if v is None or k == "host" else round(v, digits[k]) for k, v in s.items()} for s in per_server]
+    row = {"steady_per_server": json.dumps(shown, separators=(",", ":"))}
+    for m in ("cpu", "tx", "rx"):
+        dev = max_deviation([s[m] for s in per_server])
+        row[f"server_{m}_max_dev"] = "" if dev is None else round(dev, 4)
+    return row
+
+
 class Sampler:
     """Polls, while a job runs, the namespace's lo tx counter (every `net_every` s, read from
     /proc/<pid>/net/dev of the job's first process) and every namespace process's VmHWM (every
     `rss_every` s), keeping the max per pid; the role comes from the process's DMLC_ROLE.
 
     Hosts topology: `links` {host: (pid living on it, iface)} adds per-host tx and rx samples (every
-    `net_every` s), `pids` (a function) lists the processes of every host; `pid` is None (no lo)."""
+    `net_every` s), `hosts` {host: function listing the processes on it} adds per-host CPU samples of
+    the server and worker processes (every `net_every` s); `pid` is None (no lo)."""
 
-    def __init__(self, ns, pid, net_every=0.1, rss_every=0.5, links=None, pids=None):
+    def __init__(self, ns, pid, net_every=0.1, rss_every=0.5, links=None, hosts=None):
         self.ns, self.pid = ns, pid
         self.net_every, self.rss_every = net_every, rss_every
-        self._pids = pids or ns.pids
+        self._hosts = dict(hosts or {None: ns.pids})
         self.links = dict(links or {})
         self.counter = []                    # (time.time(), tx_bytes)
         self.link_samples = {h: {"tx": [], "rx": []} for h in self.links}
@@ -265,6 +304,9 @@ class Sampler:
         # role -> [(time.time(), ticks of every process of that role so far)], for servers and workers
         self.role_cpu = {role: [] for role in CPU_ROLES}
         self._role_pids = {role: set() for role in CPU_ROLES}
+        # host -> [(time.time(), ticks of its server and worker processes so far)] (hosts topology)
+        self.host_cpu = {h: [] for h in self._hosts if h is not None}
+        self._host_pids = {h: set() for h in self.host_cpu}
         self._next_rss = 0.0
 
     def poll(self):
@@ -286,9 +328,16 @@ class Sampler:
                 if ticks is not None:
                     self.cpu_ticks[pid] = max(ticks, self.cpu_ticks.get(pid, 0))
             self.role_cpu[role].append((now, sum(self.cpu_ticks.get(p, 0) for p in pids)))
+        for host, pids in self._host_pids.items():     # their ticks were just read with their role's
+            self.host_cpu[host].append((now, sum(self.cpu_ticks.get(p, 0) for p in pids)))
         if time.monotonic() >= self._next_rss:
             self._next_rss = time.monotonic() + self.rss_every
-            for pid in self._pids():
+            self._poll_processes()
+
+    def _poll_processes(self):
+        """Peak RSS, role and CPU ticks of every process (new ones join their role's and host's sets)."""
+        for host, list_pids in self._hosts.items():
+            for pid in list_pids():
                 kb = netns.read_status_kb(pid, "VmHWM")
                 if kb is None:
                     continue
@@ -300,6 +349,8 @@ class Sampler:
                 self.hwm[pid] = (role, max(kb, prev_kb) if prev_role == role else kb)
                 if role in self._role_pids:
                     self._role_pids[role].add(pid)
+                    if host is not None:
+                        self._host_pids[host].add(pid)
                 ticks = _cpu_ticks(pid)
                 if ticks is not None:
                     self.cpu_ticks[pid] = max(ticks, self.cpu_ticks.get(pid, 0))
@@ -314,6 +365,11 @@ class Sampler:
     def cpu_seconds_samples(self, role):
         tick = os.sysconf("SC_CLK_TCK")
         return [(t, v / tick) for t, v in self.role_cpu[role]]
+
+    def host_cpu_seconds_samples(self):
+        """{host: [(time, CPU seconds of its server and worker processes)]} (hosts topology)."""
+        tick = os.sysconf("SC_CLK_TCK")
+        return {h: [(t, v / tick) for t, v in samples] for h, samples in self.host_cpu.items()}
 
     def peak_mb(self):
         out = {}
@@ -461,7 +517,7 @@ def _run_on_hosts(job, args, command, env, log_path, row, t0):
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         sshd = {vc.host_pid(i) for i in hosts}
         sampler = Sampler(None, None, links={i: (vc.host_pid(i), "eth0") for i in hosts},
-                          pids=lambda: [p for i in hosts for p in vc.pids(i) if p not in sshd])
+                          hosts={i: (lambda i=i: [p for p in vc.pids(i) if p not in sshd]) for i in hosts})
         timed_out = _wait_for_job(proc, sampler, t0 + args.job_timeout + 30)
         cpu_after = _system_cpu()
         left = vc.leftovers()
@@ -529,6 +585,7 @@ def run_one(job, args):
     if links is not None:
         roles, before, after = links
         row.update(link_columns(roles, before, after, sampler.link_samples, window, job["rate"]))
+        row.update(per_server_columns(roles, sampler.link_samples, sampler.host_cpu_seconds_samples(), window))
     if os.path.exists(summary_path):
         with open(summary_path) as f:
             s = json.load(f)
@@ -1060,15 +1117,20 @@ def plan(args):
     return jobs
 
 
+def remake_table(csv_path, out_dir, write=None, prog="bench_network"):
+    """--table-only: table.md again from runs.csv (by `write`, default write_table); the exit status."""
+    if not os.path.exists(csv_path):
+        print(f"{prog}: {csv_path} not found", file=sys.stderr)
+        return 2
+    print((write or write_table)(csv_path, out_dir))
+    return 0
+
+
 def main(argv=None):
     args = parse_args(argv)
     csv_path = os.path.join(args.out, "runs.csv")
     if args.table_only:
-        if not os.path.exists(csv_path):
-            print(f"bench_network: {csv_path} not found", file=sys.stderr)
-            return 2
-        print(write_table(csv_path, args.out))
-        return 0
+        return remake_table(csv_path, args.out)
     jobs = plan(args)
     if args.dry_run:
         for j in jobs:

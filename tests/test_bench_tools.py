@@ -404,6 +404,32 @@ def test_link_columns_whole_job_and_steady_window():
     assert "steady_server_tx_bytes_per_step" not in no_window and no_window["server_tx_bytes"] == 10_000_000
 
 
+def test_per_server_columns_and_balance_table(tmp_path):
+    """Each server host's CPU and link bytes per step in the steady window, the largest deviation from
+    the servers' mean, and bench_server_balance's table of them."""
+    from bench import bench_server_balance as sb
+    assert bn.max_deviation([90, 110, 100, 100]) == pytest.approx(0.1)
+    assert bn.max_deviation([1, None]) is None and bn.max_deviation([0, 0]) is None
+    roles = bn.host_roles(2, 1)                       # h0 launcher, h1 h2 servers, h3 worker
+    # counters growing at a constant rate (per second) from t = 100 to 110; 20 steps in 4 s
+    line = lambda rate: [(100.0 + t, rate * t) for t in range(11)]  # noqa: E731
+    links = {1: {"tx": line(1000), "rx": line(500)}, 2: {"tx": line(1500), "rx": line(500)}, 3: {"tx": line(9)}}
+    cpu = {1: line(0.5), 2: line(0.3), 3: line(1.0)}
+    row = bn.per_server_columns(roles, links, cpu, (20, 102.0, 106.0))
+    per = json.loads(row["steady_per_server"])
+    assert per == [{"cpu": 0.1, "tx": 200, "rx": 100, "host": "h1"}, {"cpu": 0.06, "tx": 300, "rx": 100, "host": "h2"}]
+    assert row["server_cpu_max_dev"] == pytest.approx(0.25) and row["server_tx_max_dev"] == pytest.approx(0.2)
+    assert row["server_rx_max_dev"] == 0
+    assert bn.per_server_columns(roles, links, cpu, None) == {}
+    base = {k: "" for k in bn.FIELDS}
+    rows = [dict(base, algorithm="ssgd", label="SSGD", rate_mbit=0, status="ok", **row),
+            dict(base, algorithm="ssgd", label="SSGD", rate_mbit=0, status="failed", log="logs/x_ssgd_unl_rep1_s2.log")]
+    (g,) = sb.balance_groups(rows)
+    assert (g["servers"], g["runs"], len(g["ok"]), g["tx"], g["tx_dev"]) == (2, 2, 1, [200, 300], 0.2)
+    text = sb.markdown_table([g], "t")
+    assert "| 2 | SSGD | unlimited | 1/2 | 100.00 / 60.00 | 25% | 0.2 / 0.3 | 20% | 0.1 / 0.1 | 0% | NO |" in text
+
+
 def _hosts_row(alg, rate, rep, steady, push=20_000, pull=40_000, server_tx=500_000):
     row = _row(alg, rate, rep, steady, 1_000_000, 400, steady=steady)
     row.update(topology="hosts", push_bytes_per_step_after_warmup=push, pull_bytes_per_step_after_warmup=pull,
@@ -522,6 +548,9 @@ def test_hosts_topology_smoke(tmp_path):
             assert 0 < float(row[f"{role}_{d}_util"]) < 1, (role, d, row)
     assert row["host_links"].count(" worker ") == 2 and float(row["steady_server_cpu_seconds_per_step"]) >= 0
     assert float(row["steady_worker_cpu_seconds_per_step"]) > 0       # a worker always computes
+    (server,) = json.loads(row["steady_per_server"])                  # the one server host, on its own
+    assert server["host"] == "h1" and server["tx"] > 0 and server["rx"] > 0 and server["cpu"] >= 0, server
+    assert float(row["server_tx_max_dev"]) == 0
     assert "— per-host links" in (out / "table.md").read_text()
     manifest = json.loads((out / "manifest.json").read_text())
     assert [manifest[k] for k in ("finished", "jobs", "exit_status", "appended")] == [True, 1, 0, False]

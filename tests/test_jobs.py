@@ -1,5 +1,6 @@
 """Real multi-process jobs on loopback: 1 scheduler + servers + 2 workers, through the launcher."""
 import os
+import re
 import time
 
 import numpy as np
@@ -212,3 +213,23 @@ def test_ssd_pull_traffic_is_one_kth_of_ssgd(tmp_path, ssgd_job):
     assert 0.9 / k <= ratio <= 1.3 / k, ratio
     # pushes stay dense and every step: mailbox header of 2 floats on top of the gradient
     assert sb["bytes_per_step"]["push"] == pytest.approx(sa["bytes_per_step"]["push"] + 8, rel=1e-6)
+
+
+@pytest.mark.timeout(120)
+def test_two_servers_each_serve_a_buffer_and_apply_every_round(tmp_path):
+    """A 2-server round-based job with the sparse downlink: each server says, at the end, that it held
+    a buffer of its own with all five of its keys (weight, clock, mailbox, ring, momentum) and applied
+    a round for every step; no server idle, no process left behind."""
+    steps = 12
+    job = run_job(tmp_path, SSD, "cluster.servers=2", f"train.max_steps={steps}", "algorithm.warmup_iters=4",
+                  "compression.type=topk", "compression.downlink=sparse", name="servers2", timeout=90)
+    assert job.rc == 0, job.output
+    served = re.findall(r"^\[server \d+ \(rank (\d+)\)\] ssdsgd server: served (.*)$", job.output, re.M)
+    assert sorted(rank for rank, _ in served) == ["0", "1"], job.output
+    buffers = {}
+    for rank, what in served:
+        held = re.findall(r"(\d+) \((\d+) keys, (\d+) rounds\)", what)
+        assert held, f"server rank {rank} served no buffer: {what}"
+        buffers.update({int(b): (int(keys), int(rounds)) for b, keys, rounds in held})
+    assert buffers == {0: (5, steps), 1: (5, steps)}
+    assert processes_with(job.marker) == []

@@ -226,6 +226,24 @@ def test_reruns_never_touch_a_finished_run(tmp_path):
     assert processes_with(a.marker) == []
 
 
+@pytest.mark.timeout(400)
+def test_two_server_stock_run_resumes_on_its_balanced_keys(tmp_path):
+    """SSGD on MXNet's KVStore with 2 servers: the parameters' keys are spread over both servers
+    (not 0..n-1), the checkpoint records them, and a run stopped after epoch 1 and resumed ends
+    where the uninterrupted run ends."""
+    a, b, c = stopped_resumed_and_uninterrupted(tmp_path, SSGD, "cluster.servers=2", "train.epochs=2",
+                                                "checkpoint.every_epochs=1", stop_steps=22)
+    with open(os.path.join(str(tmp_path), "ck", "epoch-0001", "manifest.json")) as f:
+        keys = json.load(f)["plan"]["keys"]
+    assert len(set(keys)) == len(keys) and keys != list(range(len(keys)))
+    assert sorted({(k * 9973) % 2 for k in keys}) == [0, 1]          # MXNet's key hash: both servers
+    assert b.summary()["steps"] == c.summary()["steps"] == 44
+    wb, wc = (load_params(j.summary()["checkpoint"]) for j in (b, c))
+    for k in wc:
+        np.testing.assert_allclose(wb[k], wc[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    assert processes_with(b.marker) == []
+
+
 @pytest.mark.timeout(240)
 def test_restarts_are_limited_by_max_restarts(tmp_path):
     """Worker 1 raises at step 30 of every attempt (after the epoch-1 checkpoint, step 22): the job is

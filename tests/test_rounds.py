@@ -1,5 +1,6 @@
 """Tests for the round-based global update (ssdsgd.ps.rounds), the server's RoundService, the mailbox
 codecs and the buffer plan (ssdsgd.compression.fusion.make_plan), against numpy references."""
+import itertools
 import pickle
 import tracemalloc
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from ssdsgd.compression.codec import WireFormat, SparseGrad
-from ssdsgd.compression.fusion import KEY_HASH, make_plan
+from ssdsgd.compression.fusion import KEY_HASH, group_even, make_plan
 from ssdsgd.ps import commands
 from ssdsgd.ps.rounds import BufferState, RoundError
 from ssdsgd.ps.server import RoundService
@@ -489,6 +490,8 @@ def test_round_service_two_workers_two_buffers():
                      mx.nd.zeros(buf.wire.length))
         stores[buf.id] = bind(svc, buf, w0)
     assert not svc.owns(max(max(b.weight_key, b.mailbox_key, b.clock_key) for b in buffers) + 1)
+    assert svc.summary() == ", ".join(f"{'buffers ' if i == 0 else ''}{b.id} (3 keys, 0 rounds)"
+                                      for i, b in enumerate(buffers))
     # worker 1 runs two rounds ahead on every buffer, then worker 0 catches up
     order = [(0, 1), (1, 1), (0, 0), (2, 1), (1, 0), (3, 1), (2, 0), (3, 0)]
     pushed = set()
@@ -505,6 +508,8 @@ def test_round_service_two_workers_two_buffers():
             assert stored_c.asnumpy()[0] == version
             np.testing.assert_allclose(got[:-1], refs[buf.id][version], rtol=1e-5, atol=1e-6)
     assert all(svc.states[b.id].version == rounds for b in buffers)
+    assert svc.summary().startswith(f"buffers {buffers[0].id} (3 keys, {rounds} rounds), ")
+    assert RoundService(plan, mx.nd).summary() == "no buffers"       # none bound: they live on other servers
 
 
 def test_round_service_rebind_is_ignored_and_resume_version():
@@ -580,6 +585,70 @@ def test_mode_one_one_buffer_per_server_when_first_layer_is_largest():
     check_plan(buffers, shapes)
     assert len(buffers) == 2
     assert sorted(b.server for b in buffers) == [0, 1]
+
+
+def _max_deviation(sizes, groups):
+    sums = [sum(sizes[p] for p in g) for g in groups]
+    mean = sum(sums) / len(sums)
+    return max(abs(x - mean) for x in sums) / mean
+
+
+def test_group_even_is_the_most_even_contiguous_split():
+    """Against every contiguous split of small random inputs: the same largest deviation from the mean,
+    every tensor once, in order, no empty group, min(parts, tensors) groups."""
+    rng = np.random.RandomState(5)
+    for _ in range(300):
+        n, parts = rng.randint(1, 9), rng.randint(1, 6)
+        sizes = [int(x) for x in rng.randint(1, 60, n)]
+        groups = group_even(sizes, parts)
+        want = min(parts, n)
+        assert len(groups) == want and all(groups) and [p for g in groups for p in g] == list(range(n))
+        best = min(_max_deviation(sizes, [list(range(a, b)) for a, b in zip((0,) + c, c + (n,))])
+                   for c in itertools.combinations(range(1, n), want - 1))
+        assert _max_deviation(sizes, groups) == pytest.approx(best), (sizes, parts, groups)
+
+
+def test_group_even_does_not_overshoot_the_even_share():
+    # Splitting where the running sum first reaches the even share (12.5) gives 18 + 7 (44% off the mean).
+    assert group_even([6, 6, 6, 6, 1], 2) == [[0, 1], [2, 3, 4]]
+    # A large tensor last (backward order): the other groups still share the rest evenly.
+    assert group_even([2, 2, 2, 2, 2, 2, 6], 3) == [[0, 1, 2], [3, 4, 5], [6]]
+    assert group_even([5], 3) == [[0]] and group_even([], 2) == []
+
+
+def test_mode_one_plan_is_recomputed_identically():
+    """What a resume relies on: the same shapes give the same buffers, servers and keys."""
+    shapes = [(16, 3, 3, 3), (16,), (16,), (32, 16, 3, 3), (32,), (32,), (64, 32, 3, 3), (64,), (10, 64), (10,)]
+    for servers in (2, 3, 4):
+        a, b = make_plan(shapes, servers, mode="one"), make_plan(list(shapes), servers, mode="one")
+        assert [x.to_dict() for x in a] == [x.to_dict() for x in b]
+        check_plan(a, shapes)
+        assert sorted(x.server for x in a) == list(range(servers))
+
+
+def test_stock_keys_spread_elements_and_keys_over_the_servers():
+    """The stock path's keys (ssdsgd.algorithms.stock.balanced_keys): each hashes to the server chosen
+    for it; elements and key counts even where the sizes allow; one server: 0..n-1 (the numbering
+    before, so one-server checkpoints keep their keys); arrays at the big-array bound place nowhere."""
+    from ssdsgd.algorithms.stock import balanced_keys
+    sizes = [36864] * 5 + [18432, 9216, 9216, 4608, 2304, 432] + [64, 32, 16] * 10     # ResNet-20-like
+    assert balanced_keys(sizes, 1) == list(range(len(sizes)))
+    for servers in (2, 3, 4):
+        keys = balanced_keys(sizes, servers)
+        assert len(set(keys)) == len(keys) and min(keys) >= 0
+        load, count = [0] * servers, [0] * servers
+        for k, n in zip(keys, sizes):
+            load[(k * KEY_HASH) % servers] += n
+            count[(k * KEY_HASH) % servers] += 1
+        assert max(count) <= -(-len(sizes) // servers)
+        # within 5% above the mean (or two of the five large arrays, which some server must take at S = 4) and
+        # 10% below the mean of the rest
+        mean = sum(sizes) / servers
+        rest = (sum(sizes) - 2 * 36864) / (servers - 1) if servers == 4 else mean
+        assert max(load) <= 1.05 * max(mean, 2 * 36864) and min(load) >= 0.9 * rest, (servers, load)
+    # above the bound MXNet splits the array over every server: it does not count toward any one
+    keys = balanced_keys([100, 10, 10, 80], 2, bound=100)
+    assert [(k * KEY_HASH) % 2 for k in keys[1:]] == [1, 1, 0]      # 80 on one server, 10 + 10 on the other
 
 
 def test_fixed_mode_respects_cap():

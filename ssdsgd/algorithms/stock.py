@@ -5,13 +5,44 @@ layers (needed first by the next forward). The servers run MXNet's own momentum 
 signed `stock_optimizer` command (data, not a pickle) with rescale_grad = 1/(N*B): in dist_sync the
 server sums the N gradients of a round before one update; in dist_async every push is applied on
 its own, so N pushes of g/(N*B) make one synchronous step's worth of progress.
+
+MXNet places a key on server (key * 9973) % S (arrays of MXNET_KVSTORE_BIGARRAY_BOUND elements or more
+it splits over all servers): the parameters' keys are chosen so that each lands on the least-loaded
+server (balanced_keys). Numbered 0..n-1, one of 4 servers held 1.32x the mean of ResNet-20's elements
+and sent and received 1.32x the mean bytes (results/server_balance_before).
 """
+import os
+
 import mxnet as mx
 
 from ssdsgd.algorithms.base import Client, StepRecord
+from ssdsgd.compression.fusion import KeyAllocator
 from ssdsgd.compression.registry import NATIVE_2BIT
 from ssdsgd.config import STOCK
+from ssdsgd.env import BIGARRAY_BOUND_ENV
+from ssdsgd.errors import CheckpointError
 from ssdsgd.ps import commands
+
+MXNET_BIGARRAY_BOUND = 1000 * 1000     # MXNet's default of MXNET_KVSTORE_BIGARRAY_BOUND
+
+
+def balanced_keys(sizes, num_servers, bound=MXNET_BIGARRAY_BOUND):
+    """A key per parameter (sizes: element counts) such that the servers hold nearly equal shares of
+    the elements and of the keys (a server's CPU per step grows with both): largest first, each to
+    the least-loaded server that holds fewer than its share of the keys (arrays of `bound` elements or
+    more MXNet splits over every server, so they load each equally), then keys in parameter order
+    that hash to the chosen servers. With one server: 0..n-1."""
+    load, count, server = [0.0] * num_servers, [0] * num_servers, [0] * len(sizes)
+    most = -(-len(sizes) // num_servers)                # keys per server at most
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        if sizes[i] >= bound:                           # the key does not place it
+            load = [x + sizes[i] / num_servers for x in load]
+            continue
+        server[i] = min((s for s in range(num_servers) if count[s] < most), key=lambda s: (load[s], s))
+        load[server[i]] += sizes[i]
+        count[server[i]] += 1
+    keys = KeyAllocator(num_servers)
+    return [keys.on(s) for s in server]
 
 
 class StockClient(Client):
@@ -20,7 +51,8 @@ class StockClient(Client):
     def __init__(self, kv, params, cfg, schedule, log, total_steps=None, measure_backward=None,
                  steps_per_epoch=None):
         super().__init__(kv, params, cfg, schedule, log)
-        self.keys = list(range(len(params)))
+        bound = int(os.environ.get(BIGARRAY_BOUND_ENV, MXNET_BIGARRAY_BOUND))
+        self.keys = balanced_keys([p.data().size for p in params], commands.num_servers(kv), bound)
         self.two_bit = cfg.compression.type == NATIVE_2BIT
         n = sum(p.data().size for p in params)
         # 2-bit packs 16 gradient values into one float32 on the wire (MXNet's GradientCompression).
@@ -36,6 +68,15 @@ class StockClient(Client):
         """On resume the parameters hold the checkpoint's weights (rank 0's become the servers'),
         and the servers reload their optimizer state."""
         kv, cfg = self.kv, self.cfg
+        if resume_dir and saved_plan is not None:
+            # The servers saved their optimizer state by key: resume on the checkpoint's keys
+            # (0..n-1 if it predates balanced_keys).
+            saved = saved_plan.get("keys", list(range(len(self.params))))
+            if not (isinstance(saved, list) and len(saved) == len(self.params) and len(set(saved)) == len(saved)
+                    and all(isinstance(k, int) and 0 <= k < (1 << 20) for k in saved)):
+                raise CheckpointError(f"{resume_dir}: plan keys: expected {len(self.params)} distinct keys, "
+                                      f"got {saved!r}; resume refused")
+            self.keys = saved
         if self.two_bit:
             kv.set_gradient_compression({"type": NATIVE_2BIT, "threshold": cfg.compression.threshold})
         if kv.rank == 0:
@@ -58,6 +99,9 @@ class StockClient(Client):
             self.kv.push(i, p.grad(), priority=-i)
             self.kv.pull(i, out=p.data(), priority=-i)
         return StepRecord(self.push_bytes_per_step, self.pull_bytes_per_step, self.staleness)
+
+    def plan_record(self):
+        return {"kind": self.kind, "keys": self.keys}
 
     def global_weights(self, steps_done):
         """The weights to evaluate: after the step's pulls, the parameters are the global ones."""

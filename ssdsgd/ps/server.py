@@ -73,6 +73,16 @@ class RoundService:
     def owns(self, key):
         return key in self.roles
 
+    def summary(self):
+        """What this server served, for the line it prints at the end: per buffer it holds (its weight
+        key was bound here) the number of its keys and the rounds applied, e.g.
+        "buffers 1 (5 keys, 40 rounds), 3 (5 keys, 40 rounds)"; "no buffers" when it held none."""
+        held = [b for b, st in sorted(self.states.items()) if st.weights is not None]
+        if not held:
+            return "no buffers"
+        keys = {b: sum(1 for role in self.roles.values() if role[0] == b) for b in held}
+        return "buffers " + ", ".join(f"{b} ({keys[b]} keys, {self.states[b].version} rounds)" for b in held)
+
     def save(self, directory):
         for b, st in self.states.items():
             if st.weights is None:
@@ -278,3 +288,5 @@ def run_server():
     server = SSDServer(mx.kv.create("dist"))
     server.roll_call.watch()          # the roll call's clock starts once ps-lite's start-up is over
     server.run()
+    if server.rounds is not None:     # how the plan's buffers spread over the servers, from each one's side
+        print(f"ssdsgd server: served {server.rounds.summary()}", flush=True)

@@ -6,6 +6,7 @@ import os
 import pytest
 
 from scripts import scaling_model as sm
+from ssdsgd.algorithms.downlink import COMPRESSED_PUSHES
 from ssdsgd.compression.codec import WireFormat, use_bitmap
 from ssdsgd.compression.fusion import tensor_counts
 from ssdsgd.ps.rounds import RingLayout
@@ -29,8 +30,8 @@ def test_round_bytes_are_the_plans_messages_and_rings(downlink):
     size, k = sum(sizes), sum(counts)
     assert b["push"] == WireFormat("sparse", size, k, bitmap=use_bitmap(size, k)).bytes == 4 * (2 + 2 * k)
     # one slot (delay 1): the exact ring carries N pushes' values (a bitmap once that is smaller); the
-    # compressed one, chosen where the exact ring is over twice its size, one push's
-    cap = min(workers * k, size) if downlink == "sparse" else k
+    # compressed one, chosen where the exact ring is larger, two pushes' worth
+    cap = min(workers * k, size) if downlink == "sparse" else COMPRESSED_PUSHES * k
     ring = RingLayout(1, cap, size, use_bitmap(size, cap))
     assert b["pull"] == 4 * ring.length
     assert b["downlink"] == downlink

@@ -34,6 +34,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from ssdsgd.compression.codec import SparseGrad, bitmap_indices, bitmap_words, pack_bitmap
+from ssdsgd.compression.compressor import top_magnitudes
 
 
 class RoundError(RuntimeError):
@@ -125,7 +126,7 @@ class BufferState:
         acc = self.residual
         acc += grad_sum
         out = np.zeros(self.size, np.float32)
-        idx = top_magnitudes(acc, cap)
+        idx = top_magnitudes(np.abs(acc), cap)
         out[idx] = acc[idx]
         acc[idx] = 0.0
         return out
@@ -240,13 +241,6 @@ class RingLayout:
         return self.slots * self.slot_length
 
 
-def top_magnitudes(values, count):
-    """Indices of the `count` largest |values| (all of them if count >= size), in no particular order."""
-    if count >= values.size:
-        return np.arange(values.size)
-    return np.argpartition(np.abs(values), values.size - count)[values.size - count:]
-
-
 def weights_checksum(weights):
     """CRC-32 of a float32 array's bytes: equal for bit-identical arrays."""
     return zlib.crc32(np.ascontiguousarray(weights, np.float32).view(np.uint8))
@@ -324,7 +318,7 @@ class StagedRings:
     def compressed_cap(self, rnd):
         """The values round `rnd` may carry under the compressed downlink, or None (exact or dense)."""
         ring = self.rings[self.stage_of(rnd)]
-        return ring.layout.cap if ring is not None and ring.compressed else None
+        return None if ring is None else ring.compressed_cap(rnd)
 
     def record(self, rnd, grad_sum, weights=None):
         stage = self.stage_of(rnd)

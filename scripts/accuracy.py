@@ -123,12 +123,11 @@ def _same_global_batch(workers, global_batch=256):
 # N = 8, 4 and 2 workers (largest first: the runs that matter most finish first).
 SCALE = {}
 for _n in (8, 4, 2):
+    _sets = _same_global_batch(_n)
     SCALE.update({
-        f"N={_n} SSGD": (F_SSGD, _same_global_batch(_n)[:2]),
-        f"N={_n} SSD-SGD + top-k 1%, exact downlink": (F_TOPK, _same_global_batch(_n)
-                                                        + ["compression.downlink=sparse"]),
-        f"N={_n} SSD-SGD + top-k 1%, compressed downlink": (F_TOPK, _same_global_batch(_n)
-                                                             + ["compression.downlink=compressed"]),
+        f"N={_n} SSGD": (F_SSGD, _sets[:2]),                  # no local update: no local lr
+        f"N={_n} SSD-SGD + top-k 1%, exact downlink": (F_TOPK, _sets + ["compression.downlink=sparse"]),
+        f"N={_n} SSD-SGD + top-k 1%, compressed downlink": (F_TOPK, _sets + ["compression.downlink=compressed"]),
     })
 SUITES = {"digits": VARIANTS, "fmnist": FMNIST, "defaults": DEFAULTS, "selection": SELECTION, "scale": SCALE}
 

@@ -182,7 +182,7 @@ def _check_consistency(c):
                           f"unreachable server is named before a worker is blamed for the stall it causes; got "
                           f"server_timeout {cl['server_timeout']:g} s, stall_timeout {cl['stall_timeout']:g} s")
     d = c["data"]
-    for key in ("train_per_class", "validation"):
+    for key in ("train_per_class", "train_offset", "validation"):
         if d[key] and d["dataset"] not in IN_MEMORY_DATASETS:
             raise ConfigError(f"data.{key}: works on the in-memory datasets ({', '.join(IN_MEMORY_DATASETS)}), "
                               f"not on {d['dataset']}")

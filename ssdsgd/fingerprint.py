@@ -21,7 +21,7 @@ RESUME_MAY_CHANGE = (
 RESUME_MUST_MATCH = (
     "seed", "cluster.workers", "cluster.servers",
     "data.dataset", "data.format", "data.shape", "data.num_classes", "data.synthetic_samples", "data.augment",
-    "data.train_per_class", "data.validation", "data.validation_from",
+    "data.train_per_class", "data.train_offset", "data.validation", "data.validation_from",
     "model", "train.epochs", "train.batch_size", "train.lr", "train.momentum", "train.wd", "train.lr_schedule",
     "train.eval_bn_batches", "train.nonfinite",
     "algorithm", "compression",

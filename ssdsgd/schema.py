@@ -147,6 +147,9 @@ SCHEMA = {
         "preprocess_threads": Field(int, 2, min=1),
         "train_per_class": Field(int, None, nullable=True, min=1,
                                  doc="keep the first n training images of each class (a fixed subset)"),
+        "train_offset": Field(int, 0, min=0,
+                              doc="skip the first n training images of each class before data.train_per_class "
+                                  "keeps its n: offsets 0, n, 2n, ... give disjoint subsets of one size"),
         "validation": Field(float, 0.0, min=0,
                             doc="fraction (< 1) or count of training images held out for validation; "
                                 "evaluation then uses them instead of the test set"),

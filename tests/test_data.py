@@ -647,6 +647,25 @@ def test_idx_train_per_class_keeps_first_n_of_each_class_in_file_order(idx_root,
     np.testing.assert_array_equal(y, labels)      # more than any class has: everything
 
 
+def test_train_offset_picks_the_next_n_of_each_class(idx_root, idx_arrays):
+    """Offsets 0 and n give disjoint subsets of n per class; 'rest' validation avoids both the subset and
+    nothing else; an offset past a class's images is an error naming the key."""
+    images, labels = idx_arrays["train_images"], idx_arrays["train_labels"]
+    x0, y0, _, _ = data.split_train(images, labels, train_per_class=1)
+    x1, y1, _, _ = data.split_train(images, labels, train_per_class=1, train_offset=1)
+    second = np.sort([np.flatnonzero(labels == c)[1] for c in range(10)])
+    np.testing.assert_array_equal(x1, images[second])
+    np.testing.assert_array_equal(y1, labels[second])
+    assert not set(match_rows(x0, images)) & set(match_rows(x1, images))
+    _, _, vx, _ = data.split_train(images, labels, train_per_class=1, train_offset=1, validation=5,
+                                   validation_from="rest")
+    assert not set(match_rows(vx, images)) & set(second)
+    bundle = build_idx("mnist", idx_root, train_per_class=1, train_offset=1, batch_size=10)
+    assert bundle.train.num_samples == 10
+    with pytest.raises(data.DataError, match=r"data.train_offset: 2 skips every training image of a class that has 2"):
+        data.split_train(images, labels, train_per_class=1, train_offset=2)
+
+
 @pytest.mark.parametrize("validation,n_val", [(0.25, 7), (5, 5), (5.0, 5), (1, 1)])
 def test_split_train_validation_sizes_disjoint_and_fixed(idx_arrays, validation, n_val):
     images, labels = idx_arrays["train_images"], idx_arrays["train_labels"]
@@ -739,7 +758,7 @@ def test_validation_from_rest_errors(idx_root, kwargs, message):
     assert message in str(err.value)
 
 
-@pytest.mark.parametrize("key,value", [("train_per_class", 3), ("validation", 0.2)])
+@pytest.mark.parametrize("key,value", [("train_per_class", 3), ("validation", 0.2), ("train_offset", 3)])
 def test_split_only_on_in_memory_datasets(key, value):
     with pytest.raises(data.DataError, match=r"in-memory datasets .*not on synthetic"):
         data.build_data("synthetic", batch_size=8, synthetic_samples=64, **SHARD, **{key: value})

@@ -40,7 +40,7 @@ def digits(tmp_path):
     return load
 
 
-@pytest.mark.parametrize("key", ["data.train_per_class=50", "data.validation=100",
+@pytest.mark.parametrize("key", ["data.train_per_class=50", "data.train_offset=10", "data.validation=100",
                                  "train.eval_bn_batches=2", "model.hybridize=false", "compression.density=0.1",
                                  "seed=3", "train.lr_schedule.factor=0.5"])
 def test_what_changes_the_run_changes_the_fingerprint(digits, key):

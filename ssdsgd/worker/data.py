@@ -18,14 +18,15 @@ from ssdsgd.worker.datasets import steps_per_epoch
 def build_data(dataset, *, batch_size, rank, num_workers, seed, root=None, shape=None,
                num_classes=None, synthetic_samples=1024, augment=True,
                preprocess_threads=2, train_per_class=None, validation=0,
-               validation_from="subset", data_format="auto") -> DataBundle:
+               validation_from="subset", data_format="auto", train_offset=0) -> DataBundle:
     """Load `dataset` and return this worker's training shard and the full test set.
 
     `root` is the data folder (cifar10, imagenet, mnist, fashion_mnist), `shape` the (C, H, W)
     image shape (default per dataset), `num_classes` is used by imagenet and synthetic and must
     be 10 (or None) for the others.
     In-memory datasets (digits, cifar10, mnist, fashion_mnist) can be cut down and split:
-    `train_per_class` keeps the first n training images of each class; `validation` (a fraction
+    `train_per_class` keeps the first n training images of each class (after the first
+    `train_offset`, which picks another subset of the same size); `validation` (a fraction
     below 1, or a count) then moves a fixed, seed-independent random part of those into a
     validation set, which replaces the test set as `DataBundle.test` (`eval_set` says which);
     `validation_from="rest"` draws it from the images `train_per_class` leaves out instead.
@@ -35,8 +36,9 @@ def build_data(dataset, *, batch_size, rank, num_workers, seed, root=None, shape
         raise ValueError(f"need batch_size >= 1 and 0 <= rank < num_workers, got "
                          f"batch_size={batch_size}, rank={rank}, num_workers={num_workers}")
     shard = dict(batch_size=batch_size, rank=rank, num_workers=num_workers, seed=seed)
-    split = dict(train_per_class=train_per_class, validation=validation, validation_from=validation_from)
-    if dataset not in IN_MEMORY and (train_per_class or validation):
+    split = dict(train_per_class=train_per_class, validation=validation, validation_from=validation_from,
+                 train_offset=train_offset)
+    if dataset not in IN_MEMORY and (train_per_class or validation or train_offset):
         raise DataError(f"data.train_per_class and data.validation work on the in-memory datasets "
                         f"({', '.join(IN_MEMORY)}), not on {dataset}")
     if dataset == "digits":
@@ -64,7 +66,7 @@ def data_from_config(cfg, rank, num_workers):
                       num_classes=d.num_classes, synthetic_samples=d.synthetic_samples,
                       augment=d.augment, preprocess_threads=d.preprocess_threads,
                       train_per_class=d.train_per_class, validation=d.validation,
-                      validation_from=d.validation_from, data_format=d.format)
+                      validation_from=d.validation_from, data_format=d.format, train_offset=d.train_offset)
 
 
 def check_data(cfg):
@@ -78,7 +80,8 @@ def check_data(cfg):
         return
     shape = tuple(d.shape) if d.shape else None
     if d.dataset == "digits":
-        split = dict(train_per_class=d.train_per_class, validation=d.validation, validation_from=d.validation_from)
+        split = dict(train_per_class=d.train_per_class, validation=d.validation, validation_from=d.validation_from,
+                     train_offset=d.train_offset)
         images = small_sets.count_digits(shape, d.num_classes, split)
     else:
         images = small_sets.count_synthetic(shape, d.synthetic_samples)

@@ -30,23 +30,30 @@ class DataBundle:
 VALIDATION_SEED = 20240607  # fixed: every run and seed validates on the same images
 
 
-def split_train(x, y, train_per_class=None, validation=0, validation_from="subset"):
+def split_train(x, y, train_per_class=None, validation=0, validation_from="subset", train_offset=0):
     """(train x, train y, validation x or None, validation y or None).
 
     train_per_class: keep the first n images of each class (in file order), e.g. a fixed
-    class-balanced subset. validation: a fraction in (0, 1) or a count of images, drawn with a
-    fixed seed, so the split never depends on the run's seed. validation_from "subset" carves them
-    out of the kept training images; "rest" draws them from the training images that
-    train_per_class leaves out, so the training subset (and the schedule) stays exactly that of
-    the test runs, and the held-out set can be far larger than a slice of the subset."""
+    class-balanced subset; train_offset skips the first n of each class before that, so that
+    offsets 0, n, 2n, ... give disjoint subsets of the same size. validation: a fraction in (0, 1)
+    or a count of images, drawn with a fixed seed, so the split never depends on the run's seed.
+    validation_from "subset" carves them out of the kept training images; "rest" draws them from
+    the training images train_per_class leaves out, so the training subset (and the schedule)
+    stays exactly that of the test runs, and the held-out set can be far larger than a slice of the subset."""
     if validation_from not in VALIDATION_SOURCES:
         raise DataError(f"data.validation_from: one of {', '.join(VALIDATION_SOURCES)}, got {validation_from!r}")
     if validation_from == "rest" and not train_per_class:
         raise DataError("data.validation_from: 'rest' draws from the training images that data.train_per_class "
                         "leaves out; set data.train_per_class too")
     kept = np.arange(len(y))
-    if train_per_class:
-        kept = np.sort(np.concatenate([np.flatnonzero(y == c)[:train_per_class] for c in np.unique(y)]))
+    if train_per_class or train_offset:
+        end = train_offset + train_per_class if train_per_class else None
+        per_class = [np.flatnonzero(y == c) for c in np.unique(y)]
+        short = min(len(ix) for ix in per_class)
+        if train_offset >= short:
+            raise DataError(f"data.train_offset: {train_offset} skips every training image of a class that has "
+                            f"{short}; it must be below {short}")
+        kept = np.sort(np.concatenate([ix[train_offset:end] for ix in per_class]))
     if not validation:
         return x[kept], y[kept], None, None
     pool = kept if validation_from == "subset" else np.setdiff1d(np.arange(len(y)), kept)

@@ -3,7 +3,8 @@
 config that leaves every setting at the schema's default beside the one that writes them out;
 `--suite selection` the shipped Fashion-MNIST top-k config with exact and with sampled selection;
 `--suite scale` SSGD and SSD-SGD + top-k 1% (exact and compressed downlink) at 8, 4 and 2 workers
-with the 2-worker configs' global batch.
+with the 2-worker configs' global batch; `--suite budget` the shipped top-k settings and candidate
+changes to them against SSGD, for other budgets and training subsets.
 
     python scripts/accuracy.py [--suite digits] [--seeds 0 1 2] [--variants LABEL ...]
         [--set KEY=VALUE ...] [--out results/accuracy_digits]
@@ -129,7 +130,18 @@ for _n in (8, 4, 2):
         f"N={_n} SSD-SGD + top-k 1%, exact downlink": (F_TOPK, _sets + ["compression.downlink=sparse"]),
         f"N={_n} SSD-SGD + top-k 1%, compressed downlink": (F_TOPK, _sets + ["compression.downlink=compressed"]),
     })
-SUITES = {"digits": VARIANTS, "fmnist": FMNIST, "defaults": DEFAULTS, "selection": SELECTION, "scale": SCALE}
+# Settings for any budget and subset (issue 36, item 2): the shipped top-k settings against SSGD, the same
+# compression without the delay stage (what top-k alone costs), and DGC's density warm-up (the first epochs
+# after the synchronous one at 6.25% and 1.56%), to be run on an untuned subset (data.train_offset) with a
+# validation split and a budget given by --set train.epochs.
+BUDGET = {
+    "SSGD": (F_SSGD, []),
+    "SSD-SGD + top-k 1%": (F_TOPK, []),
+    "SSGD + top-k 1%": (F_TOPK, ["algorithm.type=ssgd"]),
+    "SSD-SGD + top-k 1%, density warm-up": (F_TOPK, ["compression.warmup=[0.25,0.0625,0.015625]"]),
+}
+SUITES = {"digits": VARIANTS, "fmnist": FMNIST, "defaults": DEFAULTS, "selection": SELECTION, "scale": SCALE,
+          "budget": BUDGET}
 
 
 def run(label, config, sets, seed, out):

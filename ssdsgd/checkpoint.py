@@ -201,6 +201,15 @@ def _files_problem(files, plan, workers):
     return None
 
 
+def _stock_keys_problem(keys):
+    """A stock plan's parameter keys (the servers saved their optimizer state by key): distinct
+    non-negative ints below MXNet's 2^20 key range, one per parameter."""
+    if not (isinstance(keys, list) and keys and len(set(keys)) == len(keys)
+            and all(_is_int(k) and 0 <= k < (1 << 20) for k in keys)):
+        return f"keys: expected a list of distinct parameter keys in [0, 2^20), got {keys!r}"
+    return None
+
+
 def _plan_problem(plan, cfg):
     kind = client_kind(cfg)
     if plan.get("kind") != kind:
@@ -210,7 +219,7 @@ def _plan_problem(plan, cfg):
         return (f"written for {servers!r} servers, but cluster.servers is {cfg.cluster.servers}: a checkpoint "
                 f"resumes only on the server layout it was taken with")
     if kind == STOCK:
-        return None
+        return _stock_keys_problem(plan.get("keys"))
     sizes = plan.get("buffer_sizes")
     if not isinstance(sizes, list) or not sizes or not all(_is_int(n) and n > 0 for n in sizes):
         return f"buffer_sizes: expected a non-empty list of positive integers, got {sizes!r}"

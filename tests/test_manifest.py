@@ -89,15 +89,31 @@ def test_manifest_fields_are_validated(field, value, text):
     assert problem is not None and text in problem, problem
 
 
-def test_stock_plan_needs_every_server_file():
-    from ssdsgd.checkpoint import fingerprint, manifest_problem
+def _stock_manifest():
+    from ssdsgd.checkpoint import fingerprint
     cfg = _cfg(SSGD, "cluster.servers=2")
-    m = _with(_good(cfg), "plan", {"kind": "stock", "servers": 2})
+    m = _with(_good(cfg), "plan", {"kind": "stock", "servers": 2, "keys": [3, 0, 7]})
     m["fingerprint"] = fingerprint(cfg)
     m["files"] = {"worker0.npz": HEX, "worker1.npz": HEX, "server-stock0.npz": HEX, "server-stock1.npz": HEX}
+    return cfg, m
+
+
+def test_stock_plan_needs_every_server_file():
+    from ssdsgd.checkpoint import manifest_problem
+    cfg, m = _stock_manifest()
     assert manifest_problem(m, cfg, 2) is None
     del m["files"]["server-stock1.npz"]
     assert "server-stock1.npz missing" in manifest_problem(m, cfg, 2)
+
+
+@pytest.mark.parametrize("keys", [_DELETE, [], [1, 1], [-1], [1 << 20], [True], "0,1", [1.0]])
+def test_stock_plan_needs_its_parameter_keys(keys):
+    """The servers saved their optimizer state by key: a stock plan without distinct valid keys (such as
+    one written before the keys were recorded) is refused, not resumed on guessed keys."""
+    from ssdsgd.checkpoint import manifest_problem
+    cfg, m = _stock_manifest()
+    m = _with(m, "plan.keys", keys)
+    assert manifest_problem(m, cfg, 2).startswith("plan: keys: expected a list of distinct parameter keys")
 
 
 def test_format_1_manifests_are_refused():

@@ -131,6 +131,7 @@ def round_bytes(shapes, cfg, workers, servers):
     server, from the buffer plan, the mailbox formats and the downlink rings the code builds."""
     from ssdsgd.algorithms.downlink import ring_choice
     from ssdsgd.compression.fusion import plan_for_config, tensor_counts
+    from ssdsgd.config import RING_DOWNLINKS
     comp, alg = cfg.compression, cfg.algorithm
     try:
         buffers = plan_for_config(shapes, servers, comp, counted=tensor_counts(shapes, comp))
@@ -139,7 +140,7 @@ def round_bytes(shapes, cfg, workers, servers):
     ssd = alg.type == "ssd"
     delay = alg.delay if ssd else 1
     slots = max(alg.max_staleness, alg.delay) if ssd else 1
-    rings = comp.downlink in ("sparse", "compressed") and buffers[0].codec == "sparse"
+    rings = comp.downlink in RING_DOWNLINKS and buffers[0].codec == "sparse"
     per = {}
     kinds = set()
     for b in buffers:

@@ -15,7 +15,7 @@ import yaml
 from ssdsgd.compression.registry import NATIVE_2BIT, SPARSIFIERS, is_sparsifier
 from ssdsgd.schema import (  # noqa: F401  (the names the rest of the package reads through config)
     ALGORITHMS, CIFAR_FORMATS, DATASETS, IN_MEMORY_DATASETS, MIN_SERVER_TIMEOUT, ROOTED_DATASETS, SCHEMA,
-    VALIDATION_SOURCES, ConfigError, Field, ListField, StrListField)
+    RING_DOWNLINKS, VALIDATION_SOURCES, ConfigError, Field, ListField, StrListField)
 
 
 class _Loader(yaml.SafeLoader):
@@ -102,7 +102,7 @@ def _check_compression(c, sparsifier):
         "index_coding": (comp["index_coding"] != "auto", "only sparse messages carry indices"),
         "warmup": (bool(comp["warmup"]), "a density warm-up needs a sparsifier"),
         "selection": (comp["selection"] == "sampled", "only the sparse encoders select values"),
-        "downlink": (comp["downlink"] in ("sparse", "compressed"),
+        "downlink": (comp["downlink"] in RING_DOWNLINKS,
                      f"{comp['downlink']} rebuilds the global weights from the rounds' sparse updates, so it "
                      f"needs a sparsifier"),
     }

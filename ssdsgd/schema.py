@@ -106,6 +106,7 @@ VALIDATION_SOURCES = ("subset", "rest")      # data.validation_from: the kept im
 ROOTED_DATASETS = ("cifar10", "mnist", "fashion_mnist", "imagenet")   # read from data.root
 # data.format (cifar10): auto finds the first of the others in data.root, in this order.
 CIFAR_FORMATS = ("auto", "binary", "python", "archive", "recordio")
+RING_DOWNLINKS = ("sparse", "compressed")   # compression.downlink values that rebuild weights from the rounds' ring
 MIN_SERVER_TIMEOUT = 3.0   # seconds: three missed touches of a liveness file (pyhooks/sitecustomize.py)
 
 SCHEMA = {
@@ -245,7 +246,7 @@ SCHEMA = {
         "warmup": ListField([], item=float, max=1,
                             doc="density of each of the first epochs, e.g. DGC's [0.25, 0.0625, 0.015625, "
                                 "0.004]; `density` from then on"),
-        "downlink": Field(str, "auto", choices=("auto", "dense", "sparse", "compressed"),
+        "downlink": Field(str, "auto", choices=("auto", "dense", *RING_DOWNLINKS),
                           doc="round-based runs with a sparsifier: refresh from dense weight pulls, or from "
                               "the rounds' aggregated sparse updates applied to a replica of the servers' state "
                               "(per buffer, only where that is smaller); sparse: the exact sums (a pull grows "

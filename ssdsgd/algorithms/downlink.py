@@ -21,6 +21,7 @@ import numpy as np
 
 from ssdsgd.algorithms.policy import density_stage
 from ssdsgd.compression.codec import use_bitmap
+from ssdsgd.config import RING_DOWNLINKS
 from ssdsgd.compression.fusion import KeyAllocator
 from ssdsgd.ps.commands import num_servers
 from ssdsgd.ps.rounds import ReplicaMismatch, RingLayout, read_ring
@@ -67,7 +68,7 @@ class Downlink:
         self.stages = transport.stages
         n = len(transport.buffers)
         self.plans, self.replicas, self.ring_bufs, self.pulled = [None] * n, [None] * n, [None] * n, [None] * n
-        if comp is None or comp.downlink not in ("sparse", "compressed"):
+        if comp is None or comp.downlink not in RING_DOWNLINKS:
             return
         decisions = self._plan(slots, comp, make_replica)
         self.stats.update(downlink=decisions, downlink_resyncs=0, downlink_checks=0)

@@ -62,7 +62,7 @@ import yaml
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
 from bench import netns, vcluster
-from scripts.results_io import COMPUTE_BOUND, rate_name, read_jsonl, stop_on_sigterm, write_manifest
+from scripts.results_io import COMPUTE_BOUND, rate_name, read_csv, read_jsonl, stop_on_sigterm, write_manifest
 from ssdsgd.metrics import SUMMARY_FILE, metrics_file
 
 DEFAULT_CONFIG = "configs/bench_cifar_resnet20.yaml"
@@ -676,8 +676,7 @@ def _median(values):
 
 
 def read_rows(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    return read_csv(path)
 
 
 def aggregate(rows):

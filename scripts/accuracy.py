@@ -24,8 +24,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
-from scripts.results_io import (job_command, job_name, job_summary, results_folder, run_captured, run_folder,
-                                summary_row, write_csv, write_manifest, write_text)
+from scripts.results_io import (job_command, job_name, job_summary, read_csv, results_folder, run_captured,
+                                run_folder, summary_row, write_csv, write_manifest, write_text)
 
 SSGD = "configs/demo_digits_ssgd.yaml"
 SSD = "configs/demo_digits_ssd.yaml"
@@ -202,9 +202,7 @@ def paired_ahead_behind(rows, variants=VARIANTS):
 
 def done_rows(path):
     """The successful rows of an earlier runs.csv (numbers back as numbers), for --keep-done."""
-    import csv
-    with open(path, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["rc"] == "0"]
+    rows = [r for r in read_csv(path) if r["rc"] == "0"]
     for r in rows:
         for k, v in r.items():
             try:

@@ -18,7 +18,6 @@
 The modes can be combined.
 """
 import argparse
-import csv
 import json
 import os
 import statistics
@@ -28,7 +27,7 @@ import matplotlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
-from scripts.results_io import COMPUTE_BOUND, rate_name, read_jsonl
+from scripts.results_io import COMPUTE_BOUND, rate_name, read_csv, read_jsonl
 from ssdsgd.metrics import CONFIG_FILE, SUMMARY_FILE, metrics_file
 
 matplotlib.use("Agg")
@@ -181,8 +180,7 @@ def rss_figure(rows):
 
 
 def plot_csv(csv_path, out_dir):
-    with open(csv_path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_csv(csv_path)
     written = []
     for name, make in (("throughput.png", throughput_figure), ("bytes_per_step.png", bytes_figure),
                        ("worker_rss.png", rss_figure)):
@@ -196,8 +194,7 @@ def plot_csv(csv_path, out_dir):
 
 def read_evals(path):
     """The rows of a time-to-accuracy evals.csv, typed; train_seconds None where it was not recorded."""
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_csv(path)
     return [{"variant": r["variant"], "seed": int(r["seed"]), "epoch": int(float(r["epoch"])),
              "seconds": _num(r.get("seconds")), "train_seconds": _num(r.get("train_seconds")),
              "test_acc": float(r["test_acc"])} for r in rows]

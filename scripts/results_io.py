@@ -82,6 +82,18 @@ def read_jsonl(path):
     return records
 
 
+def read_csv(path, needed=()):
+    """The rows of a CSV this project wrote (runs.csv, jobs.csv, evals.csv, ...) as dicts of strings;
+    each reader converts the columns it uses. `needed`: columns whose absence is a ValueError naming
+    the file and the column."""
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in needed if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path}: missing column {missing[0]!r}")
+        return list(reader)
+
+
 def write_csv(path, rows):
     """One row per dict; the columns are every key any row has, sorted."""
     with open(path, "w", newline="") as f:

@@ -36,7 +36,6 @@ benchmark ran with; default: read from the manifest.json next to each runs.csv, 
 --fit-on RUNS.csv (the SSGD rows `overlap` is fitted on), --cores (of the machine the runs ran on).
 """
 import argparse
-import csv
 import json
 import os
 import statistics
@@ -44,7 +43,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
-from scripts.results_io import COMPUTE_BOUND, rate_name, results_folder, write_csv, write_manifest, write_text
+from scripts.results_io import (COMPUTE_BOUND, rate_name, read_csv, results_folder, write_csv, write_manifest,
+                                write_text)
 
 FRAME, MSS, ACK, SEGMENTS_PER_ACK = 1514, 1448, 66, 2     # Ethernet frame of a full TCP segment, its ACK
 OUT = "results/scaling_model"
@@ -179,12 +179,10 @@ def _numel(shape):
 def _read_csv(path, needed=()):
     if not os.path.isfile(path):
         raise ModelError(f"{path}: file not found")
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in needed if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ModelError(f"{path}: missing column {missing[0]!r}")
-        return list(reader)
+    try:
+        return read_csv(path, needed)
+    except ValueError as e:
+        raise ModelError(str(e)) from None
 
 
 def server_costs(model, path=os.path.join(ROOT, SERVER_FITS)):

@@ -25,7 +25,6 @@ is not run; each seed from exactly one folder), and the table names the folders:
 other runs of the machine.
 """
 import argparse
-import csv
 import os
 import shlex
 import statistics
@@ -36,8 +35,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
 from bench.netns import Namespace, tools_problem
-from scripts.results_io import (job_command, job_name, job_summary, results_folder, run_captured, run_folder,
-                                stop_on_sigterm, write_csv, write_manifest, write_text)
+from scripts.results_io import (job_command, job_name, job_summary, read_csv, results_folder, run_captured,
+                                run_folder, stop_on_sigterm, write_csv, write_manifest, write_text)
 from ssdsgd.metrics import read_metrics
 
 SUITES = {
@@ -176,8 +175,7 @@ def table(jobs, evals, rate, title, variants):
 def read_earlier(directory, variant="SSGD"):
     """Jobs and evaluations of one variant (the baseline) from an earlier run of this script."""
     def rows(name):
-        with open(os.path.join(directory, name)) as f:
-            return [r for r in csv.DictReader(f) if r["variant"] == variant]
+        return [r for r in read_csv(os.path.join(directory, name)) if r["variant"] == variant]
     jobs = [dict(r, seed=int(r["seed"]), rc=int(r["rc"]), seconds=float(r["seconds"]),
                  kernel_bytes=float(r["kernel_bytes"]), final_test_acc=float(r["final_test_acc"] or "nan"))
             for r in rows("jobs.csv")]

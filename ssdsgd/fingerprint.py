@@ -12,7 +12,7 @@ RESUME_MAY_CHANGE = (
     "name",
     "cluster.launcher", "cluster.hostfile", "cluster.interface", "cluster.timeout", "cluster.stall_timeout",
     "cluster.server_timeout", "cluster.ssh_user", "cluster.ssh_identity", "cluster.ssh_config",
-    "cluster.ssh_options", "cluster.port", "cluster.max_restarts",
+    "cluster.ssh_options", "cluster.port", "cluster.max_restarts", "cluster.restart_backoff",
     "data.root", "data.preprocess_threads",
     "train.max_steps", "train.eval_every_epochs", "train.eval_workers",
     "checkpoint.dir", "checkpoint.every_epochs",

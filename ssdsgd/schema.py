@@ -132,6 +132,10 @@ SCHEMA = {
         "max_restarts": Field(int, 0, min=0, max=100,
                               doc="a job that fails after a complete checkpoint is restarted with --resume "
                                   "at most this many times"),
+        "restart_backoff": Field(float, 1.0, min=0,
+                                 doc="seconds before a restart, doubled for each restart in a row that found no "
+                                     "newer checkpoint (at most 60 s), so a cause that persists (a full disk) "
+                                     "does not use up max_restarts at once; 0: restart at once"),
     },
     "data": {
         "dataset": Field(str, "digits", choices=DATASETS),

@@ -123,7 +123,7 @@ def test_killed_worker_is_restarted_from_the_checkpoint_and_ends_with_the_uninte
             proc.wait()
     assert proc.returncode == 0, out[-3000:]
     assert "launch: worker 1" in out and "SIGKILL" in out
-    assert out.count("run: restart 1 of 1: the job failed (exit 1); resuming from") == 1, out[-3000:]
+    assert out.count("run: restart 1 of 1 in 1 s: the job failed (exit 1); resuming from") == 1, out[-3000:]
     assert "resuming from" in out and "epochs," in out
     assert processes_with(job.marker) == []
     c = uninterrupted
@@ -198,7 +198,7 @@ def test_a_role_dying_after_the_last_checkpoint_is_restarted_without_losing_the_
                   name="F", env={"SSDSGD_TEST_FAULT": "finish:1:0"})
     assert job.rc == 0, job.output[-3000:]
     assert "RuntimeError: injected fault at the end of training" in job.output
-    assert job.output.count("run: restart 1 of 1: the job failed (exit 1); resuming from") == 1
+    assert job.output.count("run: restart 1 of 1 in 1 s: the job failed (exit 1); resuming from") == 1
     assert "resuming from" in job.output and "epoch-0004" in job.output
     _same_result(job, uninterrupted)
     assert processes_with(job.marker) == []
@@ -247,14 +247,18 @@ def test_two_server_stock_run_resumes_on_its_balanced_keys(tmp_path):
 @pytest.mark.timeout(240)
 def test_restarts_are_limited_by_max_restarts(tmp_path):
     """Worker 1 raises at step 30 of every attempt (after the epoch-1 checkpoint, step 22): the job is
-    restarted once, logged, then given up with the failure's exit code."""
+    restarted twice, each logged, the second after twice the back-off (it resumes from the same
+    checkpoint: no progress), then given up with the failure's exit code."""
     job = run_job(tmp_path, SSGD, "train.epochs=3", f"checkpoint.dir={tmp_path}/ck", "checkpoint.every_epochs=1",
-                  "cluster.max_restarts=1", name="again", env={"SSDSGD_TEST_FAULT": "raise:1:30"})
+                  "cluster.max_restarts=2", "cluster.restart_backoff=0.5", name="again",
+                  env={"SSDSGD_TEST_FAULT": "raise:1:30"})
     assert job.rc == 1, job.output[-3000:]
-    assert job.output.count("(rank 1)] RuntimeError: injected fault at step 30") == 2     # two attempts
-    assert job.output.count("run: restart 1 of 1: the job failed (exit 1)") == 1
-    assert "restart 2" not in job.output
-    assert "cluster.max_restarts (1) restarts used, giving up" in job.output
+    assert job.output.count("(rank 1)] RuntimeError: injected fault at step 30") == 3     # three attempts
+    assert job.output.count("run: restart 1 of 2 in 0.5 s: the job failed (exit 1)") == 1
+    assert job.output.count("run: restart 2 of 2 in 1 s: the job failed (exit 1)") == 1
+    assert "(no newer checkpoint than at the last restart)" in job.output.split("restart 2 of 2")[1].splitlines()[0]
+    assert "restart 3" not in job.output
+    assert "cluster.max_restarts (2) restarts used, giving up" in job.output
     assert processes_with(job.marker) == []
 
 
@@ -497,3 +501,10 @@ def test_corrupt_cifar_files_stop_the_job(tmp_path, damage):
     assert job.rc != 0
     assert expect in job.output, job.output[-3000:]
     assert processes_with(job.marker) == []
+
+
+def test_restart_backoff_doubles_while_no_checkpoint_is_newer_and_is_capped():
+    from ssdsgd.launch.run import MAX_BACKOFF, backoff_seconds
+    assert [backoff_seconds(1.0, stuck) for stuck in range(4)] == [1.0, 2.0, 4.0, 8.0]
+    assert backoff_seconds(1.0, 30) == MAX_BACKOFF == 60.0
+    assert backoff_seconds(0.0, 5) == 0.0                      # 0: restart at once

@@ -5,6 +5,7 @@ running `python -m ssdsgd.train` with the same config and overrides.
 """
 import os
 import sys
+import time
 
 from ssdsgd.config import ROOTED_DATASETS
 from ssdsgd.launch.hosts import is_host_list
@@ -105,6 +106,13 @@ def main(argv=None):
 
 
 RESTARTABLE = 1        # the launcher's code for a failed or stalled process (not a timeout or a stop)
+MAX_BACKOFF = 60.0     # seconds: the longest wait before a restart
+
+
+def backoff_seconds(base, stuck):
+    """The wait before a restart: cluster.restart_backoff doubled for each earlier restart in a row that
+    resumed from the same checkpoint (`stuck`: the job made no checkpointed progress since), capped."""
+    return min(base * 2 ** stuck, MAX_BACKOFF) if base else 0.0
 
 
 def _run_with_restarts(cfg, args, run_dir):
@@ -114,7 +122,7 @@ def _run_with_restarts(cfg, args, run_dir):
     from ssdsgd.checkpoint import CheckpointError, latest, resume_point
     from ssdsgd.folders import finished_message, remove_leftovers
     limit = cfg.cluster.max_restarts
-    resume = args.resume
+    resume, previous, stuck = args.resume, None, 0
     for attempt in range(limit + 1):
         code = _launch(cfg, args, resume, run_dir)
         if code == 0 or limit == 0:
@@ -143,9 +151,13 @@ def _run_with_restarts(cfg, args, run_dir):
         except CheckpointError as err:
             print(f"run: not restarted: {err}", file=sys.stderr, flush=True)
             return 2
-        print(f"run: restart {attempt + 1} of {limit}: the job failed (exit {code}); resuming from "
-              f"{directory}", file=sys.stderr, flush=True)
-        resume = True
+        stuck = stuck + 1 if directory == previous else 0
+        wait = backoff_seconds(cfg.cluster.restart_backoff, stuck)
+        print(f"run: restart {attempt + 1} of {limit} in {wait:g} s: the job failed (exit {code}); resuming from "
+              f"{directory}" + (" (no newer checkpoint than at the last restart)" if stuck else ""),
+              file=sys.stderr, flush=True)
+        time.sleep(wait)
+        resume, previous = True, directory
     return code
 
 

@@ -395,6 +395,23 @@ def test_round_client_delay_stage_momentum(mc):
     assert default.delay_momentum == default.local_opt.momentum == cfg.train.momentum
 
 
+@pytest.mark.parametrize("train_momentum", [0.0, 0.9])
+def test_delay_stage_momentum_correction_uses_the_stage_momentum(train_momentum):
+    """With momentum correction the workers' memory runs at algorithm.momentum once the delay stage
+    begins, even when the warm-up had no momentum at all (train.momentum 0)."""
+    from ssdsgd.compression.memory import Memory
+    client, _, _ = _round_client("global_momentum", f"train.momentum={train_momentum}", "algorithm.momentum=0.7",
+                                 "compression.type=topk", "compression.momentum_correction=true")
+    client.memory = Memory(True, train_momentum)
+    client._delay_stage_correction()
+    assert client.memory.momentum == 0.7
+    plain, _, _ = _round_client("global_momentum", "algorithm.momentum=0.7", "compression.type=topk",
+                                "compression.momentum_correction=false")
+    plain.memory = Memory(True, 0.0)
+    plain._delay_stage_correction()
+    assert plain.memory.momentum == 0.0          # no correction: the memory holds no momentum
+
+
 class _SlowClockKV(_StubKV):
     """The clock key reads `version - 1` until `after` seconds have passed, then `version`."""
 

@@ -300,12 +300,17 @@ class RoundClient(Client):
             self.log.write(event="staleness_wait", step=step, need_version=plan.oldest_version,
                            seconds=round(waited, 6))
         self._local_update()
-        if self.memory is not None and self.memory.momentum:
-            self.memory.momentum = self.delay_momentum      # momentum correction: the stage's momentum
+        self._delay_stage_correction()
         pushed = self.transport.push(step, grads)
         if plan.pull:
             wait += self._issue_pulls(step, plan.pull_waits)
         return self._record(pushed, staleness, wait)
+
+    def _delay_stage_correction(self):
+        """Momentum correction runs at the steps-delay stage's momentum (algorithm.momentum), also where
+        the warm-up had none (train.momentum 0)."""
+        if self.memory is not None and self.cfg.compression.momentum_correction:
+            self.memory.momentum = self.delay_momentum
 
     def _wait_until(self, version, buffers):
         """Bring the given buffers to at least `version` (a blocking pull each); returns the seconds."""

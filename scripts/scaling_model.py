@@ -129,7 +129,7 @@ def dense_bytes(shapes, workers, servers):
 def round_bytes(shapes, cfg, workers, servers):
     """Bytes per step of the round-based client (SSD-SGD, compressed SSGD), per worker and for the busiest
     server, from the buffer plan, the mailbox formats and the downlink rings the code builds."""
-    from ssdsgd.algorithms.downlink import ring_choice
+    from ssdsgd.algorithms.downlink import ring_choice, ring_slots
     from ssdsgd.compression.fusion import plan_for_config, tensor_counts
     from ssdsgd.config import RING_DOWNLINKS
     comp, alg = cfg.compression, cfg.algorithm
@@ -139,7 +139,7 @@ def round_bytes(shapes, cfg, workers, servers):
         raise ModelError(f"buffer plan of {cfg.model.name} on {servers} server(s): {e}") from None
     ssd = alg.type == "ssd"
     delay = alg.delay if ssd else 1
-    slots = max(alg.max_staleness, alg.delay) if ssd else 1
+    slots = ring_slots(alg)
     rings = comp.downlink in RING_DOWNLINKS and buffers[0].codec == "sparse"
     per = {}
     kinds = set()

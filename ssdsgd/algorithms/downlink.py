@@ -38,6 +38,12 @@ def ring_zeros(size, down, ring):
 COMPRESSED_PUSHES = 2
 
 
+def ring_slots(alg):
+    """Rounds a buffer's ring keeps: a worker of SSD-SGD lands rounds up to max(S, k) behind the newest;
+    compressed SSGD lands each round before the next."""
+    return max(alg.max_staleness, alg.delay) if alg.type == "ssd" else 1
+
+
 def ring_choice(comp, slots, size, topk_count, workers):
     """(kind, RingLayout) of one buffer's ring in one density stage: kind "sparse" (the exact round
     sums: up to `workers` pushes' values each), "compressed" (the servers' top-k of them, two pushes'

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import mxnet as mx
 
 from ssdsgd.algorithms.base import Client, StepRecord
-from ssdsgd.algorithms.downlink import Downlink
+from ssdsgd.algorithms.downlink import Downlink, ring_slots
 from ssdsgd.algorithms.glu import GLU, GlobalMomentum, LocalSGD
 from ssdsgd.algorithms.policy import StepPolicy
 from ssdsgd.algorithms.probe import probe_costs
@@ -135,9 +135,8 @@ class RoundClient(Client):
         self.staging = [mx.nd.zeros(b.size) for b in self.buffers]   # a replica's weights, on their way in
         self.views = [None] * len(self.buffers)                     # see _buffer_views
         self.versions = [0] * len(self.buffers)
-        policy = self.policy
-        slots = 1 if self.synchronous else max(policy.max_staleness, policy.delay)
-        self.downlink = Downlink(self.transport, self.stats, slots, self.steps_per_epoch, comp, self._replica)
+        self.downlink = Downlink(self.transport, self.stats, ring_slots(self.cfg.algorithm), self.steps_per_epoch,
+                                 comp, self._replica)
 
     def _replica(self, size):
         """A worker-side copy of a buffer's server state (the sparse downlink's replica)."""

@@ -131,14 +131,18 @@ for _n in (8, 4, 2):
         f"N={_n} SSD-SGD + top-k 1%, compressed downlink": (F_TOPK, _sets + ["compression.downlink=compressed"]),
     })
 # Settings for any budget and subset (issue 36, item 2): the shipped top-k settings against SSGD, the same
-# compression without the delay stage (what top-k alone costs), and DGC's density warm-up (the first epochs
-# after the synchronous one at 6.25% and 1.56%), to be run on an untuned subset (data.train_offset) with a
-# validation split and a budget given by --set train.epochs.
+# compression without the delay stage (what top-k alone costs), DGC's density warm-up (the first epochs
+# after the synchronous one at 6.25% and 1.56%) and denser pushes, to be run on an untuned subset
+# (data.train_offset) with a validation split and a budget given by --set train.epochs.
 BUDGET = {
     "SSGD": (F_SSGD, []),
     "SSD-SGD + top-k 1%": (F_TOPK, []),
     "SSGD + top-k 1%": (F_TOPK, ["algorithm.type=ssgd"]),
     "SSD-SGD + top-k 1%, density warm-up": (F_TOPK, ["compression.warmup=[0.25,0.0625,0.015625]"]),
+    # Denser pushes without DGC's momentum factor masking: the servers then apply exactly momentum SGD's
+    # updates, each value delayed until it is sent.
+    "SSD-SGD + top-k 5%, no masking": (F_TOPK, ["compression.density=0.05", "compression.momentum_masking=false"]),
+    "SSD-SGD + top-k 10%, no masking": (F_TOPK, ["compression.density=0.1", "compression.momentum_masking=false"]),
 }
 SUITES = {"digits": VARIANTS, "fmnist": FMNIST, "defaults": DEFAULTS, "selection": SELECTION, "scale": SCALE,
           "budget": BUDGET}

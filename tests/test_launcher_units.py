@@ -1,0 +1,73 @@
+"""Unit-level tests of the launcher's parts (ssdsgd/launch/): each runs in about a second, without a job."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from ssdsgd.launch import ssh
+
+
+def _group_members(pgid):
+    """PIDs of the processes (zombies included) in process group pgid, from /proc."""
+    members = []
+    for pid in filter(str.isdigit, os.listdir('/proc')):
+        try:
+            with open(f'/proc/{pid}/stat') as f:
+                if f.read().rsplit(')', 1)[1].split()[2] == str(pgid):
+                    members.append(int(pid))
+        except (OSError, IndexError):
+            pass
+    return members
+
+
+def _remote_kill(pgid):
+    """Run the cleanup's remote kill as ssh would on the host: the login shell runs `sh -c SCRIPT kill PGID`
+    (here bash stands in for ssh and the login shell); sh is dash on Debian."""
+    role = SimpleNamespace(ssh=['bash', '-c'], pgid=pgid, host='alpha')
+    [(host, group, proc)] = ssh.start_remote_kills([role])
+    out, _ = proc.communicate(timeout=20)
+    return proc.returncode, out.decode()
+
+
+@pytest.mark.timeout(30)
+def test_remote_kill_ends_a_group_that_ignores_sigterm(monkeypatch):
+    """Before: `kill -TERM -- -PGID`, which dash refuses ("Illegal number"): nothing was signalled and the
+    script still said every group had ended. Now the group gets SIGTERM, then SIGKILL after the grace."""
+    monkeypatch.setattr(ssh, 'TERM_GRACE', 0.3)
+    role = subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, '
+                             'signal.SIG_IGN); print(1, flush=True); time.sleep(60)'],
+                            stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        role.stdout.readline()                                  # SIGTERM is ignored from here on
+        threading.Thread(target=role.wait, daemon=True).start()  # reap it, as its parent on a host would
+        code, out = _remote_kill(role.pid)
+        assert (code, out) == (0, '')
+        assert role.wait(timeout=5) == -signal.SIGKILL
+        assert _group_members(role.pid) == []
+    finally:
+        if role.poll() is None:
+            os.killpg(role.pid, signal.SIGKILL)
+            role.wait()
+
+
+@pytest.mark.timeout(30)
+def test_remote_kill_says_when_a_group_is_still_there(monkeypatch):
+    """A group that outlives SIGKILL (here a zombie nobody reaps yet) is reported, with exit 1."""
+    monkeypatch.setattr(ssh, 'TERM_GRACE', 0.3)
+    zombie = subprocess.Popen(['true'], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            with open(f'/proc/{zombie.pid}/stat') as f:
+                if f.read().rsplit(')', 1)[1].split()[0] == 'Z':
+                    break
+            time.sleep(0.02)
+        code, out = _remote_kill(zombie.pid)
+        assert (code, out.strip()) == (1, f'process groups still alive: {zombie.pid}')
+    finally:
+        zombie.wait()

@@ -71,3 +71,33 @@ def test_remote_kill_says_when_a_group_is_still_there(monkeypatch):
         assert (code, out.strip()) == (1, f'process groups still alive: {zombie.pid}')
     finally:
         zombie.wait()
+
+
+@pytest.mark.parametrize('supervised', [0, 1, 124])
+def test_a_cleanup_that_cannot_confirm_the_end_fails_the_job(monkeypatch, supervised):
+    """Before: `return code` was evaluated before the cleanup, so its `code = 1` was lost and a job whose
+    remote processes could not be confirmed gone still exited 0."""
+    from ssdsgd.launch import launcher
+    monkeypatch.setattr(launcher, 'supervise', lambda *args: supervised)
+    monkeypatch.setattr(launcher, 'cleanup', lambda children: False)
+    assert launcher._run([], None, None) == (1 if supervised == 0 else supervised)
+    monkeypatch.setattr(launcher, 'cleanup', lambda children: True)
+    assert launcher._run([], None, None) == supervised
+
+
+@pytest.mark.parametrize('supervised', [0, 1])
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_during_the_cleanup_is_not_a_failure(monkeypatch, capsys, supervised, signum):
+    """Before: Ctrl-C or SIGTERM during the cleanup (seconds long) was swallowed and the job exited 1,
+    which ssdsgd-run restarts. Now it exits 128 + the signal, as a job stopped earlier does."""
+    from ssdsgd.launch import launcher
+
+    def cleanup(children):
+        os.kill(os.getpid(), signum)   # the launcher's handler only records it
+        return True
+    monkeypatch.setattr(launcher, 'supervise', lambda *args: supervised)
+    monkeypatch.setattr(launcher, 'cleanup', cleanup)
+    before = signal.getsignal(signum)
+    assert launcher._run([], None, None) == 128 + signum
+    assert f'launch: received {signal.Signals(signum).name} during the cleanup' in capsys.readouterr().err
+    assert signal.getsignal(signum) == before   # restored after the cleanup

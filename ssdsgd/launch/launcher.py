@@ -60,9 +60,9 @@ def _run(specs, timeout, stall_timeout, server_timeout=None):
                 children.append(Child(spec))
             except OSError as e:
                 print(f'launch: cannot start {spec.name}: {e}', file=sys.stderr)
-                return 1
-        code = supervise(children, timeout, stall_timeout, received, server_timeout)
-        return code
+                break
+        else:
+            code = supervise(children, timeout, stall_timeout, received, server_timeout)
     finally:
         started = time.monotonic()
         if cleanup(children):
@@ -72,6 +72,12 @@ def _run(specs, timeout, stall_timeout, server_timeout=None):
         elif code == 0:
             code = 1
         restore_signals()
+    if received and code in (0, 1):
+        # Stopped during the cleanup (which takes seconds): say so in the code, so that ssdsgd-run does
+        # not restart a job its user stopped (it restarts after exit 1).
+        print(f'launch: received {signal.Signals(received[0]).name} during the cleanup', file=sys.stderr)
+        code = 128 + received[0]
+    return code
 
 
 def run_job(command, num_workers, num_servers=None, *, launcher='local', hostfile=None, env=None,

@@ -101,3 +101,38 @@ def test_a_stop_during_the_cleanup_is_not_a_failure(monkeypatch, capsys, supervi
     assert launcher._run([], None, None) == 128 + signum
     assert f'launch: received {signal.Signals(signum).name} during the cleanup' in capsys.readouterr().err
     assert signal.getsignal(signum) == before   # restored after the cleanup
+
+
+def _start_remote_role(command, host, tmp_path):
+    """A Child running the role script of `command` on `host` through `bash -s` here, as ssh runs it there."""
+    from ssdsgd.launch.children import Child
+    from ssdsgd.launch.plan import RoleSpec, build_ssh_commands
+    env = {'DMLC_PS_ROOT_URI': '127.0.0.1', 'SSDSGD_JOB_SECRET': 'x'}
+    [(name, _, script)] = build_ssh_commands(command, [host], 1, 1, env, str(tmp_path))[1:]
+    return Child(RoleSpec(name, host.name, ['bash', '-s'], {'DMLC_ROLE': 'worker'}, script, ['ssh', host.name]))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize('command, host, code, output', [
+    (['nosuchcommand-xyz'], {}, 127, "error: cannot start nosuchcommand-xyz on {hostname}: No such file or directory"),
+    (['python', '-c', 'pass'], {'python': '/nonexistent/python'}, 127, '/nonexistent/python: No such file or directory'),
+    (['true'], {'interface': 'nosuchif0'}, 2, "error: interface 'nosuchif0' (host file) does not exist on {hostname}"),
+])
+def test_a_role_that_cannot_start_on_its_host_is_named_so(tmp_path, command, host, code, output):
+    """Before: every start-up failure on a host was reported as a role that "lost its supervisor ... and was
+    killed with it", and a missing command gave remote.py's traceback."""
+    import socket
+
+    from ssdsgd.launch.hosts import Host
+    child = _start_remote_role(command, Host('alpha', **host), tmp_path)
+    try:
+        assert child.popen.wait(timeout=30) == code
+        child.reader.join(timeout=5)
+        assert child.describe_exit() == f'could not start on alpha (exited with code {code}; see its output)'
+        assert any(output.format(hostname=socket.gethostname()) in line for line in child.tail), list(child.tail)
+        assert not any('Traceback' in line for line in child.tail), list(child.tail)
+    finally:
+        child.popen.stdin.close()
+        if child.popen.poll() is None:
+            os.killpg(child.popen.pid, signal.SIGKILL)
+            child.popen.wait()

@@ -137,6 +137,9 @@ class Child:
             return describe_returncode(code)
         if self.remote_code is not None:
             return f'{describe_returncode(code)} on {self.host}'
+        if self.wrapper_code is not None and self.pgid is None:
+            # Never started: the host file's interface or python= is wrong there, or the command is missing.
+            return f'could not start on {self.host} ({_describe_shell_status(self.wrapper_code)}; see its output)'
         if self.wrapper_code is not None:
             # remote.py ended before it could report on the role: killed from outside (its handlers
             # report a normal end), and the kernel then killed the role (PR_SET_PDEATHSIG).

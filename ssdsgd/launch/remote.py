@@ -106,8 +106,12 @@ def main(command):
                   flush=True)
             return 2
     env['DMLC_INTERFACE'], env['DMLC_NODE_HOST'] = iface, address
-    child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
-                             preexec_fn=_die_with_wrapper(os.getpid()))
+    try:
+        child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+                                 preexec_fn=_die_with_wrapper(os.getpid()))
+    except OSError as e:   # e.g. the command does not exist on this host: one line, not a traceback
+        print(f'error: cannot start {command[0]} on {socket.gethostname()}: {e.strerror}', flush=True)
+        return 127
     print(f'{MARK}pgid {child.pid} {socket.gethostname()} {iface} {address}', flush=True)
 
     def stop(*_):

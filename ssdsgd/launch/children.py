@@ -22,7 +22,9 @@ _print_lock = threading.Lock()
 
 def _die_with_parent(parent_pid):
     def preexec():
-        _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))  # a SIGKILLed launcher takes its children along
+        # A SIGKILLed launcher takes its children along; not what they started (a `bash -c` line's commands):
+        # the signal is not inherited, and no cleanup of ours runs to end their process groups.
+        _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
         if os.getppid() != parent_pid:  # the launcher died before prctl took effect
             os._exit(1)
     return preexec

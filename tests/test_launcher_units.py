@@ -136,3 +136,55 @@ def test_a_role_that_cannot_start_on_its_host_is_named_so(tmp_path, command, hos
         if child.popen.poll() is None:
             os.killpg(child.popen.pid, signal.SIGKILL)
             child.popen.wait()
+
+
+def _restarts(monkeypatch, codes, limit, finished):
+    """ssdsgd-run's restart loop with the job's exit codes `codes` (one per launch) and a run folder whose
+    summary.json is there (`finished`) or not; returns (exit code, launches)."""
+    import ssdsgd.checkpoint
+    import ssdsgd.folders
+    from ssdsgd.launch import run
+    launches = []
+
+    def launch(cfg, args, resume, run_dir):
+        launches.append(resume)
+        return codes[len(launches) - 1]
+    monkeypatch.setattr(run, '_launch', launch)
+    monkeypatch.setattr(ssdsgd.folders, 'finished_message', lambda run_dir, cfg: 'finished' if finished else None)
+    monkeypatch.setattr(ssdsgd.folders, 'remove_leftovers', lambda root, say: None)
+    monkeypatch.setattr(ssdsgd.checkpoint, 'latest', lambda root: root + '/epoch-1')
+    monkeypatch.setattr(ssdsgd.checkpoint, 'resume_point', lambda cfg: (cfg.checkpoint.dir + '/epoch-1', None))
+    cfg = SimpleNamespace(cluster=SimpleNamespace(max_restarts=limit, restart_backoff=0.0),
+                          checkpoint=SimpleNamespace(dir='/ck'))
+    return run._run_with_restarts(cfg, SimpleNamespace(resume=False), '/runs/r'), launches
+
+
+@pytest.mark.parametrize('limit', [0, 2])
+@pytest.mark.parametrize('code', [124, 130])
+def test_a_stop_or_timeout_after_the_run_finished_keeps_its_code(monkeypatch, capsys, limit, code):
+    """Before: with max_restarts > 0, a Ctrl-C (130) or timeout (124) once summary.json existed was reported
+    as "a role failed ... after the run finished" and exited 0."""
+    assert _restarts(monkeypatch, [code], limit, finished=True) == (code, [False])
+    err = capsys.readouterr().err
+    assert f'run: the job ended with exit {code} (a timeout or a stop' in err
+    assert '/runs/r holds its complete result' in err and 'a role failed' not in err
+
+
+@pytest.mark.parametrize('limit', [0, 2])
+def test_a_failure_after_the_run_finished_is_not_restarted_whatever_max_restarts(monkeypatch, capsys, limit):
+    """Before: with max_restarts 0 the same failure exited 1, with max_restarts > 0 it exited 0."""
+    assert _restarts(monkeypatch, [1], limit, finished=True) == (0, [False])
+    assert 'run: a role failed (exit 1) after the run finished' in capsys.readouterr().err
+    assert _restarts(monkeypatch, [1], 0, finished=False) == (1, [False])     # no summary: a failure
+    assert _restarts(monkeypatch, [1, 1, 0], 2, finished=False) == (0, [False, True, True])
+
+
+def test_ctrl_c_while_waiting_to_restart_is_a_stop(monkeypatch, capsys):
+    """Before: a KeyboardInterrupt traceback from the back-off sleep."""
+    from ssdsgd.launch import run
+
+    def interrupted(seconds):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(run.time, 'sleep', interrupted)
+    assert _restarts(monkeypatch, [1, 0], 2, finished=False) == (130, [False])
+    assert capsys.readouterr().err.splitlines()[-1] == 'run: stopped before restart 1; not restarted'

@@ -424,7 +424,9 @@ def test_read_hostfile(tmp_path):
         Host('alpha'), Host('beta', 2222), Host('user@gamma', slots=4),
         Host('delta', interface='eth1', python='/opt/venv/bin/python')]
     for bad, message in (('alpha slots=0', 'bad slots'), ('alpha cores=2', "bad option 'cores=2'"),
-                         ('alpha:x', 'bad host'), ('slots=2', 'bad host')):
+                         ('alpha:x', 'bad host'), ('slots=2', 'bad host'),
+                         ('alpha python=python3', "bad python in hostfile .*'alpha python=python3' "
+                                                  r"\(an absolute path")):
         hostfile.write_text(bad + '\n')
         with pytest.raises(UsageError, match=message):
             read_hostfile(str(hostfile))

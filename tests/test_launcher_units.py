@@ -188,3 +188,60 @@ def test_ctrl_c_while_waiting_to_restart_is_a_stop(monkeypatch, capsys):
     monkeypatch.setattr(run.time, 'sleep', interrupted)
     assert _restarts(monkeypatch, [1, 0], 2, finished=False) == (130, [False])
     assert capsys.readouterr().err.splitlines()[-1] == 'run: stopped before restart 1; not restarted'
+
+
+@pytest.mark.parametrize('races', [2, 10])
+def test_job_folder_removal_outlasts_a_role_writing_in_it(tmp_path, monkeypatch, capsys, races):
+    """A role the cleanup could not reach touches its heartbeat file again while the job folder is removed
+    (rmtree: ENOTEMPTY). Before: a traceback from run_job. Now: tried again, else one line naming it."""
+    import errno
+    import shutil
+    import tempfile
+
+    from ssdsgd.launch import job_dir
+    monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))
+    monkeypatch.setattr(job_dir.time, 'sleep', lambda seconds: None)
+    real_rmtree, calls = shutil.rmtree, []
+
+    def racing_rmtree(path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) > races:
+            return real_rmtree(path, *args, **kwargs)
+        for name in os.listdir(path):
+            os.remove(os.path.join(path, name))
+        open(os.path.join(path, 'worker0.hb'), 'w').close()    # the unreached role, again
+        if not kwargs.get('ignore_errors'):
+            raise OSError(errno.ENOTEMPTY, os.strerror(errno.ENOTEMPTY), path)
+    monkeypatch.setattr(shutil, 'rmtree', racing_rmtree)
+    with job_dir.make_job_dir(shared=False) as path:
+        assert os.path.dirname(path) == str(tmp_path)
+    err = capsys.readouterr().err
+    if races < job_dir.REMOVE_ATTEMPTS:
+        assert not os.path.exists(path) and err == ''
+    else:
+        assert os.listdir(path) == ['worker0.hb']
+        assert err == (f'launch: cannot remove the job folder {path} (Directory not empty): a role on a host the '
+                       f'cleanup could not reach may still write in it; such a role ends once the folder is gone, '
+                       f'so remove it\n')
+
+
+def test_the_job_folder_that_cannot_be_made_is_named(tmp_path, monkeypatch, capsys):
+    """Before: a local job's error named the working directory and the ssh launcher, while its folder goes
+    in the temporary directory."""
+    import tempfile
+
+    from ssdsgd.launch import job_dir
+    from ssdsgd.launch.launcher import run_job
+    missing = tmp_path / 'missing'
+    monkeypatch.setattr(tempfile, 'tempdir', str(missing))
+    monkeypatch.chdir(tmp_path)
+    assert run_job(['true'], 1, 1) == 2
+    assert capsys.readouterr().err == f'launch: cannot create the job folder in {missing}: No such file or directory\n'
+
+    def refused(**kwargs):
+        raise PermissionError(13, 'Permission denied')
+    monkeypatch.setattr(job_dir.tempfile, 'mkdtemp', refused)
+    assert run_job(['true'], 1, 1, launcher='ssh', hostfile='alpha,beta', interface='lo') == 2
+    assert capsys.readouterr().err == (f'launch: cannot create the job folder in {tmp_path} (the ssh launcher needs '
+                                       f'a writable working directory on the file system the hosts share): '
+                                       f'Permission denied\n')

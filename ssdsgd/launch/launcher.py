@@ -29,7 +29,7 @@ import time
 
 from ssdsgd.launch.children import Child
 from ssdsgd.launch.cleanup import cleanup
-from ssdsgd.launch.job_dir import make_job_dir
+from ssdsgd.launch.job_dir import job_dir_parent, make_job_dir
 from ssdsgd.launch.plan import plan, print_plan
 from ssdsgd.launch.ssh import ssh_options
 from ssdsgd.launch.usage import LIVENESS_INTERVAL, UsageError  # noqa: F401  (LIVENESS_INTERVAL: tests/test_code_shape.py)
@@ -98,8 +98,10 @@ def run_job(command, num_workers, num_servers=None, *, launcher='local', hostfil
     try:
         job_dir = make_job_dir(shared=launcher == 'ssh')
     except OSError as e:
-        print(f'launch: cannot create the job folder in {os.getcwd()} (the ssh launcher needs a writable '
-              f'working directory on the file system the hosts share): {e.strerror}', file=sys.stderr)
+        why = (' (the ssh launcher needs a writable working directory on the file system the hosts share)'
+               if launcher == 'ssh' else '')
+        print(f'launch: cannot create the job folder in {job_dir_parent(launcher == "ssh")}{why}: {e.strerror}',
+              file=sys.stderr)
         return 2
     with job_dir as job_path:
         try:

@@ -245,3 +245,28 @@ def test_the_job_folder_that_cannot_be_made_is_named(tmp_path, monkeypatch, caps
     assert capsys.readouterr().err == (f'launch: cannot create the job folder in {tmp_path} (the ssh launcher needs '
                                        f'a writable working directory on the file system the hosts share): '
                                        f'Permission denied\n')
+
+
+@pytest.mark.parametrize('chained, message', [
+    (None, ''),
+    ('import os; print("chained ran", flush=True)', ''),
+    ('import nosuchmodule_xyz', "ModuleNotFoundError: No module named 'nosuchmodule_xyz'"),
+    ('raise ImportError("broken inside")', 'ImportError: broken inside'),
+])
+def test_the_hook_chains_the_sitecustomize_it_hides(tmp_path, chained, message):
+    """Before: `except ImportError` also hid an ImportError raised inside the other sitecustomize. Python's
+    site reports such an error in one line and goes on, as it would without the hook."""
+    from ssdsgd.launch.plan import HOOKS_DIR
+    if chained is not None:
+        (tmp_path / 'sitecustomize.py').write_text(chained + '\n')
+    env = {k: v for k, v in os.environ.items() if k not in ('DMLC_ROLE', 'SSDSGD_LIVENESS_FILE')}
+    env['PYTHONPATH'] = os.pathsep.join([HOOKS_DIR, str(tmp_path)])
+    proc = subprocess.run([sys.executable, '-c', 'print("main ran")'], env=env, capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    expected = ['chained ran'] if 'chained ran' in (chained or '') else []
+    assert proc.stdout.splitlines() == expected + ['main ran']
+    if message:
+        assert proc.stderr == f'Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{message}\n'
+    else:
+        assert proc.stderr == ''

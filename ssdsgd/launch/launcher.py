@@ -82,12 +82,13 @@ def _run(specs, timeout, stall_timeout, server_timeout=None):
 
 def run_job(command, num_workers, num_servers=None, *, launcher='local', hostfile=None, env=None,
             timeout=None, port=None, interface=None, stall_timeout=None, dry_run=False, ssh_options=(),
-            role_env=None, server_timeout=None):
+            role_env=None, server_timeout=None, raise_usage=False):
     """Run `command` as scheduler, servers and workers; return the exit code the CLI exits with.
 
     num_servers defaults to num_workers (as in MXNet's launcher). ssh_options: extra ssh arguments
     (e.g. ['-F', config, '-i', key, '-l', user, '-o', 'Opt=v']); role_env: {role: {K: V}} added for
-    that role only ('scheduler', 'server', 'worker'). Call from the main thread:
+    that role only ('scheduler', 'server', 'worker'). raise_usage: raise a UsageError instead of printing it
+    and returning 2 (ssdsgd-run --dry-run reports it as a warning). Call from the main thread:
     SIGINT/SIGTERM handling and PR_SET_PDEATHSIG (which fires when the forking *thread* exits) both
     assume it.
     """
@@ -109,6 +110,8 @@ def run_job(command, num_workers, num_servers=None, *, launcher='local', hostfil
                                  port, interface, timeout, stall_timeout, job_path, list(ssh_options),
                                  role_env, server_timeout)
         except UsageError as e:
+            if raise_usage:
+                raise
             print(f'launch: {e}', file=sys.stderr)
             return 2
         if dry_run:

@@ -57,8 +57,9 @@ def _own_options(ap):
 
 
 def dry_run(cfg, args):
-    """The config as the job would run it and the launcher's plan; what preflight would refuse is
-    printed as a warning (the data or host file may live only where the job will run)."""
+    """The config as the job would run it and the launcher's plan; what preflight or the launcher would
+    refuse (a malformed host file, a missing interface) is printed as a warning and the exit code is 0 (the
+    data or host file may live only where the job will run)."""
     import yaml
 
     from ssdsgd.launch.usage import UsageError
@@ -194,7 +195,7 @@ def _launch(cfg, args, resume, run_dir, dry_run=False):
                    env=env, timeout=cl.timeout, dry_run=dry_run, interface=cl.interface,
                    stall_timeout=cl.stall_timeout or None, server_timeout=cl.server_timeout or None,
                    port=cl.port, ssh_options=ssh_options(cl.ssh_user, cl.ssh_identity, cl.ssh_config,
-                                                         cl.ssh_options))
+                                                         cl.ssh_options), raise_usage=dry_run)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from jobs import ssh_roles
 
 from ssdsgd.launch import ssh
 
@@ -106,16 +107,17 @@ def test_a_stop_during_the_cleanup_is_not_a_failure(monkeypatch, capsys, supervi
 def _start_remote_role(command, host, tmp_path):
     """A Child running the role script of `command` on `host` through `bash -s` here, as ssh runs it there."""
     from ssdsgd.launch.children import Child
-    from ssdsgd.launch.plan import RoleSpec, build_ssh_commands
+    from ssdsgd.launch.plan import RoleSpec
     env = {'DMLC_PS_ROOT_URI': '127.0.0.1', 'SSDSGD_JOB_SECRET': 'x'}
-    [(name, _, script)] = build_ssh_commands(command, [host], 1, 1, env, str(tmp_path))[1:]
+    [(name, _, script)] = ssh_roles(command, [host], 1, 1, env, str(tmp_path))[1:]
     return Child(RoleSpec(name, host.name, ['bash', '-s'], {'DMLC_ROLE': 'worker'}, script, ['ssh', host.name]))
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize('command, host, code, output', [
     (['nosuchcommand-xyz'], {}, 127, "error: cannot start nosuchcommand-xyz on {hostname}: No such file or directory"),
-    (['python', '-c', 'pass'], {'python': '/nonexistent/python'}, 127, '/nonexistent/python: No such file or directory'),
+    (['python', '-c', 'pass'], {'python': '/nonexistent/python'}, 127,
+     '/nonexistent/python: No such file or directory'),
     (['true'], {'interface': 'nosuchif0'}, 2, "error: interface 'nosuchif0' (host file) does not exist on {hostname}"),
 ])
 def test_a_role_that_cannot_start_on_its_host_is_named_so(tmp_path, command, host, code, output):

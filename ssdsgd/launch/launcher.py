@@ -32,7 +32,7 @@ from ssdsgd.launch.cleanup import cleanup
 from ssdsgd.launch.job_dir import job_dir_parent, make_job_dir
 from ssdsgd.launch.plan import plan, print_plan
 from ssdsgd.launch.ssh import ssh_options
-from ssdsgd.launch.usage import LIVENESS_INTERVAL, UsageError  # noqa: F401  (LIVENESS_INTERVAL: tests/test_code_shape.py)
+from ssdsgd.launch.usage import UsageError
 from ssdsgd.launch.watch import supervise
 
 

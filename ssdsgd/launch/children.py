@@ -10,6 +10,7 @@ import threading
 import time
 
 from ssdsgd.env import HEARTBEAT_ENV, LIVENESS_ENV, MARK, RANK_MARK, ROLE_ENV
+from ssdsgd.launch.remote import EXIT_MARK, PGID_MARK
 from ssdsgd.launch.ssh import WRAPPER_MARK
 
 TAIL_LINES = 30        # output lines kept per process for failure reports
@@ -100,9 +101,9 @@ class Child:
         """Take in a MARK line; False if it is not one of ours (it is shown then)."""
         words = line[len(MARK):].split()
         try:
-            if words[0] == 'pgid' and self.ssh:
+            if words[0] == PGID_MARK and self.ssh:
                 self.pgid = int(words[1])
-            elif words[0] == 'exit' and self.ssh:
+            elif words[0] == EXIT_MARK and self.ssh:
                 self.remote_code = int(words[1])
             elif words[0] == WRAPPER_MARK and self.ssh:
                 self.wrapper_code = int(words[1])

@@ -12,7 +12,7 @@ import subprocess
 from ssdsgd.env import MARK, WRAPPER_ENV
 from ssdsgd.launch import remote
 
-TERM_GRACE = 3.0       # between SIGTERM and SIGKILL during cleanup
+TERM_GRACE = remote.TERM_GRACE   # between SIGTERM and SIGKILL during cleanup, as remote.py ends a role
 WRAPPER_MARK = 'wrapper'   # `MARK + 'wrapper CODE'`: how remote.py ended (the shell's $?)
 _REMOTE_SOURCE = None  # remote.py's text, read on first use
 

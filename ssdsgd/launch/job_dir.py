@@ -76,7 +76,8 @@ def remove_job_dir(path, attempts=REMOVE_ATTEMPTS):
             return True
         except OSError as e:
             error = e
-            time.sleep(0.1 * (attempt + 1))
+            if attempt + 1 < attempts:
+                time.sleep(0.1 * (attempt + 1))
     print(f'launch: cannot remove the job folder {path} ({error.strerror}): a role on a host the cleanup could '
           f'not reach may still write in it; such a role ends once the folder is gone, so remove it',
           file=sys.stderr, flush=True)

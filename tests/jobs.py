@@ -100,3 +100,11 @@ def stopped_resumed_and_uninterrupted(tmp_path, config, *sets, stop_steps, unint
     c = uninterrupted or run_job(tmp_path, config, *sets, f"checkpoint.dir={tmp_path}/ck_c", name="C")
     assert c.rc == 0, c.output
     return a, b, c
+
+
+def ssh_roles(command, hosts, num_workers, num_servers, env, cwd, ssh_options=()):
+    """The servers and workers of an ssh job as the launcher plans them (plan._ssh_specs, which plan() calls):
+    [(name, ssh argv, the role script for its stdin)], for `hosts` ([Host]) and the job variables `env`."""
+    from ssdsgd.launch.plan import _ssh_specs
+    return [(s.name, s.argv, s.stdin)
+            for s in _ssh_specs(command, hosts, num_workers, num_servers, env, cwd, ssh_options)]

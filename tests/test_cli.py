@@ -55,3 +55,19 @@ def test_a_mistyped_override_lists_the_keys_of_its_section():
     assert proc.returncode == 2
     assert proc.stdout.startswith("config error: train.epoch: unknown key (known here: batch_size, epochs,")
     assert len(proc.stdout.strip().splitlines()) == 1
+
+
+def test_dry_run_reports_what_the_launcher_would_refuse_as_a_warning(tmp_path, capsys):
+    """Before: the launcher printed `launch: bad host ...` and the dry run exited 2, though its `except
+    UsageError` (and docstring) meant a warning."""
+    from ssdsgd.launch.run import main
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("h1 cores=2\n")
+    code = main(["--config", os.path.join(ROOT, "configs", "demo_digits_ssd.yaml"), "--dry-run", "--set",
+                 "cluster.launcher=ssh", f"cluster.hostfile={hostfile}", "cluster.interface=lo",
+                 f"log.dir={tmp_path}/runs"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert out.splitlines()[-2:] == ["# planned processes", f"# warning: a run would stop here: bad option 'cores=2' "
+                                     f"in hostfile {hostfile} (known: slots=N, interface=IF, python=PATH)"]
+    assert "launch:" not in err

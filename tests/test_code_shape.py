@@ -67,9 +67,12 @@ def test_standalone_files_spell_the_environment_names_of_ssdsgd_env():
 
 
 def test_liveness_interval_is_the_hooks():
-    from ssdsgd.launch import launcher
+    """The launcher's liveness interval and minimum server timeout are the hook's and the config's."""
+    from ssdsgd import schema
+    from ssdsgd.launch import usage
     with open(os.path.join(ROOT, "ssdsgd/launch/pyhooks/sitecustomize.py")) as f:
-        assert f"LIVENESS_INTERVAL = {launcher.LIVENESS_INTERVAL!r}" in f.read()
+        assert f"LIVENESS_INTERVAL = {usage.LIVENESS_INTERVAL!r}" in f.read()
+    assert usage.MIN_SERVER_TIMEOUT == schema.MIN_SERVER_TIMEOUT
 
 
 # The package's layers, lowest first: a module imports only from its own layer or lower ones, so each

@@ -10,11 +10,11 @@ import sys
 import time
 
 import pytest
+from jobs import ssh_roles
 
 from ssdsgd.launch import job_dir
 from ssdsgd.launch.hosts import Host, read_hostfile, read_hosts
 from ssdsgd.launch.launcher import run_job
-from ssdsgd.launch.plan import build_ssh_commands
 from ssdsgd.launch.usage import UsageError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -365,7 +365,7 @@ def _run_remote_script(script, timeout=20):
 
 
 @pytest.mark.timeout(60)
-def test_build_ssh_commands(tmp_path):
+def test_planned_ssh_roles_run_on_their_hosts(tmp_path):
     secret = 'ab' * 32
     cwd = tmp_path / "work dir with 'quotes'"
     cwd.mkdir()
@@ -375,7 +375,7 @@ def test_build_ssh_commands(tmp_path):
     dump = ('import json, os; print(json.dumps({"cwd": os.getcwd(), "pgid": os.getpgid(0), '
             '**{k: v for k, v in os.environ.items() if k.startswith(("DMLC_", "SSDSGD_", "TRICKY"))}}))')
     hosts = [Host('alpha'), Host('beta', 2222, interface='lo')]
-    planned = build_ssh_commands(['python', '-c', dump], hosts, 3, 2, env, str(cwd), ['-F', 'my config'])
+    planned = ssh_roles(['python', '-c', dump], hosts, 3, 2, env, str(cwd), ['-F', 'my config'])
 
     assert [(name, argv[-2]) for name, argv, _ in planned] == [
         ('server 0', 'alpha'), ('server 1', 'beta'), ('worker 0', 'alpha'), ('worker 1', 'beta'),
@@ -401,7 +401,7 @@ def test_remote_wrapper_reports_signal_and_interpreter(tmp_path):
     """A role killed by a signal is reported as such (not ssh's 255), and `python` is the launching one."""
     env = {'DMLC_PS_ROOT_URI': '127.0.0.1', 'SSDSGD_JOB_SECRET': 'x'}
     code = 'import os, signal, sys; print(sys.executable, flush=True); os.kill(os.getpid(), signal.SIGKILL)'
-    [(_, _, script)] = build_ssh_commands(['python', '-c', code], [Host('alpha')], 1, 1, env, str(tmp_path))[1:]
+    [(_, _, script)] = ssh_roles(['python', '-c', code], [Host('alpha')], 1, 1, env, str(tmp_path))[1:]
     lines, marks = _run_remote_script(script)
     assert lines == [sys.executable]
     assert marks['exit'] == ['-9']
@@ -409,7 +409,7 @@ def test_remote_wrapper_reports_signal_and_interpreter(tmp_path):
 
 def test_hostfile_interface_missing_on_host(tmp_path):
     env = {'DMLC_PS_ROOT_URI': '127.0.0.1', 'SSDSGD_JOB_SECRET': 'x'}
-    [(_, _, script)] = build_ssh_commands(['true'], [Host('alpha', interface='nosuchif0')], 1, 1, env,
+    [(_, _, script)] = ssh_roles(['true'], [Host('alpha', interface='nosuchif0')], 1, 1, env,
                                           str(tmp_path))[1:]
     proc = subprocess.run(['bash', '-s'], input=script, capture_output=True, text=True, timeout=20)
     assert proc.returncode == 2
@@ -424,7 +424,9 @@ def test_read_hostfile(tmp_path):
         Host('alpha'), Host('beta', 2222), Host('user@gamma', slots=4),
         Host('delta', interface='eth1', python='/opt/venv/bin/python')]
     for bad, message in (('alpha slots=0', 'bad slots'), ('alpha cores=2', "bad option 'cores=2'"),
-                         ('alpha:x', 'bad host'), ('slots=2', 'bad host')):
+                         ('alpha:x', 'bad host'), ('slots=2', 'bad host'),
+                         ('alpha python=python3', "bad python in hostfile .*'alpha python=python3' "
+                                                  r"\(an absolute path")):
         hostfile.write_text(bad + '\n')
         with pytest.raises(UsageError, match=message):
             read_hostfile(str(hostfile))
@@ -433,7 +435,7 @@ def test_read_hostfile(tmp_path):
 def test_mpi_slots_placement():
     """`slots=N`: a host takes N processes in a row before the next host gets one, as MPI fills hosts."""
     hosts = [Host('a', slots=2), Host('b')]
-    planned = build_ssh_commands(['true'], hosts, 3, 1, {}, '/')
+    planned = ssh_roles(['true'], hosts, 3, 1, {}, '/')
     assert [(name, argv[-2]) for name, argv, _ in planned] == [
         ('server 0', 'a'), ('worker 0', 'a'), ('worker 1', 'b'), ('worker 2', 'a')]
 
@@ -449,7 +451,7 @@ def test_host_list_as_horovodrun_and_mpirun_take_it(tmp_path, monkeypatch):
     assert read_hosts('a,b') == [Host('c', slots=2)]
     with pytest.raises(UsageError, match='h1:0 has no slots'):
         read_hosts('h1:0,h2')
-    planned = build_ssh_commands(['true'], read_hosts('a:2,b'), 2, 1, {}, '/')
+    planned = ssh_roles(['true'], read_hosts('a:2,b'), 2, 1, {}, '/')
     assert [(name, argv[-2]) for name, argv, _ in planned] == [('server 0', 'a'), ('worker 0', 'a'), ('worker 1', 'b')]
 
 
@@ -511,7 +513,7 @@ def test_a_killed_wrapper_is_named(tmp_path):
     from ssdsgd.launch.children import Child
     from ssdsgd.launch.plan import RoleSpec
     env = {'DMLC_PS_ROOT_URI': '127.0.0.1', 'SSDSGD_JOB_SECRET': 'x'}
-    [(name, _, script)] = build_ssh_commands(['sleep', '60'], [Host('alpha')], 1, 1, env, str(tmp_path))[1:]
+    [(name, _, script)] = ssh_roles(['sleep', '60'], [Host('alpha')], 1, 1, env, str(tmp_path))[1:]
     child = Child(RoleSpec(name, 'alpha', ['bash', '-s'], {'DMLC_ROLE': 'worker'}, script, ['ssh', 'alpha']))
     try:
         deadline = time.monotonic() + 20

@@ -127,6 +127,16 @@ def test_how_command_lines_run():
     assert role_argv(["nosuch.sh"], py, SCRIPTS) == ["nosuch.sh"]
 
 
+def test_parentheses_in_a_word_run_through_bash_stay_literal(tmp_path):
+    """Before: `echo 'f(x)' '>' out` ran as `bash -c 'echo f(x) > out'`, a syntax error. A word with
+    parentheses and no shell operator is quoted now; `$(...)` is still the shell's."""
+    from ssdsgd.launch.command_line import role_argv
+    argv = role_argv(["echo", "f(x)", "$((1+2))", ">", "out"], sys.executable, str(tmp_path))
+    assert argv == ["bash", "-c", "echo 'f(x)' $((1+2)) > out"]
+    subprocess.run(argv, cwd=tmp_path, check=True, timeout=10)
+    assert (tmp_path / "out").read_text() == "f(x) 3\n"
+
+
 @pytest.mark.timeout(180)
 def test_profiles_are_written_as_under_stock(tmp_path):
     """MXNet's profiler on servers and workers: after the job, the same files as under stock (MXNet writes a

@@ -10,6 +10,7 @@ import threading
 import time
 
 from ssdsgd.env import HEARTBEAT_ENV, LIVENESS_ENV, MARK, RANK_MARK, ROLE_ENV
+from ssdsgd.launch.remote import EXIT_MARK, PGID_MARK
 from ssdsgd.launch.ssh import WRAPPER_MARK
 
 TAIL_LINES = 30        # output lines kept per process for failure reports
@@ -22,7 +23,9 @@ _print_lock = threading.Lock()
 
 def _die_with_parent(parent_pid):
     def preexec():
-        _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))  # a SIGKILLed launcher takes its children along
+        # A SIGKILLed launcher takes its children along; not what they started (a `bash -c` line's commands):
+        # the signal is not inherited, and no cleanup of ours runs to end their process groups.
+        _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
         if os.getppid() != parent_pid:  # the launcher died before prctl took effect
             os._exit(1)
     return preexec
@@ -98,9 +101,9 @@ class Child:
         """Take in a MARK line; False if it is not one of ours (it is shown then)."""
         words = line[len(MARK):].split()
         try:
-            if words[0] == 'pgid' and self.ssh:
+            if words[0] == PGID_MARK and self.ssh:
                 self.pgid = int(words[1])
-            elif words[0] == 'exit' and self.ssh:
+            elif words[0] == EXIT_MARK and self.ssh:
                 self.remote_code = int(words[1])
             elif words[0] == WRAPPER_MARK and self.ssh:
                 self.wrapper_code = int(words[1])
@@ -137,6 +140,9 @@ class Child:
             return describe_returncode(code)
         if self.remote_code is not None:
             return f'{describe_returncode(code)} on {self.host}'
+        if self.wrapper_code is not None and self.pgid is None:
+            # Never started: the host file's interface or python= is wrong there, or the command is missing.
+            return f'could not start on {self.host} ({_describe_shell_status(self.wrapper_code)}; see its output)'
         if self.wrapper_code is not None:
             # remote.py ended before it could report on the role: killed from outside (its handlers
             # report a normal end), and the kernel then killed the role (PR_SET_PDEATHSIG).

@@ -9,7 +9,8 @@ the rest runs through bash the way MXNet's launcher runs it:
 - a first word `NAME=value`: an inline environment assignment (`launch.py -n 2 FOO=1 python x.py`);
 - a word with shell operators or expansions (`;`, `|`, `&`, `<`, `>`, `$`, a backquote, `*`, `?`) and no
   space or quote: left for the shell, as MXNet's launcher leaves it. Words with spaces or quotes are
-  quoted, so they stay one argument.
+  quoted, so they stay one argument, and so are words with parentheses but no operator (`f(x)`, which
+  bash would take for a syntax error; `$(cmd)` stays for the shell).
 A first word naming a file in the working directory runs as `./word`, as MXNet's launcher runs it.
 """
 import os
@@ -20,6 +21,7 @@ import sys
 SHELL_WORD = re.compile(r'[\s;&|<>$`\'"*?()]')   # in a one-word command: a shell command line
 SHELL_OPERATOR = re.compile(r'[;&|<>$`*?]')
 QUOTED = re.compile(r'[\s\'"]')
+PARENS = re.compile(r'[()]')
 ASSIGNMENT = re.compile(r'[A-Za-z_][A-Za-z0-9_]*=')
 SHELL = 'bash'   # what MXNet's launcher runs commands with (its local and its scheduler's `bash -c`)
 
@@ -50,4 +52,9 @@ def role_argv(command, python, cwd):
         return words
     if len(words) == 1:
         return [SHELL, '-c', words[0]]
-    return [SHELL, '-c', ' '.join(shlex.quote(w) if QUOTED.search(w) else w for w in words)]
+    return [SHELL, '-c', ' '.join(shlex.quote(w) if _quoted(w) else w for w in words)]
+
+
+def _quoted(word):
+    """Whether a word of a command run through bash is quoted (kept one literal argument)."""
+    return bool(QUOTED.search(word) or (PARENS.search(word) and not SHELL_OPERATOR.search(word)))

@@ -69,6 +69,9 @@ def _host_line(line, path):
         if not fields['slots'].isdigit() or int(fields['slots']) < 1:
             raise UsageError(f'bad slots in hostfile {path}: {line!r} (a positive integer)')
         fields['slots'] = int(fields['slots'])
+    if 'python' in fields and not os.path.isabs(fields['python']):
+        # A bare name would put '' (the working directory) first on the role's PATH (ssh.role_script).
+        raise UsageError(f'bad python in hostfile {path}: {line!r} (an absolute path, e.g. /opt/venv/bin/python)')
     return Host(name, int(port) if sep else None, **fields)
 
 

@@ -6,10 +6,13 @@ removes the folders whose owner process is gone.
 import os
 import shutil
 import socket
+import sys
 import tempfile
+import time
 
 JOB_DIR_PREFIX = 'ssdsgd-launch-'    # the launcher's job folder (heartbeat and liveness files)
 OWNER_FILE = 'launcher'              # in it: host, PID and start time of the launcher that made it
+REMOVE_ATTEMPTS = 5                  # removals of the job folder before giving up with a warning
 
 
 def start_time(pid):
@@ -48,12 +51,50 @@ def remove_stale_job_dirs(parent, prefix):
     return removed
 
 
+class JobDir:
+    """The job folder as a context manager: its path; removed at the end (remove_job_dir)."""
+
+    def __init__(self, path):
+        self.name = path
+
+    def __enter__(self):
+        return self.name
+
+    def __exit__(self, *exc_info):
+        remove_job_dir(self.name)
+
+
+def remove_job_dir(path, attempts=REMOVE_ATTEMPTS):
+    """Remove the job folder; True if it is gone. A role the cleanup could not reach may still touch its
+    heartbeat or liveness file in it (ssh jobs: the folder is on the shared file system), so that the
+    removal fails (ENOTEMPTY): try again, then say so in one line."""
+    for attempt in range(attempts):
+        try:
+            shutil.rmtree(path)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as e:
+            error = e
+            if attempt + 1 < attempts:
+                time.sleep(0.1 * (attempt + 1))
+    print(f'launch: cannot remove the job folder {path} ({error.strerror}): a role on a host the cleanup could '
+          f'not reach may still write in it; such a role ends once the folder is gone, so remove it',
+          file=sys.stderr, flush=True)
+    return False
+
+
+def job_dir_parent(shared):
+    """Where the job folder goes: the working directory, which every host of an ssh job shares (`shared`:
+    their workers write heartbeats there), or else the temporary directory."""
+    return os.getcwd() if shared else tempfile.gettempdir()
+
+
 def make_job_dir(shared):
-    """A new job folder (a TemporaryDirectory), after removing stale ones. `shared`: in the working
-    directory, which every host of an ssh job shares (their workers write heartbeats there), hidden;
-    otherwise in the temporary directory. Raises OSError."""
-    prefix, parent = ('.' + JOB_DIR_PREFIX, os.getcwd()) if shared else (JOB_DIR_PREFIX, None)
-    remove_stale_job_dirs(parent or tempfile.gettempdir(), prefix)
-    job_dir = tempfile.TemporaryDirectory(prefix=prefix, dir=parent)
+    """A new job folder (a JobDir), after removing stale ones; in job_dir_parent(shared), hidden there if
+    shared. Raises OSError."""
+    prefix, parent = ('.' + JOB_DIR_PREFIX if shared else JOB_DIR_PREFIX), job_dir_parent(shared)
+    remove_stale_job_dirs(parent, prefix)
+    job_dir = JobDir(tempfile.mkdtemp(prefix=prefix, dir=parent))
     _write_owner(job_dir.name)
     return job_dir

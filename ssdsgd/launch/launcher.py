@@ -29,10 +29,10 @@ import time
 
 from ssdsgd.launch.children import Child
 from ssdsgd.launch.cleanup import cleanup
-from ssdsgd.launch.job_dir import make_job_dir
+from ssdsgd.launch.job_dir import job_dir_parent, make_job_dir
 from ssdsgd.launch.plan import plan, print_plan
 from ssdsgd.launch.ssh import ssh_options
-from ssdsgd.launch.usage import LIVENESS_INTERVAL, UsageError  # noqa: F401  (LIVENESS_INTERVAL: tests/test_code_shape.py)
+from ssdsgd.launch.usage import UsageError
 from ssdsgd.launch.watch import supervise
 
 
@@ -60,9 +60,9 @@ def _run(specs, timeout, stall_timeout, server_timeout=None):
                 children.append(Child(spec))
             except OSError as e:
                 print(f'launch: cannot start {spec.name}: {e}', file=sys.stderr)
-                return 1
-        code = supervise(children, timeout, stall_timeout, received, server_timeout)
-        return code
+                break
+        else:
+            code = supervise(children, timeout, stall_timeout, received, server_timeout)
     finally:
         started = time.monotonic()
         if cleanup(children):
@@ -72,16 +72,23 @@ def _run(specs, timeout, stall_timeout, server_timeout=None):
         elif code == 0:
             code = 1
         restore_signals()
+    if received and code in (0, 1):
+        # Stopped during the cleanup (which takes seconds): say so in the code, so that ssdsgd-run does
+        # not restart a job its user stopped (it restarts after exit 1).
+        print(f'launch: received {signal.Signals(received[0]).name} during the cleanup', file=sys.stderr)
+        code = 128 + received[0]
+    return code
 
 
 def run_job(command, num_workers, num_servers=None, *, launcher='local', hostfile=None, env=None,
             timeout=None, port=None, interface=None, stall_timeout=None, dry_run=False, ssh_options=(),
-            role_env=None, server_timeout=None):
+            role_env=None, server_timeout=None, raise_usage=False):
     """Run `command` as scheduler, servers and workers; return the exit code the CLI exits with.
 
     num_servers defaults to num_workers (as in MXNet's launcher). ssh_options: extra ssh arguments
     (e.g. ['-F', config, '-i', key, '-l', user, '-o', 'Opt=v']); role_env: {role: {K: V}} added for
-    that role only ('scheduler', 'server', 'worker'). Call from the main thread:
+    that role only ('scheduler', 'server', 'worker'). raise_usage: raise a UsageError instead of printing it
+    and returning 2 (ssdsgd-run --dry-run reports it as a warning). Call from the main thread:
     SIGINT/SIGTERM handling and PR_SET_PDEATHSIG (which fires when the forking *thread* exits) both
     assume it.
     """
@@ -92,8 +99,10 @@ def run_job(command, num_workers, num_servers=None, *, launcher='local', hostfil
     try:
         job_dir = make_job_dir(shared=launcher == 'ssh')
     except OSError as e:
-        print(f'launch: cannot create the job folder in {os.getcwd()} (the ssh launcher needs a writable '
-              f'working directory on the file system the hosts share): {e.strerror}', file=sys.stderr)
+        why = (' (the ssh launcher needs a writable working directory on the file system the hosts share)'
+               if launcher == 'ssh' else '')
+        print(f'launch: cannot create the job folder in {job_dir_parent(launcher == "ssh")}{why}: {e.strerror}',
+              file=sys.stderr)
         return 2
     with job_dir as job_path:
         try:
@@ -101,6 +110,8 @@ def run_job(command, num_workers, num_servers=None, *, launcher='local', hostfil
                                  port, interface, timeout, stall_timeout, job_path, list(ssh_options),
                                  role_env, server_timeout)
         except UsageError as e:
+            if raise_usage:
+                raise
             print(f'launch: {e}', file=sys.stderr)
             return 2
         if dry_run:

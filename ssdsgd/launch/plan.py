@@ -97,17 +97,6 @@ def _ssh_specs(command, hosts, num_workers, num_servers, env, cwd, ssh_options=(
     return specs
 
 
-def build_ssh_commands(command, hosts, num_workers, num_servers, env, cwd, ssh_options=()):
-    """Plan the remote (server and worker) processes of an ssh job.
-
-    hosts: [Host] as returned by read_hostfile; env: job variables to export
-    (DMLC_*, the secret, user variables); the per-role DMLC_ROLE, DMLC_TASK_ID and
-    SSDSGD_ROLE_NAME are added here. Returns [(role_name, ssh_argv, stdin_script)].
-    """
-    return [(s.name, s.argv, s.stdin)
-            for s in _ssh_specs(command, hosts, num_workers, num_servers, env, cwd, ssh_options)]
-
-
 def _job_env(env, launcher, root_uri, port, interface, num_workers, num_servers):
     """The variables every role gets: ps-lite's DMLC_*, the hook's PYTHONPATH, the secret, the user's."""
     python_path = [HOOKS_DIR, env.get('PYTHONPATH', os.environ.get('PYTHONPATH'))]

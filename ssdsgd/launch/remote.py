@@ -27,6 +27,8 @@ import sys
 import threading
 
 MARK = '@ssdsgd '        # ssdsgd.env.MARK: a line `@ssdsgd <key> <value>...` is for the launcher
+PGID_MARK = 'pgid'       # `MARK + 'pgid PGID HOST IF ADDRESS'`: the role's process group (read by children.py)
+EXIT_MARK = 'exit'       # `MARK + 'exit CODE'`: how the role ended, negative for a signal (children.py)
 JOB_DIR_ENV = 'SSDSGD_JOB_DIR'     # ssdsgd.env.JOB_DIR_ENV
 JOB_DIR_POLL = 1.0       # seconds between checks that the launcher's job folder still exists
 TERM_GRACE = 3.0         # between SIGTERM and SIGKILL
@@ -106,9 +108,13 @@ def main(command):
                   flush=True)
             return 2
     env['DMLC_INTERFACE'], env['DMLC_NODE_HOST'] = iface, address
-    child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
-                             preexec_fn=_die_with_wrapper(os.getpid()))
-    print(f'{MARK}pgid {child.pid} {socket.gethostname()} {iface} {address}', flush=True)
+    try:
+        child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+                                 preexec_fn=_die_with_wrapper(os.getpid()))
+    except OSError as e:   # e.g. the command does not exist on this host: one line, not a traceback
+        print(f'error: cannot start {command[0]} on {socket.gethostname()}: {e.strerror}', flush=True)
+        return 127
+    print(f'{MARK}{PGID_MARK} {child.pid} {socket.gethostname()} {iface} {address}', flush=True)
 
     def stop(*_):
         _end_group(child.pid)
@@ -140,7 +146,7 @@ def main(command):
         threading.Thread(target=watch_job_dir, daemon=True).start()
     code = child.wait()
     try:
-        print(f'{MARK}exit {code}', flush=True)
+        print(f'{MARK}{EXIT_MARK} {code}', flush=True)
     except OSError:
         pass  # nobody is listening any more
     return code if code >= 0 else 128 - code

@@ -57,8 +57,9 @@ def _own_options(ap):
 
 
 def dry_run(cfg, args):
-    """The config as the job would run it and the launcher's plan; what preflight would refuse is
-    printed as a warning (the data or host file may live only where the job will run)."""
+    """The config as the job would run it and the launcher's plan; what preflight or the launcher would
+    refuse (a malformed host file, a missing interface) is printed as a warning and the exit code is 0 (the
+    data or host file may live only where the job will run)."""
     import yaml
 
     from ssdsgd.launch.usage import UsageError
@@ -115,26 +116,41 @@ def backoff_seconds(base, stuck):
     return min(base * 2 ** stuck, MAX_BACKOFF) if base else 0.0
 
 
+def _ended(code, limit, run_dir, cfg):
+    """The exit code when a job that ended with `code` is not to be restarted, else None. Only a failed
+    process (RESTARTABLE) is restarted, and not after the summary was written: then the result is complete
+    and the job counts as done. A timeout or a stop keeps its code."""
+    from ssdsgd.folders import finished_message
+    if code == 0:
+        return 0
+    finished = finished_message(run_dir, cfg)
+    note = "; not restarted" if limit else ""
+    if code == RESTARTABLE and finished:
+        print(f"run: a role failed (exit {code}) after the run finished{note}: {run_dir} holds the complete "
+              f"result (summary.json)", file=sys.stderr, flush=True)
+        return 0
+    if code != RESTARTABLE:
+        if limit or finished:
+            print(f"run: the job ended with exit {code} (a timeout or a stop, not a failed process){note}"
+                  + (f"; the run had finished: {run_dir} holds its complete result (summary.json)" if finished else ""),
+                  file=sys.stderr, flush=True)
+        return code
+    return code if limit == 0 else None
+
+
 def _run_with_restarts(cfg, args, run_dir):
     """Run the job; while it fails after a complete checkpoint, restart it with --resume, at most
     cluster.max_restarts times. The folder locks stay held throughout. A job that fails after its
-    summary was written is not restarted: its result is complete and stays as it is."""
+    summary was written is not restarted: its result is complete and stays as it is (_ended)."""
     from ssdsgd.checkpoint import CheckpointError, latest, resume_point
-    from ssdsgd.folders import finished_message, remove_leftovers
+    from ssdsgd.folders import remove_leftovers
     limit = cfg.cluster.max_restarts
     resume, previous, stuck = args.resume, None, 0
     for attempt in range(limit + 1):
         code = _launch(cfg, args, resume, run_dir)
-        if code == 0 or limit == 0:
-            return code
-        if finished_message(run_dir, cfg):
-            print(f"run: a role failed (exit {code}) after the run finished; not restarted: {run_dir} holds the "
-                  f"complete result (summary.json)", file=sys.stderr, flush=True)
-            return 0
-        if code != RESTARTABLE:
-            print(f"run: the job ended with exit {code} (a timeout or a stop, not a failed process); "
-                  f"not restarted", file=sys.stderr, flush=True)
-            return code
+        ended = _ended(code, limit, run_dir, cfg)
+        if ended is not None:
+            return ended
         if attempt == limit:
             print(f"run: the job failed again; cluster.max_restarts ({limit}) restarts used, giving up",
                   file=sys.stderr, flush=True)
@@ -156,9 +172,12 @@ def _run_with_restarts(cfg, args, run_dir):
         print(f"run: restart {attempt + 1} of {limit} in {wait:g} s: the job failed (exit {code}); resuming from "
               f"{directory}" + (" (no newer checkpoint than at the last restart)" if stuck else ""),
               file=sys.stderr, flush=True)
-        time.sleep(wait)
+        try:
+            time.sleep(wait)
+        except KeyboardInterrupt:   # Ctrl-C while waiting: a stop, as during the job (128 + SIGINT)
+            print(f"run: stopped before restart {attempt + 1}; not restarted", file=sys.stderr, flush=True)
+            return 130
         resume, previous = True, directory
-    return code
 
 
 def _launch(cfg, args, resume, run_dir, dry_run=False):
@@ -176,7 +195,7 @@ def _launch(cfg, args, resume, run_dir, dry_run=False):
                    env=env, timeout=cl.timeout, dry_run=dry_run, interface=cl.interface,
                    stall_timeout=cl.stall_timeout or None, server_timeout=cl.server_timeout or None,
                    port=cl.port, ssh_options=ssh_options(cl.ssh_user, cl.ssh_identity, cl.ssh_config,
-                                                         cl.ssh_options))
+                                                         cl.ssh_options), raise_usage=dry_run)
 
 
 if __name__ == "__main__":

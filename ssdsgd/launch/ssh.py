@@ -12,7 +12,7 @@ import subprocess
 from ssdsgd.env import MARK, WRAPPER_ENV
 from ssdsgd.launch import remote
 
-TERM_GRACE = 3.0       # between SIGTERM and SIGKILL during cleanup
+TERM_GRACE = remote.TERM_GRACE   # between SIGTERM and SIGKILL during cleanup, as remote.py ends a role
 WRAPPER_MARK = 'wrapper'   # `MARK + 'wrapper CODE'`: how remote.py ended (the shell's $?)
 _REMOTE_SOURCE = None  # remote.py's text, read on first use
 
@@ -72,17 +72,18 @@ def role_script(env, python, cwd, argv):
 
 
 # Run by `sh` on an ssh host with the process group ids as arguments: SIGTERM the groups, SIGKILL
-# what is left after the grace period, exit 0 only when no process of any group is left.
+# what is left after the grace period, exit 0 only when no process of any group is left. `kill -SIG -PGID`,
+# not `kill -SIG -- -PGID`: dash (/bin/sh on Debian) refuses the `--` form ("Illegal number").
 _REMOTE_KILL = """
-alive() { left=; for g in "$@"; do kill -0 -- -$g 2>/dev/null && left="$left $g"; done; }
-for g in "$@"; do kill -TERM -- -$g 2>/dev/null; kill -CONT -- -$g 2>/dev/null; done
+alive() { left=; for g in "$@"; do kill -0 -$g 2>/dev/null && left="$left $g"; done; }
+for g in "$@"; do kill -TERM -$g 2>/dev/null; kill -CONT -$g 2>/dev/null; done
 n=0; alive "$@"
 while [ -n "$left" ] && [ $n -lt %d ]; do sleep 0.1; n=$((n+1)); alive $left; done
-for g in $left; do kill -KILL -- -$g 2>/dev/null; done
+for g in $left; do kill -KILL -$g 2>/dev/null; done
 n=0; alive $left
 while [ -n "$left" ] && [ $n -lt 20 ]; do sleep 0.1; n=$((n+1)); alive $left; done
 [ -z "$left" ] || { echo "process groups still alive:$left"; exit 1; }
-""" % int(TERM_GRACE * 10)
+"""
 
 
 def start_remote_kills(children):
@@ -93,7 +94,8 @@ def start_remote_kills(children):
             by_host.setdefault(tuple(c.ssh), []).append(c)
     kills = []
     for ssh, group in by_host.items():
-        argv = list(ssh) + [f'sh -c {shlex.quote(_REMOTE_KILL)} kill ' + ' '.join(str(c.pgid) for c in group)]
+        script = _REMOTE_KILL % int(TERM_GRACE * 10)
+        argv = list(ssh) + [f'sh -c {shlex.quote(script)} kill ' + ' '.join(str(c.pgid) for c in group)]
         kills.append((group[0].host, group, subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                                              stderr=subprocess.STDOUT, start_new_session=True)))
     return kills

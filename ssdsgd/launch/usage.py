@@ -2,6 +2,8 @@
 import re
 
 LIVENESS_INTERVAL = 1.0  # seconds; pyhooks/sitecustomize.py's LIVENESS_INTERVAL (a test keeps them equal)
+# ssdsgd.schema's (a test keeps them equal; importing it would bring numpy into the launcher)
+MIN_SERVER_TIMEOUT = 3 * LIVENESS_INTERVAL
 ENV_NAME = re.compile(r'[A-Za-z_][A-Za-z0-9_]*')
 
 
@@ -21,8 +23,8 @@ def check_job(command, num_workers, num_servers, port, timeout, stall_timeout, s
                          ('--server-timeout', server_timeout)):
         if value is not None and value <= 0:
             raise UsageError(f'{label} must be > 0')
-    if server_timeout is not None and server_timeout < 3 * LIVENESS_INTERVAL:
-        raise UsageError(f'--server-timeout must be at least {3 * LIVENESS_INTERVAL:g} s (a liveness file is touched '
+    if server_timeout is not None and server_timeout < MIN_SERVER_TIMEOUT:
+        raise UsageError(f'--server-timeout must be at least {MIN_SERVER_TIMEOUT:g} s (a liveness file is touched '
                          f'every {LIVENESS_INTERVAL:g} s)')
     if server_timeout is not None and stall_timeout is not None and server_timeout >= stall_timeout:
         raise UsageError(f'--server-timeout ({server_timeout:g} s) must be shorter than --stall-timeout '

@@ -68,8 +68,10 @@ def _chain():
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or '.') != here]
     try:
         importlib.import_module('sitecustomize')
-    except ImportError:
+    except ModuleNotFoundError as e:
         sys.modules['sitecustomize'] = me
+        if e.name != 'sitecustomize':
+            raise           # a module the other sitecustomize imports is missing: Python's site reports it
     finally:
         sys.path[:] = saved
 

@@ -1,0 +1,274 @@
+"""Unit-level tests of the launcher's parts (ssdsgd/launch/): each runs in about a second, without a job."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+from jobs import ssh_roles
+
+from ssdsgd.launch import ssh
+
+
+def _group_members(pgid):
+    """PIDs of the processes (zombies included) in process group pgid, from /proc."""
+    members = []
+    for pid in filter(str.isdigit, os.listdir('/proc')):
+        try:
+            with open(f'/proc/{pid}/stat') as f:
+                if f.read().rsplit(')', 1)[1].split()[2] == str(pgid):
+                    members.append(int(pid))
+        except (OSError, IndexError):
+            pass
+    return members
+
+
+def _remote_kill(pgid):
+    """Run the cleanup's remote kill as ssh would on the host: the login shell runs `sh -c SCRIPT kill PGID`
+    (here bash stands in for ssh and the login shell); sh is dash on Debian."""
+    role = SimpleNamespace(ssh=['bash', '-c'], pgid=pgid, host='alpha')
+    [(host, group, proc)] = ssh.start_remote_kills([role])
+    out, _ = proc.communicate(timeout=20)
+    return proc.returncode, out.decode()
+
+
+@pytest.mark.timeout(30)
+def test_remote_kill_ends_a_group_that_ignores_sigterm(monkeypatch):
+    """Before: `kill -TERM -- -PGID`, which dash refuses ("Illegal number"): nothing was signalled and the
+    script still said every group had ended. Now the group gets SIGTERM, then SIGKILL after the grace."""
+    monkeypatch.setattr(ssh, 'TERM_GRACE', 0.3)
+    role = subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, '
+                             'signal.SIG_IGN); print(1, flush=True); time.sleep(60)'],
+                            stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        role.stdout.readline()                                  # SIGTERM is ignored from here on
+        threading.Thread(target=role.wait, daemon=True).start()  # reap it, as its parent on a host would
+        code, out = _remote_kill(role.pid)
+        assert (code, out) == (0, '')
+        assert role.wait(timeout=5) == -signal.SIGKILL
+        assert _group_members(role.pid) == []
+    finally:
+        if role.poll() is None:
+            os.killpg(role.pid, signal.SIGKILL)
+            role.wait()
+
+
+@pytest.mark.timeout(30)
+def test_remote_kill_says_when_a_group_is_still_there(monkeypatch):
+    """A group that outlives SIGKILL (here a zombie nobody reaps yet) is reported, with exit 1."""
+    monkeypatch.setattr(ssh, 'TERM_GRACE', 0.3)
+    zombie = subprocess.Popen(['true'], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            with open(f'/proc/{zombie.pid}/stat') as f:
+                if f.read().rsplit(')', 1)[1].split()[0] == 'Z':
+                    break
+            time.sleep(0.02)
+        code, out = _remote_kill(zombie.pid)
+        assert (code, out.strip()) == (1, f'process groups still alive: {zombie.pid}')
+    finally:
+        zombie.wait()
+
+
+@pytest.mark.parametrize('supervised', [0, 1, 124])
+def test_a_cleanup_that_cannot_confirm_the_end_fails_the_job(monkeypatch, supervised):
+    """Before: `return code` was evaluated before the cleanup, so its `code = 1` was lost and a job whose
+    remote processes could not be confirmed gone still exited 0."""
+    from ssdsgd.launch import launcher
+    monkeypatch.setattr(launcher, 'supervise', lambda *args: supervised)
+    monkeypatch.setattr(launcher, 'cleanup', lambda children: False)
+    assert launcher._run([], None, None) == (1 if supervised == 0 else supervised)
+    monkeypatch.setattr(launcher, 'cleanup', lambda children: True)
+    assert launcher._run([], None, None) == supervised
+
+
+@pytest.mark.parametrize('supervised', [0, 1])
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_during_the_cleanup_is_not_a_failure(monkeypatch, capsys, supervised, signum):
+    """Before: Ctrl-C or SIGTERM during the cleanup (seconds long) was swallowed and the job exited 1,
+    which ssdsgd-run restarts. Now it exits 128 + the signal, as a job stopped earlier does."""
+    from ssdsgd.launch import launcher
+
+    def cleanup(children):
+        os.kill(os.getpid(), signum)   # the launcher's handler only records it
+        return True
+    monkeypatch.setattr(launcher, 'supervise', lambda *args: supervised)
+    monkeypatch.setattr(launcher, 'cleanup', cleanup)
+    before = signal.getsignal(signum)
+    assert launcher._run([], None, None) == 128 + signum
+    assert f'launch: received {signal.Signals(signum).name} during the cleanup' in capsys.readouterr().err
+    assert signal.getsignal(signum) == before   # restored after the cleanup
+
+
+def _start_remote_role(command, host, tmp_path):
+    """A Child running the role script of `command` on `host` through `bash -s` here, as ssh runs it there."""
+    from ssdsgd.launch.children import Child
+    from ssdsgd.launch.plan import RoleSpec
+    env = {'DMLC_PS_ROOT_URI': '127.0.0.1', 'SSDSGD_JOB_SECRET': 'x'}
+    [(name, _, script)] = ssh_roles(command, [host], 1, 1, env, str(tmp_path))[1:]
+    return Child(RoleSpec(name, host.name, ['bash', '-s'], {'DMLC_ROLE': 'worker'}, script, ['ssh', host.name]))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize('command, host, code, output', [
+    (['nosuchcommand-xyz'], {}, 127, "error: cannot start nosuchcommand-xyz on {hostname}: No such file or directory"),
+    (['python', '-c', 'pass'], {'python': '/nonexistent/python'}, 127,
+     '/nonexistent/python: No such file or directory'),
+    (['true'], {'interface': 'nosuchif0'}, 2, "error: interface 'nosuchif0' (host file) does not exist on {hostname}"),
+])
+def test_a_role_that_cannot_start_on_its_host_is_named_so(tmp_path, command, host, code, output):
+    """Before: every start-up failure on a host was reported as a role that "lost its supervisor ... and was
+    killed with it", and a missing command gave remote.py's traceback."""
+    import socket
+
+    from ssdsgd.launch.hosts import Host
+    child = _start_remote_role(command, Host('alpha', **host), tmp_path)
+    try:
+        assert child.popen.wait(timeout=30) == code
+        child.reader.join(timeout=5)
+        assert child.describe_exit() == f'could not start on alpha (exited with code {code}; see its output)'
+        assert any(output.format(hostname=socket.gethostname()) in line for line in child.tail), list(child.tail)
+        assert not any('Traceback' in line for line in child.tail), list(child.tail)
+    finally:
+        child.popen.stdin.close()
+        if child.popen.poll() is None:
+            os.killpg(child.popen.pid, signal.SIGKILL)
+            child.popen.wait()
+
+
+def _restarts(monkeypatch, codes, limit, finished):
+    """ssdsgd-run's restart loop with the job's exit codes `codes` (one per launch) and a run folder whose
+    summary.json is there (`finished`) or not; returns (exit code, launches)."""
+    import ssdsgd.checkpoint
+    import ssdsgd.folders
+    from ssdsgd.launch import run
+    launches = []
+
+    def launch(cfg, args, resume, run_dir):
+        launches.append(resume)
+        return codes[len(launches) - 1]
+    monkeypatch.setattr(run, '_launch', launch)
+    monkeypatch.setattr(ssdsgd.folders, 'finished_message', lambda run_dir, cfg: 'finished' if finished else None)
+    monkeypatch.setattr(ssdsgd.folders, 'remove_leftovers', lambda root, say: None)
+    monkeypatch.setattr(ssdsgd.checkpoint, 'latest', lambda root: root + '/epoch-1')
+    monkeypatch.setattr(ssdsgd.checkpoint, 'resume_point', lambda cfg: (cfg.checkpoint.dir + '/epoch-1', None))
+    cfg = SimpleNamespace(cluster=SimpleNamespace(max_restarts=limit, restart_backoff=0.0),
+                          checkpoint=SimpleNamespace(dir='/ck'))
+    return run._run_with_restarts(cfg, SimpleNamespace(resume=False), '/runs/r'), launches
+
+
+@pytest.mark.parametrize('limit', [0, 2])
+@pytest.mark.parametrize('code', [124, 130])
+def test_a_stop_or_timeout_after_the_run_finished_keeps_its_code(monkeypatch, capsys, limit, code):
+    """Before: with max_restarts > 0, a Ctrl-C (130) or timeout (124) once summary.json existed was reported
+    as "a role failed ... after the run finished" and exited 0."""
+    assert _restarts(monkeypatch, [code], limit, finished=True) == (code, [False])
+    err = capsys.readouterr().err
+    assert f'run: the job ended with exit {code} (a timeout or a stop' in err
+    assert '/runs/r holds its complete result' in err and 'a role failed' not in err
+
+
+@pytest.mark.parametrize('limit', [0, 2])
+def test_a_failure_after_the_run_finished_is_not_restarted_whatever_max_restarts(monkeypatch, capsys, limit):
+    """Before: with max_restarts 0 the same failure exited 1, with max_restarts > 0 it exited 0."""
+    assert _restarts(monkeypatch, [1], limit, finished=True) == (0, [False])
+    assert 'run: a role failed (exit 1) after the run finished' in capsys.readouterr().err
+    assert _restarts(monkeypatch, [1], 0, finished=False) == (1, [False])     # no summary: a failure
+    assert _restarts(monkeypatch, [1, 1, 0], 2, finished=False) == (0, [False, True, True])
+
+
+def test_ctrl_c_while_waiting_to_restart_is_a_stop(monkeypatch, capsys):
+    """Before: a KeyboardInterrupt traceback from the back-off sleep."""
+    from ssdsgd.launch import run
+
+    def interrupted(seconds):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(run.time, 'sleep', interrupted)
+    assert _restarts(monkeypatch, [1, 0], 2, finished=False) == (130, [False])
+    assert capsys.readouterr().err.splitlines()[-1] == 'run: stopped before restart 1; not restarted'
+
+
+@pytest.mark.parametrize('races', [2, 10])
+def test_job_folder_removal_outlasts_a_role_writing_in_it(tmp_path, monkeypatch, capsys, races):
+    """A role the cleanup could not reach touches its heartbeat file again while the job folder is removed
+    (rmtree: ENOTEMPTY). Before: a traceback from run_job. Now: tried again, else one line naming it."""
+    import errno
+    import shutil
+    import tempfile
+
+    from ssdsgd.launch import job_dir
+    monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))
+    monkeypatch.setattr(job_dir.time, 'sleep', lambda seconds: None)
+    real_rmtree, calls = shutil.rmtree, []
+
+    def racing_rmtree(path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) > races:
+            return real_rmtree(path, *args, **kwargs)
+        for name in os.listdir(path):
+            os.remove(os.path.join(path, name))
+        open(os.path.join(path, 'worker0.hb'), 'w').close()    # the unreached role, again
+        if not kwargs.get('ignore_errors'):
+            raise OSError(errno.ENOTEMPTY, os.strerror(errno.ENOTEMPTY), path)
+    monkeypatch.setattr(shutil, 'rmtree', racing_rmtree)
+    with job_dir.make_job_dir(shared=False) as path:
+        assert os.path.dirname(path) == str(tmp_path)
+    err = capsys.readouterr().err
+    if races < job_dir.REMOVE_ATTEMPTS:
+        assert not os.path.exists(path) and err == ''
+    else:
+        assert os.listdir(path) == ['worker0.hb']
+        assert err == (f'launch: cannot remove the job folder {path} (Directory not empty): a role on a host the '
+                       f'cleanup could not reach may still write in it; such a role ends once the folder is gone, '
+                       f'so remove it\n')
+
+
+def test_the_job_folder_that_cannot_be_made_is_named(tmp_path, monkeypatch, capsys):
+    """Before: a local job's error named the working directory and the ssh launcher, while its folder goes
+    in the temporary directory."""
+    import tempfile
+
+    from ssdsgd.launch import job_dir
+    from ssdsgd.launch.launcher import run_job
+    missing = tmp_path / 'missing'
+    monkeypatch.setattr(tempfile, 'tempdir', str(missing))
+    monkeypatch.chdir(tmp_path)
+    assert run_job(['true'], 1, 1) == 2
+    assert capsys.readouterr().err == f'launch: cannot create the job folder in {missing}: No such file or directory\n'
+
+    def refused(**kwargs):
+        raise PermissionError(13, 'Permission denied')
+    monkeypatch.setattr(job_dir.tempfile, 'mkdtemp', refused)
+    assert run_job(['true'], 1, 1, launcher='ssh', hostfile='alpha,beta', interface='lo') == 2
+    assert capsys.readouterr().err == (f'launch: cannot create the job folder in {tmp_path} (the ssh launcher needs '
+                                       f'a writable working directory on the file system the hosts share): '
+                                       f'Permission denied\n')
+
+
+@pytest.mark.parametrize('chained, message', [
+    (None, ''),
+    ('import os; print("chained ran", flush=True)', ''),
+    ('import nosuchmodule_xyz', "ModuleNotFoundError: No module named 'nosuchmodule_xyz'"),
+    ('raise ImportError("broken inside")', 'ImportError: broken inside'),
+])
+def test_the_hook_chains_the_sitecustomize_it_hides(tmp_path, chained, message):
+    """Before: `except ImportError` also hid an ImportError raised inside the other sitecustomize. Python's
+    site reports such an error in one line and goes on, as it would without the hook."""
+    from ssdsgd.launch.plan import HOOKS_DIR
+    if chained is not None:
+        (tmp_path / 'sitecustomize.py').write_text(chained + '\n')
+    env = {k: v for k, v in os.environ.items() if k not in ('DMLC_ROLE', 'SSDSGD_LIVENESS_FILE')}
+    env['PYTHONPATH'] = os.pathsep.join([HOOKS_DIR, str(tmp_path)])
+    proc = subprocess.run([sys.executable, '-c', 'print("main ran")'], env=env, capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    expected = ['chained ran'] if 'chained ran' in (chained or '') else []
+    assert proc.stdout.splitlines() == expected + ['main ran']
+    if message:
+        assert proc.stderr == f'Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{message}\n'
+    else:
+        assert proc.stderr == ''

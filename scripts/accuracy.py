@@ -17,6 +17,7 @@ data.validation=0.1` tunes on a validation split carved from the training set (t
 so); without it the runs report the test set.
 """
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -216,6 +217,17 @@ def done_rows(path):
     return rows
 
 
+def earlier_runs(out):
+    """The invocations that made the jobs --keep-done keeps (from the folder's manifest, before this
+    invocation replaces it): command, commit and date of each, oldest first."""
+    try:
+        with open(os.path.join(out, "manifest.json")) as f:
+            old = json.load(f)
+    except (OSError, ValueError):
+        return []
+    return old.get("earlier", []) + [{k: old.get(k) for k in ("command", "commit", "date")}]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suite", choices=sorted(SUITES), default="digits")
@@ -237,7 +249,8 @@ def main():
         sys.exit(f"accuracy.py: {csv_path} exists; --keep-done keeps its finished jobs and runs the rest, "
                  f"or choose another --out")
     used = sorted({os.path.join(ROOT, variants[label][0]) for label in args.variants or variants})
-    write_manifest(out, used, finished=False)
+    earlier = earlier_runs(out) if args.keep_done else []
+    write_manifest(out, used, finished=False, earlier=earlier)
     rows = done_rows(csv_path) if os.path.exists(csv_path) else []
     done = {(r["variant"], r["seed"]) for r in rows}
     jobs = [(s, v) for s in args.seeds for v in args.variants or list(variants) if (v, s) not in done]
@@ -257,7 +270,7 @@ def main():
     if pairs:
         text += "\n\n" + pairs
     write_text(os.path.join(out, "table.md"), text)
-    write_manifest(out, used, finished=True, jobs=len(rows), failed=sum(r["rc"] != 0 for r in rows))
+    write_manifest(out, used, finished=True, jobs=len(rows), failed=sum(r["rc"] != 0 for r in rows), earlier=earlier)
     print(text)
     return 0 if all(r["rc"] == 0 for r in rows) else 1
 

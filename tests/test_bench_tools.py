@@ -227,6 +227,19 @@ def test_paired_ahead_behind_counts_wins_ties_losses():
                     "difference +0.25 ± 0.96 points (mean ± sd)")
 
 
+def test_accuracy_keep_done_records_the_invocations_whose_jobs_it_keeps(tmp_path):
+    """--keep-done replaces the folder's manifest: the kept jobs' invocations travel in `earlier`."""
+    from scripts import accuracy as ad
+    assert ad.earlier_runs(str(tmp_path)) == []
+    first = {"command": ["scripts/accuracy.py", "--seeds", "0"], "commit": "c0", "date": "d0", "machine": {}}
+    (tmp_path / "manifest.json").write_text(json.dumps(first))
+    assert ad.earlier_runs(str(tmp_path)) == [{"command": first["command"], "commit": "c0", "date": "d0"}]
+    second = {"command": ["scripts/accuracy.py", "--keep-done"], "commit": "c1", "date": "d1",
+              "earlier": ad.earlier_runs(str(tmp_path))}
+    (tmp_path / "manifest.json").write_text(json.dumps(second))
+    assert [e["commit"] for e in ad.earlier_runs(str(tmp_path))] == ["c0", "c1"]
+
+
 def test_time_to_accuracy_reuses_only_the_ssgd_baseline(tmp_path):
     """--reuse DIR reads the SSGD jobs and evaluations of an earlier run (typed), never another variant's."""
     from scripts import time_to_accuracy as tta

@@ -119,6 +119,13 @@ def nightly_case(case, tests_dir):
     return args, check
 
 
+def error_lines(lines):
+    """The error messages among lines, without the traceback's source lines: nothing of MXNet's files is
+    to be kept in the results."""
+    return [line.strip() for line in lines
+            if re.search(r"\w(Error|Exception)\b.*:|uncaught \w+|Check failed|nonzero return", line)]
+
+
 def sha256(path):
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
@@ -161,7 +168,8 @@ def run_once(launcher, case, timeout, tests_dir=None):
     if case in NIGHTLY:   # stock exits 0 when a worker fails: whether the roles did is a column of its own
         row["roles_failed"] = any(sign in out for sign in FAILURE_SIGNS)
     if not row["passed"]:
-        row["tail"] = " | ".join(out.strip().splitlines()[-3:])[-300:]
+        last = out.strip().splitlines()[-3:]
+        row["tail"] = " | ".join(error_lines(last) if case in NIGHTLY else last)[-300:]
     shutil.rmtree(cwd, ignore_errors=True)
     return row
 

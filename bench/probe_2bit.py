@@ -1,6 +1,6 @@
 """Probe MXNet's own 2-bit gradient compression on dist_sync: push, then pull, compare with the expected round.
 
-    python launch/launch.py -n 4 -s 4 python bench/probe_2bit.py [--nrep 7] [--waitall]
+    python launch/launch.py -n 4 -s 4 python bench/probe_2bit.py [--nrep 7] [--waitall] [--wait-before-push]
 
 Every worker pulls a key, pushes a random gradient (all workers the same one), pulls again, and checks that
 the difference is the 2-bit quantized gradient (with its residual) x workers x rescale, as MXNet's nightly
@@ -17,6 +17,8 @@ import numpy as np
 ap = argparse.ArgumentParser()
 ap.add_argument("--nrep", type=int, default=7)
 ap.add_argument("--waitall", action="store_true", help="mx.nd.waitall() between the push and the pull")
+ap.add_argument("--wait-before-push", action="store_true",
+                help="wait for the first pull to arrive before pushing (MXNet's check does not)")
 args = ap.parse_args()
 
 kv = mx.kv.create("dist_sync")
@@ -31,6 +33,8 @@ for key, shape in ((1002, (2, 3)), (1202, (300, 300))):
     for i in range(args.nrep):
         before = mx.nd.zeros(shape)
         kv.pull(key, out=before)
+        if args.wait_before_push:
+            before.wait_to_read()
         grad = rng.rand(*shape)
         kv.push(key, mx.nd.array(grad))
         if args.waitall:

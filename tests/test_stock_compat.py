@@ -2,7 +2,8 @@
 (mxnet/tools/launch.py, dmlc_tracker, shipped in the wheel) gives for them, locally and over ssh on the
 virtual cluster: the exit code, each role's environment and working directory, and the files the roles
 write. Where stock is cheap to run (no MXNet in the roles) it runs side by side here; the MXNet cases and
-their 10-of-10 repetitions under both launchers are scripts/stock_compat.py (results/stock_compat/).
+their 10-of-10 repetitions under both launchers are scripts/stock_compat.py (results/stock_compat/;
+MXNet's own nightly test files with --mxnet-tests: results/stock_compat_nightly*/).
 
 Deliberate differences, asserted as such: a role that fails fails the job (stock exits 0 unless the
 scheduler fails: its local tracker waits for the scheduler only), and the scheduler runs the command as
@@ -183,6 +184,27 @@ def test_sparse_step(tmp_path):
                                            tmp_path, timeout=140))
     assert rc == 0, out
     assert sorted(re.findall(r"rank (\d) sparse step passed", out)) == ["0", "1"], out
+
+
+def _stock_compat(*args):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "stock_compat.py"), *args],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+
+
+def test_nightly_cases_need_the_users_copy_of_mxnets_tests(tmp_path):
+    """scripts/stock_compat.py's nightly_* cases run MXNet's own test files, which this repository does not
+    hold: without --mxnet-tests they are skipped, naming them and the option; a folder lacking a file the
+    case needs is one line naming the folder, the file and the case. Neither runs anything."""
+    proc = _stock_compat("--cases", "nightly_async,nightly_invalid", "--out", str(tmp_path / "out"))
+    assert proc.returncode != 0
+    assert "skipping nightly_async, nightly_invalid" in proc.stdout and "--mxnet-tests DIR" in proc.stdout
+    assert "no case left to run" in proc.stdout and "Traceback" not in proc.stdout
+    (tmp_path / "dist_sync_kvstore.py").write_text("")    # without test_kvstore.py, which it imports
+    proc = _stock_compat("--mxnet-tests", str(tmp_path), "--cases", "nightly_invalid", "--out", str(tmp_path / "out"))
+    assert proc.returncode != 0
+    assert proc.stdout.strip() == (f"stock_compat.py: --mxnet-tests {tmp_path}: no test_kvstore.py there "
+                                   "(case nightly_invalid)")
+    assert not (tmp_path / "out").exists()
 
 
 # --- over ssh, on the virtual cluster (test_cluster's: h0 launches, the host files name h1-h3) ----------------

@@ -211,6 +211,8 @@ def parse_args():
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "stock_compat"))
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--load", type=int, default=0, help="busy-loop processes kept running meanwhile")
+    ap.add_argument("--launchers", default=",".join(LAUNCHERS),
+                    help=f"comma-separated, of: {', '.join(LAUNCHERS)} (default: both, alternating)")
     ap.add_argument("--mxnet-tests", metavar="DIR",
                     help="folder holding MXNet 1.9.1's tests/nightly files, for the nightly_* cases")
     return ap.parse_args()
@@ -240,6 +242,9 @@ def chosen_cases(args):
 def main():
     args = parse_args()
     cases, files = chosen_cases(args)
+    launchers = args.launchers.split(",")
+    if not launchers or any(name not in LAUNCHERS for name in launchers):
+        sys.exit(f"stock_compat.py: --launchers {args.launchers}: each one of {', '.join(LAUNCHERS)}")
     if not cases:
         sys.exit("stock_compat.py: no case left to run")
     tests_dir = os.path.abspath(args.mxnet_tests) if files else None
@@ -248,7 +253,7 @@ def main():
     try:
         for case in cases:
             for _ in range(min(args.repeats, FEW.get(case, args.repeats))):
-                for launcher in LAUNCHERS:   # alternate, so both see the same load over time
+                for launcher in launchers:   # alternate, so both see the same load over time
                     rows.append(run_once(launcher, case, args.timeout, tests_dir))
                     print(json.dumps(rows[-1]), flush=True)
                     write_csv(os.path.join(args.out, "runs.csv"), rows)
@@ -256,7 +261,7 @@ def main():
         stop_load(load)
     write_text(os.path.join(args.out, "table.md"), table(rows, cases))
     extra = {"mxnet_tests": tests_dir, "mxnet_test_sha256": files} if files else {}
-    write_manifest(args.out, [], repeats=args.repeats, cases=cases, busy_loops=args.load,
+    write_manifest(args.out, [], repeats=args.repeats, cases=cases, launchers=launchers, busy_loops=args.load,
                    load_average=os.getloadavg(), **extra)
     print(table(rows, cases))
 

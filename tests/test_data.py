@@ -760,7 +760,7 @@ def test_validation_from_rest_errors(idx_root, kwargs, message):
 
 @pytest.mark.parametrize("key,value", [("train_per_class", 3), ("validation", 0.2), ("train_offset", 3)])
 def test_split_only_on_in_memory_datasets(key, value):
-    with pytest.raises(data.DataError, match=r"in-memory datasets .*not on synthetic"):
+    with pytest.raises(data.DataError, match=rf"^data\.{key}: work on the in-memory datasets .*not on synthetic"):
         data.build_data("synthetic", batch_size=8, synthetic_samples=64, **SHARD, **{key: value})
 
 

@@ -21,8 +21,8 @@ import numpy as np
 
 from ssdsgd.algorithms.policy import density_stage
 from ssdsgd.compression.codec import use_bitmap
-from ssdsgd.config import RING_DOWNLINKS
 from ssdsgd.compression.fusion import KeyAllocator
+from ssdsgd.config import RING_DOWNLINKS
 from ssdsgd.ps.commands import num_servers
 from ssdsgd.ps.rounds import ReplicaMismatch, RingLayout, read_ring
 

@@ -38,9 +38,10 @@ def build_data(dataset, *, batch_size, rank, num_workers, seed, root=None, shape
     shard = dict(batch_size=batch_size, rank=rank, num_workers=num_workers, seed=seed)
     split = dict(train_per_class=train_per_class, validation=validation, validation_from=validation_from,
                  train_offset=train_offset)
-    if dataset not in IN_MEMORY and (train_per_class or validation or train_offset):
-        raise DataError(f"data.train_per_class and data.validation work on the in-memory datasets "
-                        f"({', '.join(IN_MEMORY)}), not on {dataset}")
+    cut = [f"data.{key}" for key, value in split.items() if value and key != "validation_from"]
+    if dataset not in IN_MEMORY and cut:
+        raise DataError(f"{' and '.join(cut)}: work on the in-memory datasets ({', '.join(IN_MEMORY)}), "
+                        f"not on {dataset}")
     if dataset == "digits":
         return small_sets.build_digits(shape, num_classes, shard, split)
     if dataset in ("mnist", "fashion_mnist"):
@@ -64,9 +65,14 @@ def data_from_config(cfg, rank, num_workers):
     return build_data(d.dataset, batch_size=cfg.train.batch_size, rank=rank, num_workers=num_workers,
                       seed=cfg.seed, root=d.root, shape=tuple(d.shape) if d.shape else None,
                       num_classes=d.num_classes, synthetic_samples=d.synthetic_samples,
-                      augment=d.augment, preprocess_threads=d.preprocess_threads,
-                      train_per_class=d.train_per_class, validation=d.validation,
-                      validation_from=d.validation_from, data_format=d.format, train_offset=d.train_offset)
+                      augment=d.augment, preprocess_threads=d.preprocess_threads, data_format=d.format,
+                      **split_settings(d))
+
+
+def split_settings(d):
+    """The data section's keys that cut and split an in-memory training set (datasets.split_train's)."""
+    return dict(train_per_class=d.train_per_class, validation=d.validation, validation_from=d.validation_from,
+                train_offset=d.train_offset)
 
 
 def check_data(cfg):
@@ -80,9 +86,7 @@ def check_data(cfg):
         return
     shape = tuple(d.shape) if d.shape else None
     if d.dataset == "digits":
-        split = dict(train_per_class=d.train_per_class, validation=d.validation, validation_from=d.validation_from,
-                     train_offset=d.train_offset)
-        images = small_sets.count_digits(shape, d.num_classes, split)
+        images = small_sets.count_digits(shape, d.num_classes, split_settings(d))
     else:
         images = small_sets.count_synthetic(shape, d.synthetic_samples)
     steps_per_epoch(images, cfg.train.batch_size, workers)

@@ -15,6 +15,8 @@ them is in this repository) with the nightly CI's command lines, fewer workers t
 they fit a small machine. Such a run passes when every worker printed its last line, the output holds
 no traceback, `Check failed` or stock's "nonzero return code" (how stock reports a role that failed), and
 the launcher exited 0 (ours exits non-zero when any role fails; stock only when the scheduler does).
+A launcher still running 60 s after a role failed is stopped and its run recorded with exit `hung`
+(stock's other roles wait for ever in ps-lite's barrier when a worker dies).
 Without --mxnet-tests these cases are skipped with a message. The manifest records DIR and each file's
 sha256 (not the files).
 
@@ -34,6 +36,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -101,6 +104,7 @@ NIGHTLY = {
 NEEDS = {SYNC: ["test_kvstore.py"]}   # it imports this one from its own folder
 # Signs in the output that a role failed though the launcher may have exited 0.
 FAILURE_SIGNS = ("Traceback (most recent call last)", "Check failed", "nonzero return code")
+HUNG_GRACE = 60   # seconds a launcher gets to exit on its own after a role failed
 
 # Fail under both launchers whatever the load, for reasons of MXNet's own (rank 0's own profile is written when
 # it exits; dist_sync_kvstore.py's default type on Python 3.11; mx.gpu on the CPU wheel): a few runs show it.
@@ -117,6 +121,23 @@ def nightly_case(case, tests_dir):
         done = sorted(re.findall(rf"worker (\d+) {last}", out)) == ranks
         return done and code == 0 and not any(sign in out for sign in FAILURE_SIGNS)
     return args, check
+
+
+def wait_for_launcher(proc, lines, timeout):
+    """The launcher's exit code; "timeout" if it ran past timeout; "hung" if a role failed and the launcher
+    was still running HUNG_GRACE seconds later (MXNet's launcher waits for ever when a worker dies: its other
+    roles wait in ps-lite's barrier)."""
+    start, failed_at = time.monotonic(), None
+    while proc.poll() is None:
+        now = time.monotonic()
+        if now - start > timeout:
+            return "timeout"
+        if failed_at is None and any(sign in line for line in list(lines) for sign in FAILURE_SIGNS):
+            failed_at = now
+        if failed_at is not None and now - failed_at > HUNG_GRACE:
+            return "hung"
+        time.sleep(0.5)
+    return proc.returncode
 
 
 def error_lines(lines):
@@ -148,21 +169,20 @@ def run_once(launcher, case, timeout, tests_dir=None):
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, LAUNCHERS[launcher], *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
     try:
-        out, _ = proc.communicate(timeout=timeout)
-        code = proc.returncode
-    except subprocess.TimeoutExpired:
-        code = "timeout"
+        code = wait_for_launcher(proc, lines, timeout)
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)   # stock leaves its roles running when it exits early
         except ProcessLookupError:
             pass
-        if code == "timeout":
-            out, _ = proc.communicate()   # what the hung run printed, for its row
         proc.wait()
+        reader.join(10)
     time.sleep(1.0)   # roles killed above write their files (if any) no more
-    out = out or ""
+    out = "".join(lines)
     row = {"launcher": launcher, "case": case, "exit": code, "seconds": round(time.monotonic() - t0, 1),
            "passed": bool(check(out, cwd, code))}
     if case in NIGHTLY:   # stock exits 0 when a worker fails: whether the roles did is a column of its own

@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -205,6 +206,33 @@ def test_nightly_cases_need_the_users_copy_of_mxnets_tests(tmp_path):
     assert proc.stdout.strip() == (f"stock_compat.py: --mxnet-tests {tmp_path}: no test_kvstore.py there "
                                    "(case nightly_invalid)")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_launcher_that_hangs_after_a_role_failed_is_recorded_as_hung(monkeypatch):
+    """MXNet's launcher waits for ever when a worker dies (the other roles sit in ps-lite's barrier):
+    stock_compat stops waiting for such a run HUNG_GRACE seconds after the failure and records "hung"; a launcher that exits on its own within the grace keeps its exit code."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import stock_compat
+    monkeypatch.setattr(stock_compat, "HUNG_GRACE", 1.0)
+
+    def run(code):
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+        lines = []
+        threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+        try:
+            return stock_compat.wait_for_launcher(proc, lines, timeout=30), time.monotonic()
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    t0 = time.monotonic()
+    code, t1 = run("print('Traceback (most recent call last)', flush=True); import time; time.sleep(60)")
+    assert code == "hung" and t1 - t0 < 15
+    code, _ = run("import sys, time; print('Check failed: x', flush=True); time.sleep(0.2); sys.exit(3)")
+    assert code == 3
+    code, _ = run("import time; time.sleep(0.5)")
+    assert code == 0
 
 
 # --- over ssh, on the virtual cluster (test_cluster's: h0 launches, the host files name h1-h3) ----------------

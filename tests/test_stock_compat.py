@@ -210,7 +210,8 @@ def test_nightly_cases_need_the_users_copy_of_mxnets_tests(tmp_path):
 
 def test_a_launcher_that_hangs_after_a_role_failed_is_recorded_as_hung(monkeypatch):
     """MXNet's launcher waits for ever when a worker dies (the other roles sit in ps-lite's barrier):
-    stock_compat stops waiting for such a run HUNG_GRACE seconds after the failure and records "hung"; a launcher that exits on its own within the grace keeps its exit code."""
+    stock_compat stops waiting for such a run HUNG_GRACE seconds after the failure and records "hung"; a
+    launcher that exits on its own within the grace keeps its exit code."""
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import stock_compat
     monkeypatch.setattr(stock_compat, "HUNG_GRACE", 1.0)

@@ -188,8 +188,11 @@ def run_once(launcher, case, timeout, tests_dir=None):
     if case in NIGHTLY:   # stock exits 0 when a worker fails: whether the roles did is a column of its own
         row["roles_failed"] = any(sign in out for sign in FAILURE_SIGNS)
     if not row["passed"]:
-        last = out.strip().splitlines()[-3:]
-        row["tail"] = " | ".join(error_lines(last) if case in NIGHTLY else last)[-300:]
+        # nightly: the last error messages anywhere in the output (a hung stock run's last lines are
+        # its other roles' waiting, not the failure)
+        lines = out.strip().splitlines()
+        last = error_lines(lines)[-3:] if case in NIGHTLY else lines[-3:]
+        row["tail"] = " | ".join(last)[-300:]
     shutil.rmtree(cwd, ignore_errors=True)
     return row
 

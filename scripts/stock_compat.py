@@ -27,7 +27,6 @@ each of our own cases once.
 """
 import argparse
 import glob
-import hashlib
 import json
 import os
 import re
@@ -42,6 +41,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.* from this checkout
 from scripts.results_io import write_csv, write_manifest, write_text
+from ssdsgd.checkpoint import file_sha256
 
 SCRIPTS = os.path.join(ROOT, "tests", "stock_scripts")
 LAUNCHERS = {"stock": os.path.join(SCRIPTS, "stock_launch.py"), "ours": os.path.join(ROOT, "launch", "launch.py")}
@@ -145,11 +145,6 @@ def error_lines(lines):
     to be kept in the results."""
     return [line.strip() for line in lines
             if re.search(r"\w(Error|Exception)\b.*:|uncaught \w+|Check failed|nonzero return", line)]
-
-
-def sha256(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
 
 
 def run_once(launcher, case, timeout, tests_dir=None):
@@ -258,7 +253,7 @@ def chosen_cases(args):
             path = os.path.join(args.mxnet_tests, name)
             if not os.path.isfile(path):
                 sys.exit(f"stock_compat.py: --mxnet-tests {args.mxnet_tests}: no {name} there (case {case})")
-            files[name] = sha256(path)
+            files[name] = file_sha256(path)
     return cases, files
 
 

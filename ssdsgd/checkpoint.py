@@ -103,7 +103,7 @@ def load_npz(path):
     return arrays, (json.loads(meta.tobytes().decode()) if meta is not None else None)
 
 
-def _sha256(path):
+def file_sha256(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -118,7 +118,7 @@ def write_manifest(directory, cfg, epochs_done, step, plan, run_dir):
     manifest = {"format": FORMAT, "fingerprint": fingerprint(cfg), "config": fingerprint_parts(cfg),
                 "name": cfg.name, "run_dir": os.path.abspath(run_dir), "epochs_done": epochs_done, "step": step,
                 "plan": dict(plan, servers=cfg.cluster.servers),
-                "files": {f: _sha256(os.path.join(directory, f)) for f in files}}
+                "files": {f: file_sha256(os.path.join(directory, f)) for f in files}}
     problem = manifest_problem(manifest, cfg, epochs_done)
     if problem:
         raise CheckpointError(f"{directory}: refusing to write a manifest that could not be resumed: {problem}")
@@ -260,7 +260,7 @@ def verify(directory, cfg):
         file = os.path.join(directory, name)
         if not os.path.exists(file):
             raise CheckpointError(f"checkpoint file {file} is missing")
-        if _sha256(file) != digest:
+        if file_sha256(file) != digest:
             raise CheckpointError(f"checkpoint file {file} is corrupt (sha256 differs from the manifest)")
     return manifest
 

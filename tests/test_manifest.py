@@ -230,7 +230,7 @@ def test_plan_the_servers_cannot_serve_is_refused_before_anything_starts(tmp_pat
 def test_server_file_of_another_plan_is_refused_before_anything_starts(tmp_path, checkpoint):
     """A server buffer file whose weights do not fit the plan (its hash made to match): the server would
     have died with `operands could not be broadcast`; the front end reads the array headers and refuses."""
-    from ssdsgd.checkpoint import _sha256, load_npz, save_npz
+    from ssdsgd.checkpoint import file_sha256, load_npz, save_npz
     ck_src, _ = checkpoint
     ck = os.path.join(str(tmp_path), "ck")
     shutil.copytree(ck_src, ck)
@@ -241,7 +241,7 @@ def test_server_file_of_another_plan_is_refused_before_anything_starts(tmp_path,
     save_npz(path, arrays, meta)
     with open(os.path.join(folder, "manifest.json")) as f:
         m = json.load(f)
-    m["files"]["server-buffer0.npz"] = _sha256(path)
+    m["files"]["server-buffer0.npz"] = file_sha256(path)
     with open(os.path.join(folder, "manifest.json"), "w") as f:
         json.dump(m, f)
     job = run_job(tmp_path, SSD_TOPK, "train.epochs=4", "algorithm.strict=true", "checkpoint.every_epochs=1",

@@ -127,13 +127,16 @@ def wait_for_launcher(proc, lines, timeout):
     """The launcher's exit code; "timeout" if it ran past timeout; "hung" if a role failed and the launcher
     was still running HUNG_GRACE seconds later (MXNet's launcher waits for ever when a worker dies: its other
     roles wait in ps-lite's barrier)."""
-    start, failed_at = time.monotonic(), None
+    start, failed_at, seen = time.monotonic(), None, 0
     while proc.poll() is None:
         now = time.monotonic()
         if now - start > timeout:
             return "timeout"
-        if failed_at is None and any(sign in line for line in list(lines) for sign in FAILURE_SIGNS):
-            failed_at = now
+        if failed_at is None:
+            new = lines[seen:]           # only the lines not looked at yet (the reader thread appends)
+            seen += len(new)
+            if any(sign in line for line in new for sign in FAILURE_SIGNS):
+                failed_at = now
         if failed_at is not None and now - failed_at > HUNG_GRACE:
             return "hung"
         time.sleep(0.5)
@@ -185,8 +188,8 @@ def run_once(launcher, case, timeout, tests_dir=None):
     if not row["passed"]:
         # nightly: the last error messages anywhere in the output (a hung stock run's last lines are
         # its other roles' waiting, not the failure)
-        lines = out.strip().splitlines()
-        last = error_lines(lines)[-3:] if case in NIGHTLY else lines[-3:]
+        out_lines = out.strip().splitlines()
+        last = error_lines(out_lines)[-3:] if case in NIGHTLY else out_lines[-3:]
         row["tail"] = " | ".join(last)[-300:]
     shutil.rmtree(cwd, ignore_errors=True)
     return row

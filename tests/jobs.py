@@ -1,5 +1,6 @@
 """Helpers for tests that run real multi-process jobs (scheduler + servers + workers) on loopback."""
 import os
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -10,6 +11,14 @@ from scripts.results_io import job_command, run_folder
 from ssdsgd.metrics import metrics_file, read_metrics, read_summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def end_group(proc):
+    """A test's cleanup of a Popen started with start_new_session: SIGKILL its process group if the
+    leader still runs, then reap it."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 @dataclass

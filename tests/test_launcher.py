@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from jobs import ssh_roles
+from jobs import end_group, ssh_roles
 
 from ssdsgd.launch import job_dir
 from ssdsgd.launch.hosts import Host, read_hostfile, read_hosts
@@ -268,9 +268,7 @@ def test_sigterm_or_sighup_to_launcher_cli(toy_dir, tmp_path, signum):
         _assert_all_gone(toy_dir, ['scheduler0', 'server0', 'worker0', 'worker1', 'grandchild'])
         assert os.listdir(tmp) == []
     finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
+        end_group(launcher)
         launcher.stderr.close()
 
 
@@ -359,9 +357,7 @@ def _run_remote_script(script, timeout=20):
         assert proc.wait(timeout=timeout) == (code if code >= 0 else 128 - code)  # like a shell's $?
         return lines, marks
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        end_group(proc)
 
 
 @pytest.mark.timeout(60)

@@ -8,7 +8,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from jobs import ssh_roles
+from jobs import end_group, ssh_roles
 
 from ssdsgd.launch import ssh
 
@@ -51,9 +51,7 @@ def test_remote_kill_ends_a_group_that_ignores_sigterm(monkeypatch):
         assert role.wait(timeout=5) == -signal.SIGKILL
         assert _group_members(role.pid) == []
     finally:
-        if role.poll() is None:
-            os.killpg(role.pid, signal.SIGKILL)
-            role.wait()
+        end_group(role)
 
 
 @pytest.mark.timeout(30)
@@ -135,9 +133,7 @@ def test_a_role_that_cannot_start_on_its_host_is_named_so(tmp_path, command, hos
         assert not any('Traceback' in line for line in child.tail), list(child.tail)
     finally:
         child.popen.stdin.close()
-        if child.popen.poll() is None:
-            os.killpg(child.popen.pid, signal.SIGKILL)
-            child.popen.wait()
+        end_group(child.popen)
 
 
 def _restarts(monkeypatch, codes, limit, finished):

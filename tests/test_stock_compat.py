@@ -22,7 +22,7 @@ import threading
 import time
 
 import pytest
-from jobs import ROOT, processes_with
+from jobs import ROOT, end_group, processes_with
 import test_cluster
 
 LAUNCH = os.path.join(ROOT, "launch", "launch.py")
@@ -224,9 +224,7 @@ def test_a_launcher_that_hangs_after_a_role_failed_is_recorded_as_hung(monkeypat
         try:
             return stock_compat.wait_for_launcher(proc, lines, timeout=30), time.monotonic()
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            end_group(proc)
     t0 = time.monotonic()
     code, t1 = run("print('Traceback (most recent call last)', flush=True); import time; time.sleep(60)")
     assert code == "hung" and t1 - t0 < 15
@@ -317,9 +315,7 @@ def test_sigkilled_remote_wrapper_is_named(vc, work):
         out, _ = proc.communicate(timeout=40)
         elapsed = time.monotonic() - t0
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        end_group(proc)
     print(f"worker 1's wrapper SIGKILLed: launcher exit {proc.returncode} after {elapsed:.1f} s")
     assert proc.returncode == 1, out
     assert ("launch: worker 1 lost its supervisor on h3: the wrapper that runs it there (remote.py) killed by "

@@ -144,6 +144,11 @@ BUDGET = {
     # updates, each value delayed until it is sent.
     "SSD-SGD + top-k 5%, no masking": (F_TOPK, ["compression.density=0.05", "compression.momentum_masking=false"]),
     "SSD-SGD + top-k 10%, no masking": (F_TOPK, ["compression.density=0.1", "compression.momentum_masking=false"]),
+    # What is held back, rescaled as the learning rate falls (compression.rescale_held), so each gradient is
+    # applied at its own step's rate rather than at the lower rate of the step that sends it.
+    "SSD-SGD + top-k 1%, rescaled": (F_TOPK, ["compression.rescale_held=true"]),
+    "SSD-SGD + top-k 1%, rescaled, no masking": (F_TOPK, ["compression.rescale_held=true",
+                                                         "compression.momentum_masking=false"]),
 }
 SUITES = {"digits": VARIANTS, "fmnist": FMNIST, "defaults": DEFAULTS, "selection": SELECTION, "scale": SCALE,
           "budget": BUDGET}

@@ -620,6 +620,48 @@ def test_momentum_correction_without_masking_sends_the_momentum_sgd_updates_dela
     assert masked.velocity[0][1] == 0 and masked.velocity[0][0] == 1     # the default masks
 
 
+def test_rescaled_memory_applies_each_gradient_at_its_own_steps_rate():
+    """compression.rescale_held: true, no masking, a learning rate that changes every step: what the
+    servers apply (lr_t times what step t sent) plus what is held back (lr_t times the residual) is at
+    every step the sum of MXNet's momentum SGD updates, V_t = m*V_{t-1} + lr_t*g_t, the momentum in weight
+    units as the SSGD baseline's optimizer keeps it. Without rescaling the same sum comes out different."""
+    m = 0.9
+    lrs = [0.1 * 0.7 ** t for t in range(12)]
+    rng = np.random.default_rng(8)
+    grads = [untied(rng, 200) for _ in lrs]
+    totals = {}
+    for rescale in (True, False):
+        comp = comp_config("compression.density=0.05", "compression.momentum_correction=true",
+                           "compression.momentum_masking=false", f"compression.rescale_held={str(rescale).lower()}")
+        (buf,), (enc,) = make_encoders([(200,)], 1, comp, 0, momentum=m)
+        applied, V, V_total = np.zeros(200), np.zeros(200), np.zeros(200)
+        for step, (lr, g) in enumerate(zip(lrs, grads)):
+            enc.memory.set_lr(lr)
+            payload = enc.encode([mx.nd.array(g)], step).asnumpy()
+            sent, _, _ = np_decode(payload, buf.size, buf.topk_count, buf.wire.bitmap)
+            applied += lr * sent
+            V = m * V + lr * g
+            V_total += V
+            totals[rescale] = (applied + lr * enc.memory.residual[0], V_total.copy())
+            if rescale:
+                np.testing.assert_allclose(totals[rescale][0], V_total, rtol=1e-4, atol=1e-6, err_msg=f"step {step}")
+    held, want = totals[False]
+    assert not np.allclose(held, want, rtol=1e-2, atol=1e-4)
+
+
+def test_rescaled_memory_keeps_its_rate_through_a_checkpoint_and_skips_a_zero_rate():
+    mem = Memory(error_feedback=True, momentum=0.0, rescale=True)
+    mem.set_lr(0.5)
+    mem.update(0, mem.accumulate(0, np.ones(3, np.float32)), np.array([0]))
+    again = Memory(error_feedback=True, momentum=0.0, rescale=True)
+    again.load_state_dict(mem.state_dict())
+    assert again.held_lr == 0.5
+    again.set_lr(0.0)                       # a zero rate applies nothing: the held values keep their scale
+    assert again.carry == 1.0 and again.held_lr == 0.5
+    again.set_lr(0.25)
+    np.testing.assert_allclose(again.accumulate(0, np.zeros(3, np.float32)), [0, 2, 2])
+
+
 # ------------------------------------------------------- 12. allocation by the accumulated gradient
 
 def _np_global_topk_counts(mags, budget):

@@ -283,6 +283,8 @@ class RoundClient(Client):
         in_flight = self.pending_pull is not None
         plan = self.policy.plan(step, self.versions, in_flight, in_flight and self.watch.landed())
         grads = [p.grad() for p in self.params]
+        if self.memory is not None:
+            self.memory.set_lr(self.schedule(step + 1))     # the rate the servers apply round `step` at
         if plan.synchronous:
             pushed = self.transport.push(step, grads)
             wait = self._wait_until(plan.oldest_version, range(len(self.buffers)))

@@ -241,7 +241,7 @@ def make_encoders(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, s
     if not is_sparsifier(comp.type):
         return buffers, [DenseEncoder() for _ in buffers]
     memory = Memory(comp.error_feedback, momentum if comp.momentum_correction else 0.0,
-                    masking=comp.momentum_masking)
+                    masking=comp.momentum_masking, rescale=comp.rescale_held)
     compressor = make_compressor(comp.type, seed)
     return buffers, _sparse_encoders(buffers, compressor, memory, whole, comp)
 

@@ -56,6 +56,15 @@ class LRSchedule:
         return self.final_lr + (self.base_lr - self.final_lr) * (1 - frac) ** self.power
 
 
+def held_carry(schedule, rnd):
+    """The factor that carries a value held back in gradient units (error feedback, momentum correction)
+    from the rate round rnd - 1 is applied at to round rnd's, so that the servers apply it as SSGD
+    would have at its own step (compression.rescale_held). Round r is applied at schedule(r + 1). 1 for
+    round 0 and where either rate is 0 (a zero rate applies nothing: the values keep their scale)."""
+    before, now = schedule(rnd), schedule(rnd + 1)
+    return before / now if rnd > 0 and before > 0 and now > 0 else 1.0
+
+
 def schedule_from_config(train_cfg, steps_per_epoch):
     """Build the global schedule from the `train` section; epochs are converted to updates."""
     s = train_cfg.lr_schedule

@@ -636,7 +636,7 @@ def test_rescaled_memory_applies_each_gradient_at_its_own_steps_rate():
         (buf,), (enc,) = make_encoders([(200,)], 1, comp, 0, momentum=m)
         applied, V, V_total = np.zeros(200), np.zeros(200), np.zeros(200)
         for step, (lr, g) in enumerate(zip(lrs, grads)):
-            enc.memory.set_lr(lr)
+            enc.memory.set_carry(lrs[step - 1] / lr if step else 1.0)
             payload = enc.encode([mx.nd.array(g)], step).asnumpy()
             sent, _, _ = np_decode(payload, buf.size, buf.topk_count, buf.wire.bitmap)
             applied += lr * sent
@@ -649,17 +649,16 @@ def test_rescaled_memory_applies_each_gradient_at_its_own_steps_rate():
     assert not np.allclose(held, want, rtol=1e-2, atol=1e-4)
 
 
-def test_rescaled_memory_keeps_its_rate_through_a_checkpoint_and_skips_a_zero_rate():
-    mem = Memory(error_feedback=True, momentum=0.0, rescale=True)
-    mem.set_lr(0.5)
-    mem.update(0, mem.accumulate(0, np.ones(3, np.float32)), np.array([0]))
-    again = Memory(error_feedback=True, momentum=0.0, rescale=True)
-    again.load_state_dict(mem.state_dict())
-    assert again.held_lr == 0.5
-    again.set_lr(0.0)                       # a zero rate applies nothing: the held values keep their scale
-    assert again.carry == 1.0 and again.held_lr == 0.5
-    again.set_lr(0.25)
-    np.testing.assert_allclose(again.accumulate(0, np.zeros(3, np.float32)), [0, 2, 2])
+def test_held_carry_is_the_ratio_of_consecutive_rounds_rates_and_1_where_a_rate_is_0():
+    from ssdsgd.schedule import LRSchedule, held_carry
+    sched = LRSchedule("cosine", base_lr=0.1, total_updates=20, warmup_updates=4)
+    assert held_carry(sched, 0) == 1.0                      # nothing held before round 0
+    assert held_carry(sched, 2) == pytest.approx(sched(2) / sched(3)) and held_carry(sched, 2) < 1   # ramp up
+    assert held_carry(sched, 10) == pytest.approx(sched(10) / sched(11)) and held_carry(sched, 10) > 1
+    assert sched(20) == 0 and held_carry(sched, 19) == 1.0  # the last round applies nothing
+    mem = Memory(error_feedback=True, rescale=False)
+    mem.set_carry(2.0)
+    assert mem.carry == 1.0                                 # off: the held values keep their scale
 
 
 # ------------------------------------------------------- 12. allocation by the accumulated gradient

@@ -27,7 +27,7 @@ from ssdsgd.checkpoint import costs_problem, plan_problem
 from ssdsgd.errors import CheckpointError
 from ssdsgd.ps.commands import num_servers
 from ssdsgd.ps.rounds import BufferState
-from ssdsgd.schedule import LRSchedule
+from ssdsgd.schedule import LRSchedule, held_carry
 
 
 class BufferViews(NamedTuple):
@@ -284,7 +284,7 @@ class RoundClient(Client):
         plan = self.policy.plan(step, self.versions, in_flight, in_flight and self.watch.landed())
         grads = [p.grad() for p in self.params]
         if self.memory is not None:
-            self.memory.set_lr(self.schedule(step + 1))     # the rate the servers apply round `step` at
+            self.memory.set_carry(held_carry(self.schedule, step))
         if plan.synchronous:
             pushed = self.transport.push(step, grads)
             wait = self._wait_until(plan.oldest_version, range(len(self.buffers)))

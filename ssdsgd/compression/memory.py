@@ -13,7 +13,7 @@ each coordinate's delayed until it is sent.
 Rescaling (rescale=True, compression.rescale_held): the servers apply a push at the learning rate of
 the round that carries it, so a value held back for many steps would be applied at a later step's rate;
 under a decaying schedule its gradient would count less than SSGD counts it. So before each step's
-accumulate both u and the residual are multiplied by lr_prev / lr (set_lr): the held values stay
+accumulate both u and the residual are multiplied by lr_prev / lr (set_carry): the held values stay
 in weight units, each gradient is applied at its own step's rate, and without masking what the
 servers apply is exactly SSGD's (MXNet's) momentum updates, each value delayed until it is sent.
 The state is float32 numpy arrays on the host, where the encoders select (see compressor.py).
@@ -29,23 +29,15 @@ class Memory:
         self.error_feedback = error_feedback
         self.momentum = momentum
         self.masking = masking            # momentum correction: zero u where sent (DGC)
-        self.rescale = rescale            # keep the held values in weight units (set_lr)
-        self.held_lr = None               # the learning rate the held values are scaled to
-        self.carry = 1.0                  # this step's factor on the held values: held_lr / lr
+        self.rescale = rescale            # keep the held values in weight units (set_carry)
+        self.carry = 1.0                  # this step's factor on the held values: lr_prev / lr
         self.residual = {}
         self.velocity = {}
 
-    def set_lr(self, lr):
-        """The learning rate the servers will apply this step's push at; call it once per step, before
-        the step's accumulates. With rescale, the held values are carried over to it (see the module's
-        docstring). A rate of 0 applies nothing: the held values keep their scale until the next rate
-        above 0."""
-        self.carry = 1.0
-        if not self.rescale or lr <= 0:
-            return
-        if self.held_lr is not None:
-            self.carry = self.held_lr / lr
-        self.held_lr = lr
+    def set_carry(self, carry):
+        """This step's factor on the held values, schedule.held_carry: lr_prev / lr (used with rescale
+        only). Call it once per step, before the step's accumulates."""
+        self.carry = carry if self.rescale else 1.0
 
     def accumulate(self, key, g, magnitude=None):
         """The vector to sparsify for this step (g: a 1-D float32 array, left unchanged). With error
@@ -102,18 +94,14 @@ class Memory:
 
     def state_dict(self):
         """The per-tensor state as numpy arrays (copies) named residual<key> and velocity<key> (the
-        names the worker checkpoints have always used), and with rescale held_lr."""
+        names the worker checkpoints have always used)."""
         arrays = {f"residual{k}": v.copy() for k, v in self.residual.items()}
         arrays.update({f"velocity{k}": v.copy() for k, v in self.velocity.items()})
-        if self.held_lr is not None:
-            arrays["held_lr"] = np.array([self.held_lr], np.float64)
         return arrays
 
     def load_state_dict(self, arrays):
         """Replace the state with the residual<key>/velocity<key> entries of `arrays` (other names are
-        ignored, so a whole checkpoint file can be passed), and held_lr, the rate they are scaled to."""
-        held = arrays.get("held_lr")
-        self.held_lr = None if held is None else float(np.asarray(held).reshape(-1)[0])
+        ignored, so a whole checkpoint file can be passed)."""
         state = {"residual": {}, "velocity": {}}
         for name, arr in arrays.items():
             for kind, found in state.items():

@@ -130,6 +130,10 @@ for _n in (8, 4, 2):
         f"N={_n} SSGD": (F_SSGD, _sets[:2]),                  # no local update: no local lr
         f"N={_n} SSD-SGD + top-k 1%, exact downlink": (F_TOPK, _sets + ["compression.downlink=sparse"]),
         f"N={_n} SSD-SGD + top-k 1%, compressed downlink": (F_TOPK, _sets + ["compression.downlink=compressed"]),
+        f"N={_n} SSD-SGD + top-k 1%, exact downlink, rescaled": (
+            F_TOPK, _sets + ["compression.downlink=sparse", "compression.rescale_held=true"]),
+        f"N={_n} SSD-SGD + top-k 1%, compressed downlink, rescaled": (
+            F_TOPK, _sets + ["compression.downlink=compressed", "compression.rescale_held=true"]),
     })
 # Settings for any budget and subset (issue 36, item 2): the shipped top-k settings against SSGD, the same
 # compression without the delay stage (what top-k alone costs), DGC's density warm-up (the first epochs

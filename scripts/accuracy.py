@@ -156,8 +156,6 @@ BUDGET = {
     # ... and what is still held back sent in the last rounds applied (compression.flush_steps).
     "SSD-SGD + top-k 1%, rescaled, flush": (F_TOPK, ["compression.rescale_held=true", "compression.flush_steps=1"]),
     "SSD-SGD + top-k 1%, flush": (F_TOPK, ["compression.flush_steps=1"]),
-    "SSD-SGD + top-k 1%, rescaled, last epoch dense": (F_TOPK, ["compression.rescale_held=true",
-                                                               "compression.flush_steps=39"]),
 }
 SUITES = {"digits": VARIANTS, "fmnist": FMNIST, "defaults": DEFAULTS, "selection": SELECTION, "scale": SCALE,
           "budget": BUDGET}

@@ -153,9 +153,6 @@ BUDGET = {
     "SSD-SGD + top-k 1%, rescaled": (F_TOPK, ["compression.rescale_held=true"]),
     "SSD-SGD + top-k 1%, rescaled, no masking": (F_TOPK, ["compression.rescale_held=true",
                                                          "compression.momentum_masking=false"]),
-    # ... and what is still held back sent in the last rounds applied (compression.flush_steps).
-    "SSD-SGD + top-k 1%, rescaled, flush": (F_TOPK, ["compression.rescale_held=true", "compression.flush_steps=1"]),
-    "SSD-SGD + top-k 1%, flush": (F_TOPK, ["compression.flush_steps=1"]),
 }
 SUITES = {"digits": VARIANTS, "fmnist": FMNIST, "defaults": DEFAULTS, "selection": SELECTION, "scale": SCALE,
           "budget": BUDGET}

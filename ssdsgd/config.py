@@ -101,7 +101,6 @@ def _check_compression(c, sparsifier):
         "fp16_values": (comp["fp16_values"], "only sparse pushes have an fp16 wire format"),
         "index_coding": (comp["index_coding"] != "auto", "only sparse messages carry indices"),
         "warmup": (bool(comp["warmup"]), "a density warm-up needs a sparsifier"),
-        "flush_steps": (comp["flush_steps"] > 0, "only a sparsifier's error feedback holds values back to flush"),
         "selection": (comp["selection"] == "sampled", "only the sparse encoders select values"),
         "downlink": (comp["downlink"] in RING_DOWNLINKS,
                      f"{comp['downlink']} rebuilds the global weights from the rounds' sparse updates, so it "

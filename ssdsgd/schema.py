@@ -232,10 +232,6 @@ SCHEMA = {
                                   "rate changes, so each gradient is applied at its own step's rate, as SSGD "
                                   "applies it; false: at the rate of the step that sends it (less, under a "
                                   "decaying schedule)"),
-        "flush_steps": Field(int, 0, min=0,
-                             doc="the last this many rounds applied at a learning rate above 0 send every value "
-                                 "(a density-1 stage), so what error feedback holds back reaches the weights "
-                                 "before the run ends instead of being dropped; 0: never"),
         "fp16_values": Field(bool, False),
         "index_coding": Field(str, "auto", choices=("auto", "list"),
                               doc="sparse messages and sparse-downlink rounds on the fp32 wire: auto sends the "

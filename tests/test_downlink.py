@@ -361,7 +361,7 @@ def test_checksum_guard_names_the_version_and_the_buffer():
     play(range(5, 7))
     ring_buf = mx.nd.array(server.ring.array)
     transport = SimpleNamespace(buffers=[SimpleNamespace(weight_key=3, size=size)], stages=[None])
-    downlink = Downlink(transport, {}, slots)          # no compression: no plan
+    downlink = Downlink(transport, {}, slots, steps_per_epoch=None)          # no compression: no plan
     assert downlink.plans == [None] and downlink.land(0) is None
     downlink.plans = [{"rings": [{"key": 9, "cap": workers * k, "bitmap": False}], "slots": slots}]
     downlink.replicas, downlink.ring_bufs, downlink.pulled = [replica], [[ring_buf]], [0]

@@ -329,7 +329,7 @@ def _no_buffers():
 
     from ssdsgd.algorithms.downlink import Downlink
     transport = SimpleNamespace(pull_bufs=[], buffers=[], stages=[])
-    return transport, Downlink(transport, {}, 1)
+    return transport, Downlink(transport, {}, 1, None)
 
 
 @pytest.mark.parametrize("name, cls", [("global_momentum", GlobalMomentum), ("glu", GLU), ("sgd", LocalSGD)])
@@ -433,7 +433,7 @@ def test_a_long_wait_for_a_round_names_the_buffers_server_once(capsys, server_ti
         client.wait_note = 0.05           # the config's minimum is 3 s; the test stays short
     from ssdsgd.algorithms.transport import RoundTransport
     transport = RoundTransport(_SlowClockKV(3, after=0.3), [([SimpleNamespace(clock_key=7, server=1, size=1)], [])],
-                               wait_note=client.wait_note)
+                               None, client.wait_note)
     transport.poll_clock(0, 3)
     out = capsys.readouterr().out
     assert out.count("rank 0: waited 0.05 s for round 2 of buffer 0, held by server rank 1: another worker is "
@@ -510,8 +510,8 @@ def test_round_client_loads_a_buffer_through_flat_views_and_follows_a_replaced_a
     from ssdsgd.algorithms.downlink import Downlink
     from ssdsgd.algorithms.transport import RoundTransport
     client.buffers = [SimpleNamespace(params=[0, 1], size=size)]
-    client.transport = RoundTransport(_StubKV(), [(client.buffers, [])])
-    client.downlink = Downlink(client.transport, {}, 1)        # dense pulls only
+    client.transport = RoundTransport(_StubKV(), [(client.buffers, [])], None)
+    client.downlink = Downlink(client.transport, {}, 1, None)        # dense pulls only
     client.versions, client.views = [2], [None]                        # a dense pull landed
     client.staging = [mx.nd.zeros(size)]
     new = rng.standard_normal(size).astype(np.float32)

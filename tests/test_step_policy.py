@@ -9,7 +9,7 @@ The (warm-up, delay k, staleness bound S, strict) settings are those the multi-p
 """
 import pytest
 
-from ssdsgd.algorithms.policy import StepPlan, StepPolicy, density_stage, flush_start, stage_starts
+from ssdsgd.algorithms.policy import StepPlan, StepPolicy, density_stage
 
 JOBS = {                                        # name: (warmup, delay, max_staleness, strict, steps)
     "full_warmup": (100000, 4, 4, False, 44),
@@ -144,27 +144,8 @@ def test_stale_names_the_buffers_below_the_oldest_version():
     assert StepPolicy.stale([4, 4], 4) == []
 
 
-@pytest.mark.parametrize("step, steps_per_epoch, warmup_epochs, want",
-                         [(0, 22, 0, 0), (500, 22, 0, 0), (21, 22, 2, 0), (22, 22, 2, 1), (44, 22, 2, 2),
-                          (400, 22, 2, 2)])
-def test_density_stage(step, steps_per_epoch, warmup_epochs, want):
-    assert density_stage(step, stage_starts(steps_per_epoch, warmup_epochs)) == want
-
-
-@pytest.mark.parametrize("step, want", [(0, 0), (21, 0), (22, 1), (97, 1), (98, 2), (109, 2), (10 ** 6, 2)])
-def test_the_flush_stage_follows_the_steady_state(step, want):
-    assert stage_starts(22, 1, 98) == [0, 22, 98]
-    assert density_stage(step, stage_starts(22, 1, 98)) == want
-    assert stage_starts(22, 1, 10) == [0, 22, 22]         # a flush cannot start in the warm-up
-    assert density_stage(22, [0, 22, 22]) == 2              # the steady state had no rounds
-
-
-def test_the_flush_starts_at_the_last_rounds_applied_at_a_rate_above_0():
-    from ssdsgd.schedule import LRSchedule
-    cosine = LRSchedule("cosine", base_lr=0.1, total_updates=110)
-    assert cosine(110) == 0 and cosine(109) > 0
-    assert flush_start(cosine, 110, 1) == 108               # round 109 is applied at rate 0
-    assert flush_start(cosine, 110, 3) == 106
-    assert flush_start(LRSchedule("constant"), 110, 1) == 109
-    assert flush_start(cosine, 110, 0) is None
-    assert flush_start(cosine, 110, 500) == 0
+@pytest.mark.parametrize("step, steps_per_epoch, stages, want",
+                         [(0, 22, 1, 0), (500, 22, 1, 0), (21, 22, 3, 0), (22, 22, 3, 1), (44, 22, 3, 2),
+                          (400, 22, 3, 2)])
+def test_density_stage(step, steps_per_epoch, stages, want):
+    assert density_stage(step, steps_per_epoch, stages) == want

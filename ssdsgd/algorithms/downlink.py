@@ -67,9 +67,10 @@ class Downlink:
     whose ring it pulled, or None for the dense weights (`pulled`). `transport`: the RoundTransport that
     pulls; `stats`: the client's run statistics, which get the decisions and counters."""
 
-    def __init__(self, transport, stats, slots, comp=None, make_replica=None):
+    def __init__(self, transport, stats, slots, steps_per_epoch, comp=None, make_replica=None):
         self.transport = transport
         self.stats = stats
+        self.steps_per_epoch = steps_per_epoch
         self.stages = transport.stages
         n = len(transport.buffers)
         self.plans, self.replicas, self.ring_bufs, self.pulled = [None] * n, [None] * n, [None] * n, [None] * n
@@ -89,6 +90,7 @@ class Downlink:
         # Fresh keys after every key of every density stage, so no existing key moves.
         used = max(max(b.weight_key, b.mailbox_key, b.clock_key) for bufs, _ in self.stages for b in bufs)
         keys = KeyAllocator(num_servers(kv), start=used + 1)
+        first_rounds = [stage * (self.steps_per_epoch or 0) for stage in range(len(self.stages))]
         decisions = []
         for bi, b in enumerate(buffers):
             rings = []
@@ -102,7 +104,7 @@ class Downlink:
                               "compressed": kind == "compressed"})
             if not any(rings):
                 continue
-            self.plans[bi] = {"rings": rings, "first_rounds": self.transport.starts, "mom_key": keys.on(b.server),
+            self.plans[bi] = {"rings": rings, "first_rounds": first_rounds, "mom_key": keys.on(b.server),
                               "slots": slots, "check_every": comp.downlink_check_every,
                               "rescale_held": comp.rescale_held}
             self.replicas[bi] = make_replica(b.size)
@@ -123,7 +125,7 @@ class Downlink:
         down = self.plans[bi]
         if down is None:
             return None
-        stage = density_stage(rnd, self.transport.starts)
+        stage = density_stage(rnd, self.steps_per_epoch, len(self.stages))
         return stage if down["rings"][stage] is not None else None
 
     def pull(self, bi, rnd):

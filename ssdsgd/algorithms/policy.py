@@ -20,7 +20,6 @@ makes runs reproducible step by step. With S > k the pull goes out at once, may 
 round, and may land up to S - k steps later: on a slow link the transfer then hides behind several
 steps of compute instead of one.
 """
-import bisect
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -73,29 +72,9 @@ class StepPolicy:
         return step - min(versions)
 
 
-def stage_starts(steps_per_epoch, warmup_epochs, flush_from=None):
-    """The first round of each density stage, in time order: one stage per compression.warmup epoch,
-    then the steady state, then (flush_from: a round) the flush stage of compression.flush_steps.
-    A flush that would start before the steady state starts with it."""
-    starts = [epoch * steps_per_epoch for epoch in range(warmup_epochs)] + [warmup_epochs * (steps_per_epoch or 0)]
-    if flush_from is not None:
-        starts.append(max(flush_from, starts[-1]))
-    return starts
-
-
-def density_stage(step, starts):
-    """Index of the density stage a step's round belongs to (starts: stage_starts). Of stages that start
-    at the same round, the later one (a steady state of no rounds gives way to the flush)."""
-    return bisect.bisect_right(starts, step) - 1
-
-
-def flush_start(schedule, total_steps, flush_steps):
-    """The first round of the flush stage: the last flush_steps rounds applied at a learning rate above
-    0 (a cosine or poly schedule's last round has rate 0, so what it sends is never applied); None
-    without a flush."""
-    if not flush_steps:
-        return None
-    last = total_steps - 1
-    while last > 0 and schedule(last + 1) <= 0:
-        last -= 1
-    return max(0, last - flush_steps + 1)
+def density_stage(step, steps_per_epoch, num_stages):
+    """Index into the density stages of a plan for a step: epoch e < len(compression.warmup) is stage
+    e, every later epoch the steady state (the last stage)."""
+    if num_stages == 1:
+        return 0
+    return min(step // steps_per_epoch, num_stages - 1)

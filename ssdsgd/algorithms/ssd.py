@@ -13,7 +13,7 @@ import mxnet as mx
 from ssdsgd.algorithms.base import Client, StepRecord
 from ssdsgd.algorithms.downlink import Downlink, ring_slots
 from ssdsgd.algorithms.glu import GLU, GlobalMomentum, LocalSGD
-from ssdsgd.algorithms.policy import StepPolicy, flush_start, stage_starts
+from ssdsgd.algorithms.policy import StepPolicy
 from ssdsgd.algorithms.probe import probe_costs
 from ssdsgd.algorithms.transport import PullWatch, RoundTransport
 from ssdsgd.compression.codec import MAX_ROUND_FP16
@@ -51,7 +51,6 @@ class RoundClient(Client):
         self.policy = StepPolicy(warmup, alg.delay, alg.max_staleness, alg.strict)
         self.measure_backward = measure_backward
         self.steps_per_epoch = steps_per_epoch      # density stages of compression.warmup are epochs
-        self.flush_from = flush_start(schedule, total_steps, cfg.compression.flush_steps)
         if cfg.compression.warmup and not steps_per_epoch:
             raise ValueError("compression.warmup needs steps_per_epoch")
         if cfg.compression.fp16_values and total_steps - 1 > MAX_ROUND_FP16:
@@ -118,8 +117,7 @@ class RoundClient(Client):
         shapes = [p.shape for p in self.params]
         self.stages = make_stages(shapes, num_servers(kv), comp, kv.rank, momentum=self.cfg.train.momentum,
                                   cost=cost, seed=self.cfg.seed)
-        steady = len(comp.warmup)
-        self.buffers, self.encoders = self.stages[steady]
+        self.buffers, self.encoders = self.stages[-1]          # the steady state
         self.memory = self.encoders[0].memory                   # error feedback, shared by every encoder
         if comp.fusion == "behind" and is_sparsifier(comp.type) and all(len(b.params) == 1 for b in self.buffers):
             raise ValueError(f"compression.fusion: behind over {len(self.buffers)} buffers of one tensor each "
@@ -128,20 +126,16 @@ class RoundClient(Client):
         total = sum(b.size for b in self.buffers)
         self.stats.update(buffers=len(self.buffers), buffer_sizes=[b.size for b in self.buffers],
                           density_sent=sum(b.topk_count for b in self.buffers) / total)
-        if comp.warmup:
+        if len(self.stages) > 1:
             self.stats["warmup_density_sent"] = [sum(b.topk_count for b in bufs) / total
-                                                 for bufs, _ in self.stages[:steady]]
+                                                 for bufs, _ in self.stages[:-1]]
         if is_sparsifier(comp.type):
             self.stats["compress_seconds_per_step"] = time_encoding(self.buffers, self.encoders, shapes)
-        flush_from = self.flush_from if len(self.stages) > steady + 1 else None
-        if flush_from is not None:
-            self.stats["flush_from_step"] = flush_from
-        starts = stage_starts(self.steps_per_epoch, len(comp.warmup), flush_from)
-        self.transport = RoundTransport(kv, self.stages, starts, steady, self.wait_note)
+        self.transport = RoundTransport(kv, self.stages, self.steps_per_epoch, self.wait_note)
         self.staging = [mx.nd.zeros(b.size) for b in self.buffers]   # a replica's weights, on their way in
         self.views = [None] * len(self.buffers)                     # see _buffer_views
         self.versions = [0] * len(self.buffers)
-        self.downlink = Downlink(self.transport, self.stats, ring_slots(self.cfg.algorithm),
+        self.downlink = Downlink(self.transport, self.stats, ring_slots(self.cfg.algorithm), self.steps_per_epoch,
                                  comp, self._replica)
 
     def _replica(self, size):

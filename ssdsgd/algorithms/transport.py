@@ -45,15 +45,14 @@ class PullWatch:
 
 class RoundTransport:
     """Pull buffers, clock buffers and the bytes pulled for one worker's plan (`stages`: (buffers,
-    encoders) per density stage in time order, `starts`: their first rounds (policy.stage_starts; None:
-    one stage), `steady`: the index of the steady state, whose buffers the keys are made from).
-    `pull_bytes` counts every byte pulled since the caller last reset it."""
+    encoders) per density stage, the steady state last). `pull_bytes` counts every byte pulled since
+    the caller last reset it."""
 
-    def __init__(self, kv, stages, starts=None, steady=0, wait_note=None):
+    def __init__(self, kv, stages, steps_per_epoch, wait_note=None):
         self.kv = kv
         self.stages = stages
-        self.starts = starts or [0]
-        self.buffers = stages[steady][0]
+        self.buffers = stages[-1][0]
+        self.steps_per_epoch = steps_per_epoch
         # A round awaited longer than this is reported once per wait, naming the server that holds the
         # buffer; the job goes on (a worker may just be behind; the stall timeout decides).
         self.wait_note = wait_note
@@ -95,7 +94,7 @@ class RoundTransport:
         """Push this step's mailbox messages (grads: the parameters' gradient arrays); returns the bytes
         of the arrays actually pushed."""
         pushed = 0
-        buffers, encoders = self.stages[density_stage(step, self.starts)]
+        buffers, encoders = self.stages[density_stage(step, self.steps_per_epoch, len(self.stages))]
         for b, enc in zip(buffers, encoders):
             msg = enc.message([grads[i] for i in b.params], step, self.kv.rank)
             self.kv.push(b.mailbox_key, msg, priority=-b.params[-1])

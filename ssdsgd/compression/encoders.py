@@ -254,24 +254,21 @@ def _sparse_encoders(buffers, compressor, memory, whole, comp):
 
 
 def make_stages(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, seed=0):
-    """(buffers, encoders) per density stage, in time order: one per compression.warmup entry (an epoch
-    each), the steady state, then with compression.flush_steps the flush stage, which sends every value
-    (density 1). The steady state decides the buffers (the cost model plans for it); the other stages
-    reuse them with their own counts, mailbox keys and encoders, sharing the compressor and the
-    error-feedback memory."""
+    """(buffers, encoders) per density stage: one per compression.warmup entry (an epoch each),
+    then the steady state. The steady state decides the buffers (the cost model plans for it);
+    the warm-up stages reuse them with their own counts, mailbox keys and encoders, sharing the
+    compressor and the error-feedback memory."""
     counts = tensor_counts(shapes, comp)
     buffers, encoders = make_encoders(shapes, num_servers, comp, rank, momentum=momentum, cost=cost,
                                       seed=seed, counts=counts)
-    others = list(comp.warmup) + ([1.0] if comp.flush_steps and is_sparsifier(comp.type) else [])
-    if not others:
+    if not comp.warmup:
         return [(buffers, encoders)]
-    stage_counts = [tensor_counts(shapes, comp, density).counts for density in others]
+    stage_counts = [tensor_counts(shapes, comp, density).counts for density in comp.warmup]
     whole = counts.whole                                     # min_dense_bytes: the same in every stage
     memory, compressor = encoders[0].memory, encoders[0].compressor
     stages = [(bufs, _sparse_encoders(bufs, compressor, memory, whole, comp))
               for bufs in warmup_stages(buffers, stage_counts, num_servers)]
-    steady = len(comp.warmup)
-    return stages[:steady] + [(buffers, encoders)] + stages[steady:]
+    return stages + [(buffers, encoders)]
 
 
 def time_encoding(buffers, encoders, shapes, repeats=3):

@@ -227,11 +227,10 @@ SCHEMA = {
                                       "(DGC's momentum factor masking); false: keep it, so the servers apply "
                                       "exactly SSGD's momentum updates, each value delayed until it is sent"),
         "rescale_held": Field(bool, False,
-                              doc="what error feedback, momentum correction and the compressed downlink's "
-                                  "server residual hold back is multiplied by old lr / new lr when the learning "
-                                  "rate changes, so each gradient is applied at its own step's rate, as SSGD "
-                                  "applies it; false: at the rate of the step that sends it (less, under a "
-                                  "decaying schedule)"),
+                              doc="what the workers' error feedback and momentum correction hold back is "
+                                  "multiplied by old lr / new lr when the learning rate changes, so each gradient "
+                                  "is applied at its own step's rate, as SSGD applies it; false: at the rate of "
+                                  "the step that sends it (less, under a decaying schedule)"),
         "fp16_values": Field(bool, False),
         "index_coding": Field(str, "auto", choices=("auto", "list"),
                               doc="sparse messages and sparse-downlink rounds on the fp32 wire: auto sends the "

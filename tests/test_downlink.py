@@ -228,35 +228,6 @@ def test_compressed_rounds_stay_bit_identical_and_lose_nothing():
     assert np.count_nonzero(server.residual) > size // 2         # most of what was pushed still waits
 
 
-def test_compressed_rounds_rescaled_apply_each_push_at_its_own_rounds_rate():
-    """compression.rescale_held: the servers' error feedback is carried to each round's rate, so what they
-    apply (lr_t times the published round) plus what still waits (the last round's rate times e) is every
-    push at its own round's rate, as the exact downlink applies it. The rate warms up and decays over the
-    run, so without the carry the same sum comes out different."""
-    rng = np.random.default_rng(4)
-    size, workers, k, rounds, slots = 300, 4, 6, 20, 4
-    sched = schedule(rounds + 1)            # the last round's rate is not 0
-    pushes = [[(rng.choice(size, k, replace=False), rng.standard_normal(k).astype(np.float32))
-               for _ in range(workers)] for _ in range(rounds)]
-    outcome = {}
-    for rescale in (True, False):
-        server = BufferState(size, workers, B, 0.0, 0.0, sched, [WireFormat("sparse", size, k)])
-        server.ring = DownlinkRing(RingLayout(slots, k, size), compressed=True)
-        server.rescale_held = rescale
-        server.bind(np.zeros(size, np.float32))
-        want, applied = np.zeros(size), np.zeros(size)
-        for rnd, msgs in enumerate(pushes):
-            lr = sched(rnd + 1)
-            for rank, (idx, vals) in enumerate(msgs):
-                np.add.at(want, idx, lr * vals)
-                server.receive(sparse_message(rnd, rank, idx, vals))
-            entry = read_ring(server.ring.array.copy(), server.ring.layout)[rnd]
-            applied[entry.indices] += lr * entry.values
-        outcome[rescale] = (applied + sched(rounds) * server.residual, want)
-    np.testing.assert_allclose(*outcome[True], rtol=1e-4, atol=1e-6)
-    assert not np.allclose(*outcome[False], rtol=1e-2, atol=1e-4)
-
-
 def test_compressed_downlink_picks_per_buffer_by_size():
     """compression.downlink compressed: the exact ring up to 2 workers (it is then no larger than the
     compressed ring of two pushes' worth), the compressed ring beyond, dense where no ring is smaller than

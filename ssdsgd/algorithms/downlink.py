@@ -105,8 +105,7 @@ class Downlink:
             if not any(rings):
                 continue
             self.plans[bi] = {"rings": rings, "first_rounds": first_rounds, "mom_key": keys.on(b.server),
-                              "slots": slots, "check_every": comp.downlink_check_every,
-                              "rescale_held": comp.rescale_held}
+                              "slots": slots, "check_every": comp.downlink_check_every}
             self.replicas[bi] = make_replica(b.size)
             self.ring_bufs[bi] = [ring_zeros(b.size, self.plans[bi], r) if r else None for r in rings]
         return decisions

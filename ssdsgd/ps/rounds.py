@@ -23,8 +23,10 @@ next.
 
 Under the compressed downlink (a ring stage marked compressed) the servers apply, and publish, not G_t
 itself but its top-`cap` values after adding the servers' own error feedback (as DoubleSqueeze does):
-C_t = top_cap(G_t + e_t), e_{t+1} = G_t + e_t - C_t (under compression.rescale_held, e_t first carried
-to round t's rate as the workers' memory is). The servers' weights are then exactly what the
+C_t = top_cap(G_t + e_t), e_{t+1} = G_t + e_t - C_t. e stays in gradient units whatever
+compression.rescale_held says: carried to each round's rate like the workers' memory, its stale sums
+reached the weights undamped late in a run and cost 2.9-3.8 points at 4 workers
+(results/accuracy_fmnist_scale_rescaled). The servers' weights are then exactly what the
 workers' replicas rebuild from the published rounds; what the rounds have not yet carried waits in e.
 """
 import bisect
@@ -36,7 +38,6 @@ import numpy as np
 
 from ssdsgd.compression.codec import SparseGrad, bitmap_indices, bitmap_words, pack_bitmap
 from ssdsgd.compression.compressor import top_magnitudes
-from ssdsgd.schedule import held_carry
 
 
 class RoundError(RuntimeError):
@@ -68,7 +69,6 @@ class BufferState:
         self.ring = None              # publishes each applied round (sparse downlink): StagedRings or a DownlinkRing
         self.checks = 0               # replica side: rounds whose published checksum this state matched
         self.residual = None          # compressed downlink: the servers' error feedback e (float32, size)
-        self.rescale_held = False     # compression.rescale_held: e is carried to each round's rate
 
     def bind(self, weights, version=0):
         if weights.shape != (self.size,):
@@ -127,8 +127,6 @@ class BufferState:
         if self.residual is None:
             self.residual = np.zeros(self.size, np.float32)
         acc = self.residual
-        if self.rescale_held:
-            acc *= np.float32(held_carry(self.schedule, self.version))
         acc += grad_sum
         out = np.zeros(self.size, np.float32)
         idx = top_magnitudes(np.abs(acc), cap)

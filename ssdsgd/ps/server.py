@@ -69,7 +69,6 @@ class RoundService:
                     rings.append(ring)
                 self.roles[down["mom_key"]] = (b, "mom", None)
                 self.states[b].ring = StagedRings(rings, down["first_rounds"])
-                self.states[b].rescale_held = down.get("rescale_held", False)
 
     def owns(self, key):
         return key in self.roles

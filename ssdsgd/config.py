@@ -102,6 +102,7 @@ def _check_compression(c, sparsifier):
         "index_coding": (comp["index_coding"] != "auto", "only sparse messages carry indices"),
         "warmup": (bool(comp["warmup"]), "a density warm-up needs a sparsifier"),
         "selection": (comp["selection"] == "sampled", "only the sparse encoders select values"),
+        "rescale_held": (comp["rescale_held"], "only a sparsifier's error feedback holds values back to rescale"),
         "downlink": (comp["downlink"] in RING_DOWNLINKS,
                      f"{comp['downlink']} rebuilds the global weights from the rounds' sparse updates, so it "
                      f"needs a sparsifier"),
@@ -117,6 +118,9 @@ def _check_compression(c, sparsifier):
     if not comp["momentum_masking"] and not comp["momentum_correction"]:
         raise ConfigError("compression.momentum_masking: masks the momentum of DGC's momentum correction; "
                           "false needs compression.momentum_correction: true")
+    if comp["rescale_held"] and not (comp["error_feedback"] or comp["momentum_correction"]):
+        raise ConfigError("compression.rescale_held: rescales what error feedback and momentum correction hold "
+                          "back; with both off nothing is held (set compression.error_feedback: true)")
     if any(d < comp["density"] for d in comp["warmup"]):
         raise ConfigError(f"compression.warmup: a warm-up density below compression.density "
                           f"({comp['density']}) would not be a warm-up; got {comp['warmup']}")

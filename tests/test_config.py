@@ -590,6 +590,17 @@ def test_momentum_correction_options_have_defaults_and_need_it(key, default):
     assert msg.startswith(f"compression.{key}") and "momentum_correction: true" in msg, msg
 
 
+def test_rescale_held_needs_held_values():
+    """compression.rescale_held rescales what a sparsifier's error feedback or momentum correction holds
+    back: without a sparsifier, or with both off, it would be ignored, so it is refused, naming the key."""
+    assert load_config(SSD, ["compression.type=topk", "compression.rescale_held=true"]).compression.rescale_held
+    msg = config_error(SSD, ["compression.rescale_held=true"])
+    assert msg.startswith("compression.rescale_held") and "compression.type" in msg, msg
+    msg = config_error(SSD, ["compression.type=topk", "compression.rescale_held=true",
+                             "compression.error_feedback=false", "compression.momentum_correction=false"])
+    assert msg.startswith("compression.rescale_held") and "nothing is held" in msg, msg
+
+
 @pytest.mark.parametrize("key", ["lookahead", "lr_weighted", "masking_min_wait", "decay_momentum", "clip_norm"])
 def test_experiment_knobs_no_config_used_are_gone(key):
     """Removed with their code (issue 37): a config that still sets one is told the key is unknown."""

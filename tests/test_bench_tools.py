@@ -628,3 +628,20 @@ def test_time_to_accuracy_refuses_set_for_a_variant_it_does_not_run(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "--set-for 'SSD-SGD': not a variant this run runs (SSGD)" in proc.stderr
+
+
+def test_every_accuracy_variant_loads_as_a_valid_config():
+    from scripts import accuracy as ad
+    from ssdsgd.config import load_config
+    for suite, variants in ad.SUITES.items():
+        for label, (config, sets) in variants.items():
+            load_config(os.path.join(ROOT, config), sets)     # raises ConfigError naming the key
+    # how users scale: per-worker batch kept, lr by the linear rule, SSD-SGD's warm-up one epoch
+    config, sets = ad.SCALE_FIXED_BATCH["N=8 SSD-SGD + top-k 1%, linear rule"]
+    cfg = load_config(os.path.join(ROOT, config), sets)
+    assert (cfg.cluster.workers, cfg.train.batch_size, cfg.train.lr) == (8, 128, 0.4)
+    assert cfg.train.lr_schedule.warmup_epochs == 1 and cfg.algorithm.warmup_iters is None
+    assert cfg.algorithm.local.lr_scale == 8.0
+    config, sets = ad.SCALE_FIXED_BATCH["N=4 SSGD, linear rule"]
+    cfg = load_config(os.path.join(ROOT, config), sets)
+    assert (cfg.cluster.workers, cfg.train.batch_size, cfg.train.lr) == (4, 128, 0.2)

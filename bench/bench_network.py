@@ -765,7 +765,8 @@ def _group_figures(rs, ratios):
         server_cpu_per_step=med("server_cpu_seconds_per_step"),
         steady_server_cpu_per_step=med("steady_server_cpu_seconds_per_step"),
         steady_worker_cpu_per_step=med("steady_worker_cpu_seconds_per_step"),
-        **{f: med(f) for f in LINK_FIELDS})
+        num_servers=med("num_servers"),
+        **{f: med(f) for f in LINK_FIELDS + SERVER_FIELDS[1:]})
 
 
 def _compute_bound(ok):
@@ -804,6 +805,15 @@ def _infer_workers(ok_rows):
 
 def _fmt(v, spec="{:.1f}", none="–"):
     return none if v is None else spec.format(v)
+
+
+def _balance_cell(g):
+    """How evenly the servers share the load: each measure's largest deviation from the servers' mean
+    (CPU / tx / rx, steady window); "–" with one server."""
+    devs = [g.get(f) for f in SERVER_FIELDS[1:]]
+    if (g.get("num_servers") or 1) < 2 or any(d is None for d in devs):
+        return "–"
+    return " / ".join(f"{100 * d:.0f}%" for d in devs)
 
 
 def _link_cell(g, role, d):
@@ -848,7 +858,8 @@ def _table_head(hosts):
     head = ["algorithm", "rate", "ok/runs", "img/s", "× SSGD", "steady img/s", "steady × SSGD", "% of bound"]
     if hosts:
         return head + ["server tx KB/step (util)", "server rx KB/step (util)", "worker tx KB/step (util)",
-                       "worker rx KB/step (util)", "server CPU ms/step", "worker CPU ms/step", "rank-0 push KB/step",
+                       "worker rx KB/step (util)", "server CPU ms/step", "servers off mean CPU/tx/rx",
+                       "worker CPU ms/step", "rank-0 push KB/step",
                        "rank-0 pull KB/step",
                        "pull ÷ push", "kernel MB/step", "× SSGD bytes", "worker RSS MB", "× SSGD RSS",
                        "server RSS MB", "final loss", "other CPU"]
@@ -875,7 +886,7 @@ def _table_cells(g, bound, hosts):
         cpu = g["steady_server_cpu_per_step"]
         cpu = g["server_cpu_per_step"] if cpu is None else cpu
         cells += [_link_cell(g, r, d) for r in LINK_ROLES for d in ("tx", "rx")] + [
-            _fmt(_ms(cpu)), _fmt(_ms(g["steady_worker_cpu_per_step"])),
+            _fmt(_ms(cpu)), _balance_cell(g), _fmt(_ms(g["steady_worker_cpu_per_step"])),
             _fmt(_scaled(g["push_after_warmup"], 1e3), "{:.1f}"), _fmt(_scaled(g["pull_after_warmup"], 1e3), "{:.1f}"),
             _fmt(g["pull_push_ratio"], "{:.2f}×"),
             _fmt(_scaled(g["kernel_bytes_per_step"], 1e6), "{:.3f}"), _fmt(g["bytes_ratio"], "{:.3f}")]
@@ -912,11 +923,14 @@ def _table_notes(hosts):
             "busy with other work and the timings are unreliable).")
     if hosts:
         return (common +
-                "Link columns: bytes per training step that the server's host (server) and a worker's host (worker, "
-                "mean over the worker hosts) sent (tx) and received (rx) on its eth0 in the steady window "
+                "Link columns: bytes per training step that a server's host (server, mean over the server hosts) "
+                "and a worker's host (worker, mean over the worker hosts) sent (tx) and received (rx) on its eth0 "
+                "in the steady window "
                 "(TCP/IP and Ethernet headers included); in brackets the link's utilisation in that window, "
                 "bytes × 8 ÷ (rate × window seconds), not shown for unlimited links. Server CPU: CPU seconds "
-                "of the server processes per step in the steady window (sampled every 0.1 s); worker CPU: the "
+                "of the server processes per step in the steady window (sampled every 0.1 s; all servers' "
+                "sum); servers off mean: with 2 or more servers, the largest deviation of one server's CPU, tx "
+                "and rx bytes per step from the servers' mean, as a share of it; worker CPU: the "
                 "same for the worker processes, per worker. Rank-0 push/pull: "
                 "the payload bytes rank 0's client accounts per step after the warm-up; pull ÷ push is their "
                 "ratio. Kernel bytes: the sum of every host's eth0 tx (each byte once) per training step, whole "
@@ -1121,8 +1135,20 @@ def remake_table(csv_path, out_dir, write=None, prog="bench_network"):
     if not os.path.exists(csv_path):
         print(f"{prog}: {csv_path} not found", file=sys.stderr)
         return 2
-    print((write or write_table)(csv_path, out_dir))
+    title = table_title(os.path.join(out_dir, "table.md"))
+    write = write or write_table
+    print(write(csv_path, out_dir, title) if title else write(csv_path, out_dir))
     return 0
+
+
+def table_title(path):
+    """The title of an existing table.md (its first heading up to " — "), or None: a remade table keeps
+    what the run wrote there (steps, repeats, the suite's wall time), which runs.csv does not hold."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        first = f.readline()
+    return first[3:].split(" — ")[0].strip() if first.startswith("## ") else None
 
 
 def main(argv=None):

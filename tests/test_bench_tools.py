@@ -466,7 +466,7 @@ def test_hosts_table_columns_and_issue_12_targets(tmp_path):
     assert "server tx KB/step (util)" in table and "kernel MB/step |" in table
     # steady 90 img/s = 90% of the 2 × 50 bound, 3× SSGD; pulls 2× pushes
     assert ("| SSD-SGD+top-k 1%, sparse downlink (shipped) | 20 Mbit/s | 1/1 | 90.0 | 3.00× | 90.0 | 3.00× | 90% | "
-            "500.0 (80%) | 50.0 (10%) | 25.0 (5%) | 250.0 (40%) | 4.0 | 250.0 | 20.0 | 40.0 | 2.00× |") in table
+            "500.0 (80%) | 50.0 (10%) | 25.0 (5%) | 250.0 (40%) | 4.0 | – | 250.0 | 20.0 | 40.0 | 2.00× |") in table
     assert "≥ 85% of the compute bound at 20 Mbit/s per host link: 90% (steady) → met" in table
     assert "≥ 3× SSGD img/s at 20 Mbit/s per host link: 3.00× (steady)" in table
     assert "pulled bytes/step after warm-up ≤ 2.2× pushed at 20 Mbit/s: 2.00×" in table
@@ -645,3 +645,20 @@ def test_every_accuracy_variant_loads_as_a_valid_config():
     config, sets = ad.SCALE_FIXED_BATCH["N=4 SSGD, linear rule"]
     cfg = load_config(os.path.join(ROOT, config), sets)
     assert (cfg.cluster.workers, cfg.train.batch_size, cfg.train.lr) == (4, 128, 0.2)
+
+
+def test_a_remade_table_keeps_the_runs_title_and_shows_how_evenly_servers_share(tmp_path):
+    rows = [_row("ssgd", 20, 1, 30, 100, 400), _row("ssd", 20, 1, 60, 100, 400)]
+    for r in rows:
+        r.update(topology="hosts", num_servers=2, server_cpu_max_dev=0.05, server_tx_max_dev=0.12,
+                 server_rx_max_dev=0.0)
+    csv_path = tmp_path / "runs.csv"
+    with open(csv_path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
+        w.writeheader()
+        w.writerows(rows)
+    (tmp_path / "table.md").write_text("## Bandwidth-limited benchmark (40 steps, 1 repeat(s)) — old\n")
+    assert bn.remake_table(str(csv_path), str(tmp_path)) == 0
+    text = (tmp_path / "table.md").read_text()
+    assert text.startswith("## Bandwidth-limited benchmark (40 steps, 1 repeat(s)) — per-host links")
+    assert "| servers off mean CPU/tx/rx |" in text and "| 5% / 12% / 0% |" in text

@@ -658,11 +658,28 @@ def test_fixed_mode_respects_cap():
     assert len(buffers) > 1
     for b in buffers:
         assert b.size <= cap or len(b.params) == 1          # only a single oversized param may exceed
-    # greedy: the next buffer's first parameter would not have fitted
-    for b, nxt in zip(buffers, buffers[1:]):
-        assert b.size + nxt.sizes[0] > cap
+    # as few buffers as filling each to the cap makes (one server)
+    fewest, filled = 0, cap + 1
+    for n in reversed([numel(s) for s in SHAPES]):
+        fewest, filled = (fewest + 1, n) if filled + n > cap else (fewest, filled + n)
+    assert len(buffers) == fewest
     big = make_plan([(10,), (5000,), (10,)], 1, mode="fixed", buffer_bytes=4 * 100)
     assert [b.params for b in big] == [[2], [1], [0]]
+
+
+@pytest.mark.parametrize("servers", [2, 3, 4, 8])
+def test_fixed_mode_gives_every_server_as_many_buffers_of_about_the_same_size(servers):
+    # 40 tensors of 100 elements with a cap of 1,500: filling each buffer to the cap made 1,500, 1,500 and
+    # 1,000 elements, leaving a fourth server without a buffer and the others uneven.
+    shapes = [(100,)] * 40
+    buffers = make_plan(shapes, servers, mode="fixed", buffer_bytes=4 * 1500)
+    check_plan(buffers, shapes)
+    assert len(buffers) % servers == 0 and all(b.size <= 1500 for b in buffers)
+    load = [sum(b.size for b in buffers if b.server == s) for s in range(servers)]
+    assert max(load) - min(load) <= 100 * (len(buffers) // servers)     # whole tensors: one each at most
+    uneven = make_plan([(100,)] * 39 + [(3000,)], 2, mode="fixed", buffer_bytes=4 * 1500)
+    assert [b.params for b in uneven if b.size > 1500] == [[39]]     # the oversized tensor alone
+    assert len(uneven) % 2 == 0
 
 
 def test_fixed_mode_large_cap_is_one_buffer():

@@ -10,10 +10,14 @@ step, in this order and in the same process:
   pass     np.abs(flat), flat the whole model's gradient as one float32 numpy array (a new output,
            as the expression allocates it);
   encode   every buffer's SparseEncoder.message(grads, step, rank) as the worker's push calls it,
-           then mx.nd.waitall(): the copy of the gradient to the host, error feedback, momentum
-           correction, the per-tensor quota allocation, selection, index coding and the message.
-  host     the numpy part of `encode` alone (everything after the host copy), measured by timing
-           the encoders' host copy separately in the same step and subtracting it.
+           then mx.nd.waitall(): reading the gradient on the host, error feedback, momentum
+           correction, the per-tensor quota allocation, selection, index coding and the message;
+           of it, timed inside the same calls:
+  read     getting the gradient to numpy: encoders.host_views (no copy, fusion ahead) or
+           encoders.copy_to_host;
+  memory   Memory.accumulate and Memory.update: error feedback and momentum correction (and the
+           magnitudes, which accumulate writes in the same chunked pass);
+  select   the rest, encode - read - memory: threshold, candidates, quotas, top-k, message.
 The gradients are normal noise scaled per tensor by a log-uniform factor (10^-2..1, so tensors differ
 in scale as real gradients do), two sets alternated so that the memory sees a changing gradient.
 Reported: medians over the measured steps (after two warm-up steps) and the ratio encode / pass,
@@ -34,7 +38,9 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
 from scripts.results_io import write_csv, write_manifest, write_text
-from ssdsgd.compression.encoders import copy_to_host, make_encoders
+from ssdsgd.compression import encoders as encoders_module
+from ssdsgd.compression.encoders import make_encoders
+from ssdsgd.compression.memory import Memory
 from ssdsgd.config import load_config
 from ssdsgd.worker.models import build_model
 
@@ -75,10 +81,33 @@ def encode_step(buffers, encoders, grads, step):
     mx.nd.waitall()
 
 
-def host_copy(buffers, encoders, grads):
-    """The encoders' copy of one step's gradients to the host alone (encoders.copy_to_host)."""
-    for b, e in zip(buffers, encoders):
-        copy_to_host([grads[i] for i in b.params], e.host, b.offsets, b.sizes)
+class PartTimer:
+    """Wall and CPU seconds spent inside chosen functions, summed until reset: installed on the
+    module (encoders' host_views, copy_to_host) or class (Memory's methods) the encoder calls."""
+
+    def __init__(self):
+        self.spent = {}
+        self.saved = []
+
+    def wrap(self, owner, name, part):
+        original = getattr(owner, name)
+        self.saved.append((owner, name, original))
+
+        def timed_call(*args, **kwargs):
+            wall, cpu = time.perf_counter(), time.process_time()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                w, c = self.spent.get(part, (0.0, 0.0))
+                self.spent[part] = (w + time.perf_counter() - wall, c + time.process_time() - cpu)
+        setattr(owner, name, timed_call)
+
+    def take(self, part):
+        return self.spent.pop(part, (0.0, 0.0))
+
+    def restore(self):
+        for owner, name, original in reversed(self.saved):
+            setattr(owner, name, original)
 
 
 def bench_model(name, selection, steps, seed):
@@ -91,34 +120,46 @@ def bench_model(name, selection, steps, seed):
     sets = [fake_gradients(shapes, seed + i) for i in range(2)]
     flats = [np.concatenate([g.asnumpy().reshape(-1) for g in grads]) for grads in sets]
     scratch = np.empty_like(flats[0])
+    parts = PartTimer()
+    parts.wrap(encoders_module, "host_views", "read")
+    parts.wrap(encoders_module, "copy_to_host", "read")
+    parts.wrap(Memory, "accumulate", "memory")
+    parts.wrap(Memory, "update", "memory")
     rows = []
-    for step in range(steps + 2):
-        grads = sets[step % 2]
-        row = {"pass": timed(lambda: np.abs(flats[step % 2])),
-               "warm": timed(lambda: np.abs(flats[step % 2], out=scratch)),
-               "encode": timed(lambda: encode_step(buffers, encoders, grads, step)),
-               "copy": timed(lambda: host_copy(buffers, encoders, grads))}
-        if step >= 2:
-            rows.append(row)
+    try:
+        for step in range(steps + 2):
+            grads = sets[step % 2]
+            row = {"pass": timed(lambda: np.abs(flats[step % 2])),
+                   "warm": timed(lambda: np.abs(flats[step % 2], out=scratch)),
+                   "encode": timed(lambda: encode_step(buffers, encoders, grads, step))}
+            row["read"], row["memory"] = parts.take("read"), parts.take("memory")
+            row["select"] = tuple(e - r - m for e, r, m in zip(row["encode"], row["read"], row["memory"]))
+            if step >= 2:
+                rows.append(row)
+    finally:
+        parts.restore()
     med = {f"{k}_{clock}": statistics.median(r[k][i] for r in rows) for k in rows[0]
            for i, clock in enumerate(("wall", "cpu"))}
     return {"model": name, "selection": selection, "values": int(flats[0].size), "buffers": len(buffers),
             "sent": sum(b.topk_count for b in buffers), "steps": len(rows),
             **{f"{k}_ms": 1e3 * v for k, v in med.items()},
             **{f"ratio_{clock}": med[f"encode_{clock}"] / med[f"pass_{clock}"] for clock in ("wall", "cpu")},
+            **{f"ratio_select_{clock}": med[f"select_{clock}"] / med[f"pass_{clock}"] for clock in ("wall", "cpu")},
             **{f"ratio_warm_{clock}": med[f"encode_{clock}"] / med[f"warm_{clock}"] for clock in ("wall", "cpu")}}
 
 
 def table(rows, clock="cpu"):
     """Medians of one clock: cpu (the process's CPU time, what a shared machine distorts least) or wall."""
     lines = ["| model | values | buffers | selection | np.abs (ms) | np.abs, out= (ms) | encode (ms) "
-             "| of it host copy (ms) | encode / np.abs | encode / np.abs out= |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| of it read (ms) | memory (ms) | select (ms) | encode / np.abs | encode / np.abs out= "
+             "| select / np.abs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        ms = {k: r[f"{k}_{clock}_ms"] for k in ("pass", "warm", "encode", "copy")}
+        ms = {k: r[f"{k}_{clock}_ms"] for k in ("pass", "warm", "encode", "read", "memory", "select")}
         lines.append(f"| {r['model']} | {r['values']:,} | {r['buffers']} | {r['selection']} | {ms['pass']:.1f} "
-                     f"| {ms['warm']:.1f} | {ms['encode']:.1f} | {ms['copy']:.1f} "
-                     f"| {r[f'ratio_{clock}']:.2f} | {r[f'ratio_warm_{clock}']:.2f} |")
+                     f"| {ms['warm']:.1f} | {ms['encode']:.1f} | {ms['read']:.1f} | {ms['memory']:.1f} "
+                     f"| {ms['select']:.1f} | {r[f'ratio_{clock}']:.2f} | {r[f'ratio_warm_{clock}']:.2f} "
+                     f"| {r[f'ratio_select_{clock}']:.2f} |")
     return "\n".join(lines)
 
 

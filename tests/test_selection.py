@@ -11,7 +11,7 @@ import ssdsgd.compression.compressor as compressor
 from jobs import ROOT, processes_with, run_job
 from ssdsgd.compression.compressor import SampledThreshold, sampled_candidates, top_magnitudes
 from ssdsgd.compression.encoders import (allocate_by_threshold, allocate_from_candidates, copy_to_host,
-                                         make_encoders)
+                                         host_views, make_encoders)
 from ssdsgd.config import ConfigError, load_config
 
 TOPK_CONFIG = "configs/demo_digits_ssd_topk.yaml"
@@ -200,6 +200,52 @@ def test_copy_to_host_copies_each_gradient_into_its_slot_and_refuses_a_mismatch(
         copy_to_host(arrays[1:], out, [0], [3])
     with pytest.raises(ValueError, match="float64"):
         copy_to_host(arrays, out.astype(np.float64), [0, 7], [6, 2])
+
+
+def test_host_views_read_mxnets_memory_after_pending_writes_and_refuse_what_is_not_host_float32():
+    a = mx.nd.zeros((2, 3))
+    b = mx.nd.array([7.0, 8.0])
+    a += 5                                     # a pending write: the view must see it
+    views = host_views([a, b])
+    np.testing.assert_array_equal(views[0], np.full(6, 5.0, np.float32))
+    np.testing.assert_array_equal(views[1], [7.0, 8.0])
+    assert not views[0].flags.writeable        # the encoder never writes a gradient
+    b[:] = 9.0                                 # no copy: MXNet's next write shows through
+    b.wait_to_read()
+    np.testing.assert_array_equal(views[1], [9.0, 9.0])
+    assert host_views([a, mx.nd.array([1, 2], dtype=np.float16)]) is None     # copied instead
+
+
+@pytest.mark.parametrize("overrides", [[], ["compression.fp16_values=true", "compression.min_dense_bytes=4096"],
+                                       ["compression.error_feedback=false"]], ids=["shipped", "whole_fp16", "no_ef"])
+def test_encoders_reading_mxnets_memory_send_what_encoders_reading_a_copy_send(overrides, monkeypatch):
+    """Fusion ahead reads the gradients in place (host_views); with the views refused it copies them
+    (copy_to_host): the same messages and the same memory, step after step, and the gradients untouched."""
+    import ssdsgd.compression.encoders as encoders_module
+    shapes = _digits_shapes()
+    cfg = load_config(os.path.join(ROOT, TOPK_CONFIG), ["compression.buffers=one", "compression.density=0.05",
+                                                        *overrides])
+    viewing = make_encoders(shapes, 1, cfg.compression, 0, momentum=0.9, seed=3)
+    copying = make_encoders(shapes, 1, cfg.compression, 0, momentum=0.9, seed=3)
+    rng = np.random.default_rng(4)
+    for step in range(4):
+        grads = [mx.nd.array(untied(rng, int(np.prod(s))).reshape(s)) for s in shapes]
+        before = [g.asnumpy() for g in grads]
+        msgs = []
+        for (buffers, encs), views in ((viewing, True), (copying, False)):
+            with monkeypatch.context() as m:
+                if not views:
+                    m.setattr(encoders_module, "host_views", lambda arrays: None)
+                msgs.append([e.message([grads[i] for i in b.params], step, 0).asnumpy()
+                             for b, e in zip(buffers, encs)])
+        for viewed, copied in zip(*msgs):
+            np.testing.assert_array_equal(viewed, copied)
+        for g, was in zip(grads, before):
+            np.testing.assert_array_equal(g.asnumpy(), was)
+    assert viewing[1][0].host is None and copying[1][0].host is not None    # each took its own path
+    memories = [encs[0].memory.state_dict() for _, encs in (viewing, copying)]
+    for name in memories[0]:
+        np.testing.assert_array_equal(memories[0][name], memories[1][name])
 
 
 def test_selection_config_defaults_and_refusal():

@@ -106,6 +106,11 @@ def test_script_in_the_working_directory_runs_as_stock(work):
     """`launch.py -n 1 -s 1 runme.sh`: the worker and the server run ./runme.sh under both; stock's scheduler
     fails with "command not found" (exit 0 all the same), ours runs it too."""
     rc, out = _launch(STOCK, ["-n", "1", "-s", "1", "--launcher", "local", "runme.sh"], work)
+    # Stock's tracker waits for its scheduler only: when that fails at once, it can exit before its worker
+    # and server (left running) have written their records.
+    deadline = time.time() + 20
+    while len(glob.glob(os.path.join(str(work), "role.*.json"))) < 2 and time.time() < deadline:
+        time.sleep(0.1)
     stock = _roles_seen(work)
     assert rc == 0, out
     assert "runme.sh: command not found" in out

@@ -13,9 +13,10 @@ range and rounded before error feedback, so the residual keeps what the wire for
 With a compression.warmup, make_stages builds one set of encoders per density stage; they share
 the error-feedback memory, so switching stage loses nothing.
 A dense buffer stays in mx.nd operations (the engine overlaps them with the rest of backward). A
-sparse buffer's gradient is copied to the host once per step and encoded with numpy: the quota
-allocation needs every magnitude on the host anyway, and per ResNet-20 step the mx.nd version (a
-sorting topk and a dozen small ops per tensor) took three times the CPU, on the critical path.
+sparse buffer's gradient is encoded with numpy: the quota allocation needs every magnitude on the
+host anyway, and per ResNet-20 step the mx.nd version (a sorting topk and a dozen small ops per
+tensor) took three times the CPU, on the critical path. With fusion ahead a gradient on the host is
+read where MXNet keeps it (host_views, no copy); otherwise it is copied into one host array.
 """
 import ctypes
 import time

@@ -73,20 +73,15 @@ class SparseEncoder:
     def encode(self, grads, step):
         """The payload, as a float32 NDArray (codec.encode_sparse)."""
         b = self.buffer
-        # Fusion ahead reads tensor by tensor: MXNet's own memory where it is on the host.
-        pieces = None if self.behind else host_views(grads)
-        flat = self._to_host(grads) if pieces is None else None
-        if pieces is None:
-            pieces = [flat[off:off + n] for off, n in zip(self.offsets, b.sizes)]
-        elif self.mag is None:
-            self._allocate_host()
         rng = step_rng(self.seed, -1 - b.id, step) if self.sampled else None
         if self.behind:
+            flat = self._to_host(grads)           # fusion behind: the whole buffer as one array
             acc = self.memory.accumulate(-1 - b.id, flat, self.mag if self.by_magnitude else None)
             idx = top_magnitudes(self.mag, b.topk_count, rng) if self.by_magnitude else None
             idx, val = self._select(acc, b.topk_count, -1 - b.id, step, idx=idx)
         else:
             allocate = self.allocate_every and step % self.allocate_every == 0
+            pieces = self._host_pieces(grads)
             # The magnitudes are needed for a sampled search: written as the memory accumulates.
             mag = self.mag if self.sampled and (allocate or self.by_magnitude) else None
             accs = [self.memory.accumulate(b.params[j], piece,
@@ -110,12 +105,23 @@ class SparseEncoder:
         array per step costs its page faults: at ResNet-50's size, more than the copy)."""
         b = self.buffer
         if self.host is None:
-            self._allocate_host()
+            self._allocate_magnitudes()
             self.host = np.empty(b.size, np.float32)
         copy_to_host(grads, self.host, self.offsets, b.sizes)
         return self.host
 
-    def _allocate_host(self):
+    def _host_pieces(self, grads):
+        """Fusion ahead: each tensor's gradient on the host, MXNet's own memory where it is a float32
+        host array (host_views), else a slice of the buffer's host copy."""
+        views = host_views(grads)
+        if views is None:
+            flat = self._to_host(grads)
+            return [flat[off:off + n] for off, n in zip(self.offsets, self.buffer.sizes)]
+        if self.mag is None:
+            self._allocate_magnitudes()
+        return views
+
+    def _allocate_magnitudes(self):
         """The buffer's magnitudes array, reused every step."""
         b = self.buffer
         self.mag = np.empty(b.size, np.float32)

@@ -233,3 +233,30 @@ def test_two_servers_each_serve_a_buffer_and_apply_every_round(tmp_path):
         buffers.update({int(b): (int(keys), int(rounds)) for b, keys, rounds in held})
     assert buffers == {0: (5, steps), 1: (5, steps)}
     assert processes_with(job.marker) == []
+
+
+RESNET20 = "configs/bench_cifar_resnet20.yaml"
+
+
+@pytest.mark.timeout(300)
+def test_resnet20_on_four_servers_places_whole_tensors_and_ends_with_the_one_server_model(tmp_path):
+    """compression.buffers: one on 4 servers gives ResNet-20 buffers of whole tensors placed largest
+    first (its consecutive split would leave a server 15% off the mean), so each buffer holds tensors
+    from all over the model. Strict SSD-SGD + top-k with per-tensor quotas by size (the messages do not
+    depend on how tensors are grouped) then ends with the global model of a 1-server run."""
+    common = ["algorithm.type=ssd", "algorithm.strict=true", "algorithm.warmup_iters=2", "algorithm.delay=2",
+              "compression.type=topk", "compression.allocation=size", "compression.buffers=one",
+              "train.max_steps=6", "train.batch_size=4", "data.synthetic_samples=64", "log.every_steps=3"]
+    models = {}
+    for servers in (1, 4):
+        job = run_job(tmp_path, RESNET20, *common, f"cluster.servers={servers}", name=f"s{servers}", timeout=140)
+        assert job.rc == 0, job.output
+        assert processes_with(job.marker) == []
+        summary = job.summary()
+        assert summary["steps"] == 6 and summary["num_servers"] == servers
+        models[servers] = load_params(summary["checkpoint"])
+        sizes = summary["client"]["buffer_sizes"]
+    assert len(sizes) == 4 and max(abs(4 * n - sum(sizes)) for n in sizes) <= 0.1 * sum(sizes)   # consecutive: 15%
+    assert models[1].keys() == models[4].keys()
+    for k in models[1]:
+        np.testing.assert_allclose(models[4][k], models[1][k], rtol=1e-5, atol=1e-6, err_msg=k)

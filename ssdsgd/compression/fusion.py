@@ -127,6 +127,45 @@ def group_even(sizes_backward, parts, max_elements=None):
     return groups[::-1]
 
 
+def group_balanced(sizes_backward, parts):
+    """`parts` groups of whole tensors (positions in backward order), not necessarily consecutive: the
+    largest tensor first (ties: the earlier position) into the group with the fewest elements so far
+    (ties: the earlier group). Each group lists its positions in order; the groups are ordered by when
+    they become ready in backward, their last position. Integers only: every worker makes this plan."""
+    parts = max(1, min(parts, len(sizes_backward)))
+    groups, load = [[] for _ in range(parts)], [0] * parts
+    for pos in sorted(range(len(sizes_backward)), key=lambda p: (-sizes_backward[p], p)):
+        g = min(range(parts), key=lambda i: (load[i], i))
+        groups[g].append(pos)
+        load[g] += sizes_backward[pos]
+    return sorted((sorted(g) for g in groups if g), key=lambda g: g[-1])
+
+
+def largest_deviation(sizes_backward, groups):
+    """The largest |group's elements - mean| over the groups, as a share of the mean."""
+    sums = [sum(sizes_backward[p] for p in g) for g in groups]
+    total = sum(sums)
+    return max(abs(len(sums) * x - total) for x in sums) / total if total else 0.0
+
+
+# compression.buffers: one keeps consecutive tensors together (a buffer can then be sent as soon as its part
+# of backward is done) unless that leaves a server more than this share off the mean size and assigning whole
+# tensors largest first (group_balanced) does not. ResNet-20 on 4 servers: 15% off consecutively, 8% so (it
+# cannot do better: 5 of its tensors are 54% of a server's share each); ResNet-50 on 4: 3% consecutively.
+CONSECUTIVE_TOLERANCE = 0.10
+
+
+def group_one_per_server(sizes_backward, num_servers):
+    """compression.buffers: one's groups: group_even's consecutive split, or group_balanced's where only
+    that one is within CONSECUTIVE_TOLERANCE of the mean."""
+    groups = group_even(sizes_backward, num_servers)
+    if largest_deviation(sizes_backward, groups) > CONSECUTIVE_TOLERANCE:
+        balanced = group_balanced(sizes_backward, num_servers)
+        if largest_deviation(sizes_backward, balanced) <= CONSECUTIVE_TOLERANCE:
+            return balanced
+    return groups
+
+
 class KeyAllocator:
     """Fresh keys, each one placed on a chosen server by MXNet's key hash."""
 
@@ -208,7 +247,7 @@ def make_plan(shapes, num_servers, *, mode="one", buffer_bytes=4 << 20, counts=N
               groups=None, fp16=False, index_coding="list"):
     """shapes: parameter shapes in forward order. counts: values sent per parameter (None = dense).
 
-    mode 'one': one buffer per server (the whole model when S = 1); 'fixed': buffers of at most
+    mode 'one': one buffer per server (the whole model when S = 1; group_one_per_server); 'fixed': at most
     buffer_bytes of parameters, a multiple of S of them, evenly sized; or explicit `groups` of
     positions in backward order (cost model).
     Returns a list of Buffer in the order they become ready.
@@ -221,7 +260,7 @@ def make_plan(shapes, num_servers, *, mode="one", buffer_bytes=4 << 20, counts=N
     cap = min(max_elements, max(1, buffer_bytes // 4))
     if groups is None:
         if mode == "one":
-            groups = group_even(sizes_bwd, num_servers)
+            groups = group_one_per_server(sizes_bwd, num_servers)
         elif mode == "fixed":
             groups = group_fixed(sizes_bwd, cap, num_servers)
         else:

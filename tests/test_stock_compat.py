@@ -43,6 +43,15 @@ def _launch(launcher, args, cwd, timeout=120):
     return proc.returncode, proc.stdout
 
 
+def _stock_roles_seen(cwd, roles):
+    """_roles_seen after stock's launcher, once `roles` records are there (at most 20 s): stock's tracker
+    waits for its scheduler only, so it can exit before its worker and server have written theirs."""
+    deadline = time.time() + 20
+    while len(glob.glob(os.path.join(str(cwd), "role.*.json"))) < roles and time.time() < deadline:
+        time.sleep(0.1)
+    return _roles_seen(cwd)
+
+
 def _roles_seen(cwd):
     """[(DMLC_ROLE, FOO, cwd)] of every role that ran role_env.py in cwd, sorted; the files removed."""
     seen = []
@@ -73,7 +82,7 @@ def test_inline_assignment_runs_through_the_shell_as_stock(work):
     working directory, with stock's DMLC_* variables (ours a superset: DMLC_TASK_ID for the scheduler too)."""
     args = ["-n", "1", "-s", "1", "FOO=inline", "python", "role_env.py"]
     rc, out = _launch(STOCK, ["--launcher", "local", *args], work)
-    stock = _roles_seen(work)
+    stock = _stock_roles_seen(work, 3)
     assert rc == 0, out
     rc, out = _launch(LAUNCH, args, work)
     ours = _roles_seen(work)
@@ -92,7 +101,7 @@ def test_p3_sets_what_stock_sets(work):
     args = ["-n", "1", "-s", "1", "--p3", "python", "role_env.py"]
     rc, out = _launch(STOCK, ["--launcher", "local", *args], work)
     assert rc == 0, out
-    stock = _roles_seen(work)
+    stock = _stock_roles_seen(work, 3)
     rc, out = _launch(LAUNCH, args, work)
     assert rc == 0, out
     ours = _roles_seen(work)
@@ -106,12 +115,7 @@ def test_script_in_the_working_directory_runs_as_stock(work):
     """`launch.py -n 1 -s 1 runme.sh`: the worker and the server run ./runme.sh under both; stock's scheduler
     fails with "command not found" (exit 0 all the same), ours runs it too."""
     rc, out = _launch(STOCK, ["-n", "1", "-s", "1", "--launcher", "local", "runme.sh"], work)
-    # Stock's tracker waits for its scheduler only: when that fails at once, it can exit before its worker
-    # and server (left running) have written their records.
-    deadline = time.time() + 20
-    while len(glob.glob(os.path.join(str(work), "role.*.json"))) < 2 and time.time() < deadline:
-        time.sleep(0.1)
-    stock = _roles_seen(work)
+    stock = _stock_roles_seen(work, 2)             # its scheduler fails at once: the worker and the server
     assert rc == 0, out
     assert "runme.sh: command not found" in out
     assert _summary(stock) == [("server", None, str(work)), ("worker", None, str(work))]

@@ -2,7 +2,7 @@
 (`--suite digits`) or on Fashion-MNIST with ResNet-20 (`--suite fmnist`); `--suite defaults` runs a
 config that leaves every setting at the schema's default beside the one that writes them out;
 `--suite selection` the shipped Fashion-MNIST top-k config with exact and with sampled selection;
-`--suite scale` SSGD and SSD-SGD + top-k 1% (exact and compressed downlink) at 8, 4 and 2 workers
+`--suite scale` SSGD, SSD-SGD and SSD-SGD + top-k 1% (exact and compressed downlink) at 8, 4 and 2 workers
 with the 2-worker configs' global batch, `--suite scale_fixed_batch` SSGD, SSD-SGD and SSD-SGD + top-k
 1% at 8 and 4 workers with the configs' per-worker batch and the linear learning-rate rule; `--suite
 budget` the shipped top-k settings and candidate changes to them against SSGD, for other budgets and
@@ -124,13 +124,14 @@ def _same_global_batch(workers, global_batch=256):
             f"algorithm.local.lr_scale={float(workers)}"]
 
 
-# Past two workers (issue 36): SSGD, SSD-SGD + top-k 1% with the exact and the compressed downlink, at
+# Past two workers (issue 36): SSGD, SSD-SGD, SSD-SGD + top-k 1% with the exact and the compressed downlink, at
 # N = 8, 4 and 2 workers (largest first: the runs that matter most finish first).
 SCALE = {}
 for _n in (8, 4, 2):
     _sets = _same_global_batch(_n)
     SCALE.update({
         f"N={_n} SSGD": (F_SSGD, _sets[:2]),                  # no local update: no local lr
+        f"N={_n} SSD-SGD": (F_SSD, _sets),                    # no compression: what the delay stage costs
         f"N={_n} SSD-SGD + top-k 1%, exact downlink": (F_TOPK, _sets + ["compression.downlink=sparse"]),
         f"N={_n} SSD-SGD + top-k 1%, compressed downlink": (F_TOPK, _sets + ["compression.downlink=compressed"]),
         f"N={_n} SSD-SGD + top-k 1%, exact downlink, rescaled": (

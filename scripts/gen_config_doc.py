@@ -73,8 +73,6 @@ NOTES = {
                                "instead of 8",
     "compression.fusion": "ahead: sparsify each tensor, then fuse the pieces (SAFusion); behind: fuse, then one "
                           "top-k per buffer",
-    "compression.buffers": "one buffer per server, buffers of at most buffer_bytes (as many on every server, "
-                           "evenly sized), or a cost model measured at job start",
     "compression.buffer_bytes": "buffers: fixed: at most this many bytes of parameters per buffer (a larger "
                                 "tensor alone)",
     "checkpoint.dir": "folder of the checkpoints (epoch-<E>/); null: no checkpoints",

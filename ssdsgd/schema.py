@@ -249,7 +249,12 @@ SCHEMA = {
                                 "accumulated gradient every allocate_every steps (same total per buffer); "
                                 "auto: gradient with a sparsifier and fusion ahead, size otherwise"),
         "allocate_every": Field(int, 1, min=1, doc="steps between re-allocations (allocation: gradient)"),
-        "buffers": Field(str, "one", choices=("one", "fixed", "cost_model")),
+        "buffers": Field(str, "one", choices=("one", "consecutive", "fixed", "cost_model"),
+                         doc="one: a buffer per server, consecutive tensors unless only placing whole tensors "
+                             "by size brings every server within 10% of the mean size; consecutive: a buffer "
+                             "per server, always consecutive tensors (each ready as backward reaches it, as "
+                             "`one` split before); fixed: buffers of at most buffer_bytes (as many on every "
+                             "server, evenly sized); cost_model: planned from link costs measured at job start"),
         "buffer_bytes": Field(int, 4 << 20, min=1024),
         "threshold": Field(float, 0.5, gt=0, doc="2bit threshold"),
         "warmup": ListField([], item=float, max=1,

@@ -657,6 +657,8 @@ def test_mode_one_splits_resnet20_consecutively_unless_only_whole_tensor_placeme
         assert b.sizes == [numel(shapes[i]) for i in b.params]
         assert b.offsets == [int(x) for x in np.concatenate([[0], np.cumsum(b.sizes)[:-1]])]
     assert [x.to_dict() for x in make_plan(list(shapes), servers, mode="one")] == [x.to_dict() for x in buffers]
+    kept = make_plan(shapes, servers, mode="consecutive")       # always the consecutive split
+    assert [[len(shapes) - 1 - i for i in b.params] for b in kept] == group_even(sizes_bwd, servers)
 
 
 def test_mode_one_plan_is_recomputed_identically():

@@ -247,7 +247,8 @@ def make_plan(shapes, num_servers, *, mode="one", buffer_bytes=4 << 20, counts=N
               groups=None, fp16=False, index_coding="list"):
     """shapes: parameter shapes in forward order. counts: values sent per parameter (None = dense).
 
-    mode 'one': one buffer per server (the whole model when S = 1; group_one_per_server); 'fixed': at most
+    mode 'one': one buffer per server (the whole model when S = 1; group_one_per_server); 'consecutive':
+    one buffer per server, always group_even's consecutive split (how 'one' split before); 'fixed': at most
     buffer_bytes of parameters, a multiple of S of them, evenly sized; or explicit `groups` of
     positions in backward order (cost model).
     Returns a list of Buffer in the order they become ready.
@@ -261,6 +262,8 @@ def make_plan(shapes, num_servers, *, mode="one", buffer_bytes=4 << 20, counts=N
     if groups is None:
         if mode == "one":
             groups = group_one_per_server(sizes_bwd, num_servers)
+        elif mode == "consecutive":
+            groups = group_even(sizes_bwd, num_servers)
         elif mode == "fixed":
             groups = group_fixed(sizes_bwd, cap, num_servers)
         else:

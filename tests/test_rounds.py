@@ -590,12 +590,6 @@ def test_mode_one_one_buffer_per_server_when_first_layer_is_largest():
     assert sorted(b.server for b in buffers) == [0, 1]
 
 
-def _max_deviation(sizes, groups):
-    sums = [sum(sizes[p] for p in g) for g in groups]
-    mean = sum(sums) / len(sums)
-    return max(abs(x - mean) for x in sums) / mean
-
-
 def test_group_even_is_the_most_even_contiguous_split():
     """Against every contiguous split of small random inputs: the same largest deviation from the mean,
     every tensor once, in order, no empty group, min(parts, tensors) groups."""
@@ -606,9 +600,9 @@ def test_group_even_is_the_most_even_contiguous_split():
         groups = group_even(sizes, parts)
         want = min(parts, n)
         assert len(groups) == want and all(groups) and [p for g in groups for p in g] == list(range(n))
-        best = min(_max_deviation(sizes, [list(range(a, b)) for a, b in zip((0,) + c, c + (n,))])
+        best = min(largest_deviation(sizes, [list(range(a, b)) for a, b in zip((0,) + c, c + (n,))])
                    for c in itertools.combinations(range(1, n), want - 1))
-        assert _max_deviation(sizes, groups) == pytest.approx(best), (sizes, parts, groups)
+        assert largest_deviation(sizes, groups) == pytest.approx(best), (sizes, parts, groups)
 
 
 def test_group_even_does_not_overshoot_the_even_share():

@@ -73,6 +73,8 @@ class SparseEncoder:
     def encode(self, grads, step):
         """The payload, as a float32 NDArray (codec.encode_sparse)."""
         b = self.buffer
+        if self.mag is None:
+            self._allocate_magnitudes()
         rng = step_rng(self.seed, -1 - b.id, step) if self.sampled else None
         if self.behind:
             flat = self._to_host(grads)           # fusion behind: the whole buffer as one array
@@ -105,7 +107,6 @@ class SparseEncoder:
         array per step costs its page faults: at ResNet-50's size, more than the copy)."""
         b = self.buffer
         if self.host is None:
-            self._allocate_magnitudes()
             self.host = np.empty(b.size, np.float32)
         copy_to_host(grads, self.host, self.offsets, b.sizes)
         return self.host
@@ -117,8 +118,6 @@ class SparseEncoder:
         if views is None:
             flat = self._to_host(grads)
             return [flat[off:off + n] for off, n in zip(self.offsets, self.buffer.sizes)]
-        if self.mag is None:
-            self._allocate_magnitudes()
         return views
 
     def _allocate_magnitudes(self):

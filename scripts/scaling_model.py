@@ -21,16 +21,27 @@ segments coming back. Per layout (N workers, S servers, one link per host at `ra
                     / (cores * (1 - the run's other_cpu_share)) for SSD-SGD; SSGD's compute phase
                     shares them among the workers (its servers work after it, while the workers wait)
 
-Measured inputs (none fitted to the runs validated, except `overlap`): the single worker's compute time
-and CPU (bench_network's compute_bound rows), the server's CPU per byte (the same rows: server CPU per
-step less its round, per byte on its link), the server's CPU per round per value
-(results/bench_server/fits.csv), the worker's encode per step (results/bench_selection/bench.csv).
-Projections replace the compute with published GPU step times (PUBLISHED, cited) and assume the
-hosts' network stacks keep up with the link (no CPU per byte).
+  CPU per message    the round-based roles' CPU grows with the messages they exchange (a push, clock
+                    polls and a pull per worker and server every step), which the per-value and per-byte
+                    costs miss: all servers' CPU per step gains server_per_worker * N + server_per_pair * N * S,
+                    and on a shared machine each worker's CPU per step is (1 + worker_per_process * (N + S))
+                    times the lone worker's (the roles share caches and the scheduler's time slices)
+
+Measured inputs: the single worker's compute time and CPU (bench_network's compute_bound rows, pooled over
+the runs files measured on the same machine with the same config: one compute-bound run varies by about
+13% between runs), the server's CPU per byte (the same rows: server CPU per step less its round, per byte
+on its link), the server's CPU per round per value (results/bench_server/fits.csv), the worker's encode
+per step (results/bench_selection/bench.csv). Fitted: `overlap` (its rows are marked in-sample) and the
+three CPU-per-message terms, by least squares on the round-based runs' measured CPU per step; each runs
+file is validated with the terms fitted on the other files only (leave one file out), so no validated
+row is fitted on itself (with one runs file only, its rows are marked in-sample).
+Projections replace the compute with published GPU step times (PUBLISHED, cited), assume the hosts'
+network stacks keep up with the link (no CPU per byte) and keep the servers' CPU per message fitted on
+all the runs given (none without runs: `project` alone).
 
 Usage:
   python scripts/scaling_model.py validate bench_results/hosts_steps60_v2/runs.csv [more runs.csv ...]
-  python scripts/scaling_model.py project
+  python scripts/scaling_model.py project [runs.csv ...]   # the runs fit the servers' CPU per message
   python scripts/scaling_model.py all bench_results/hosts_steps60_v2/runs.csv   # both; what the folder holds
 Options: --out DIR (default results/scaling_model), --config / --set (the base config and overrides the
 benchmark ran with; default: read from the manifest.json next to each runs.csv, else bench_network's),
@@ -312,7 +323,40 @@ def layout(cfg, workers, servers, rate, measured, kind=None):
     lay = dict(kind=kind, workers=workers, servers=servers, rate=rate, bytes=b, extra=extra,
                servers_used=servers, **measured)
     lay["server"] = 0.0 if kind == "ring" else server_seconds(cfg, b, measured["per_byte"])
-    return lay
+    return with_message_cpu(lay, measured.get("terms"))
+
+
+def with_message_cpu(lay, terms):
+    """`lay` with the round-based roles' CPU per message (fit_message_cpu's terms; None: unchanged)."""
+    if not terms or lay["kind"] != "ssd":
+        return lay
+    n, s = lay["workers"], lay["servers"]
+    # each worker's messages reach every server: the busiest server's share is the mean
+    server = (terms["server_per_worker"] * n + terms["server_per_pair"] * n * s) / s
+    grow = 1.0 + terms["worker_per_process"] * (n + s) if lay.get("cores") else 1.0
+    return dict(lay, server=lay["server"] + server, cpu_w=lay["cpu_w"] * grow, extra=lay["extra"] * grow)
+
+
+def fit_message_cpu(samples):
+    """The CPU-per-message terms, least squares over `samples` (lay without the terms, measured CPU per
+    step of all servers, measured CPU per step of a worker) of round-based runs on a shared machine; None
+    without samples. Terms that come out negative are set to 0 (CPU cannot shrink with messages)."""
+    import numpy as np
+    if not samples:
+        return None
+    x = np.array([[lay["workers"], lay["workers"] * lay["servers"]] for lay, _, _ in samples], float)
+    y = np.array([servers - lay["server"] * lay["servers_used"] for lay, servers, _ in samples])
+    (per_worker, per_pair), *_ = np.linalg.lstsq(x, y, rcond=None)
+    procs = [lay["workers"] + lay["servers"] for lay, _, _ in samples]
+    grow = [worker / (lay["cpu_w"] + lay["extra"]) - 1.0 for lay, _, worker in samples]
+    per_process = sum(g * p for g, p in zip(grow, procs)) / sum(p * p for p in procs)
+    return dict(server_per_worker=max(0.0, float(per_worker)), server_per_pair=max(0.0, float(per_pair)),
+                worker_per_process=max(0.0, per_process))
+
+
+def describe_terms(terms):
+    return (f"servers {terms['server_per_worker'] * 1e3:.2f} ms per worker + {terms['server_per_pair'] * 1e3:.2f} "
+            f"ms per worker and server, workers +{terms['worker_per_process'] * 100:.2f}% per process")
 
 
 def step(lay, overlap):
@@ -390,7 +434,8 @@ def predict_row(row, cfg, measured, overlap, cores):
     n, s = int(_num(row["num_workers"])), int(_num(row.get("num_servers"), 1))
     rate = _num(row["rate_mbit"], 0.0) * 1e6 / 8
     free = cores * (1.0 - _num(row.get("other_cpu_share"), 0.0))
-    m = dict(t_c=measured["t_c"], cpu_w=measured["cpu_w"], per_byte=measured["per_byte"], cores=free, latency=0.0)
+    m = dict(t_c=measured["t_c"], cpu_w=measured["cpu_w"], per_byte=measured["per_byte"], cores=free, latency=0.0,
+             terms=measured.get("terms"))
     lay = layout(cfg, n, s, rate, m)
     t, limit = step(lay, overlap)
     b = lay["bytes"]
@@ -410,13 +455,35 @@ def predict_row(row, cfg, measured, overlap, cores):
 
 
 def runs_of(path, args):
-    """(rows, config, sets, measured compute) of one runs.csv."""
+    """(rows, config, sets, measured compute) of one runs.csv; the compute-bound rows are --compute-bound's,
+    else those of every runs file given (args.pool) measured on the same machine with the same config."""
     rows = _read_csv(path, NEEDED)
     config, sets = bench_setup(path, args)
     args.configs_used = sorted(set(getattr(args, "configs_used", [])) | {config})
-    cb_path = args.compute_bound or path
-    cb_rows = rows if cb_path == path else _read_csv(cb_path, NEEDED)
-    return rows, config, sets, measured_compute(cb_rows, cb_path, config, sets)
+    if args.compute_bound:
+        return rows, config, sets, measured_compute(_read_csv(args.compute_bound, NEEDED), args.compute_bound,
+                                                    config, sets)
+    key = _pool_key(path, config, sets)
+    same = os.path.abspath
+    pool = [p for p in dict.fromkeys(map(same, [path, *getattr(args, "pool", [])]))
+            if p == same(path) or _pool_key(p, *bench_setup(p, args)) == key]
+    cb_rows = [r for p in pool for r in (rows if p == same(path) else _read_csv(p, NEEDED))]
+    measured = measured_compute(cb_rows, path, config, sets)
+    return rows, config, sets, dict(measured, files=len(pool))
+
+
+def _pool_key(path, config, sets):
+    """What must match for two runs files to share their compute-bound runs: the machine (the manifest
+    next to each; none: not shared), the base config and the overrides other than the cluster's size (the
+    compute-bound job is always 1 worker and 1 server)."""
+    manifest = os.path.join(os.path.dirname(os.path.abspath(path)), "manifest.json")
+    machine = None
+    if os.path.isfile(manifest):
+        with open(manifest) as f:
+            machine = json.load(f).get("machine")
+    own = None if machine else os.path.abspath(path)
+    kept = tuple(sorted(x for x in sets if not x.startswith("cluster.")))
+    return own, json.dumps(machine, sort_keys=True), config, kept
 
 
 def _hosts_ok(rows):
@@ -466,33 +533,86 @@ def _key(path, r):
             _num(r["rate_mbit"], 0.0))
 
 
+def _modelled(r):
+    """(topology, N, S) of a measured row."""
+    return r.get("topology") or "loopback", int(_num(r["num_workers"])), int(_num(r.get("num_servers"), 1))
+
+
+def message_samples(rows, config, sets, measured, cores):
+    """fit_message_cpu's samples of one runs file: its ok round-based runs on per-host links with both
+    CPU figures, each with the model's layout without the CPU-per-message terms."""
+    out = []
+    for r in _hosts_ok(rows):
+        _, n, s = _modelled(r)
+        cfg = algorithm_config(r["algorithm"], n, s, config, sets)
+        servers, worker = (_num(r.get(f"steady_{role}_cpu_seconds_per_step")) for role in ("server", "worker"))
+        if cfg is None or not (servers and worker):
+            continue
+        m = dict(t_c=measured["t_c"], cpu_w=measured["cpu_w"], per_byte=measured["per_byte"], cores=cores,
+                 latency=0.0)
+        lay = layout(cfg, n, s, 0.0, m)
+        if lay["kind"] == "ssd":
+            out.append((lay, servers, worker))
+    return out
+
+
+def fit_per_file(files, cores):
+    """{path: (terms, in-sample)}: each runs file's CPU-per-message terms fitted on the other files' runs
+    (leave one file out); on its own runs, in-sample, when no other file has any. And the fit on all."""
+    samples = {path: message_samples(rows, config, sets, measured, cores)
+               for path, rows, config, sets, measured in files}
+    every = [x for xs in samples.values() for x in xs]
+    fits = {}
+    for path in samples:
+        others = fit_message_cpu([x for p, xs in samples.items() if p != path for x in xs])
+        own = None if others else fit_message_cpu(samples[path])
+        fits[path] = (others, False) if others else (own, own is not None)
+    return fits, fit_message_cpu(every)
+
+
 def validate(paths, args, overlap, in_sample):
     """One row per measured layout (runs.csv, algorithm, N, S, rate): medians over its repeats of the
-    measured and the predicted figures, and the error. Rows the model does not cover are listed with why."""
+    measured and the predicted figures, and the error. Rows the model does not cover are listed with why.
+    Returns (rows, notes, the CPU-per-message terms fitted on every file, a line describing the fits)."""
+    files = [(path, *runs_of(path, args)) for path in paths]
+    fits, every = fit_per_file(files, args.cores)
     groups, skipped = {}, {}
-    for path in paths:
-        rows, config, sets, measured = runs_of(path, args)
+    for path, rows, config, sets, measured in files:
+        terms, own = fits[path]
         print(f"{path}: {len(rows)} rows; compute of one worker {measured['t_c'] * 1e3:.1f} ms/step "
               f"(CPU {measured['cpu_w'] * 1e3:.1f} ms), server CPU {measured['per_byte'] * 1e9:.2f} ns per link "
-              f"byte, from {measured['runs']} compute-bound run(s)", flush=True)
+              f"byte, from {measured['runs']} compute-bound run(s) in {measured['files']} runs file(s); "
+              f"CPU per message: {describe_terms(terms) if terms else 'none fitted'}", flush=True)
         for r in rows:
             if r["status"] != "ok" or r["algorithm"] == COMPUTE_BOUND:
                 continue
-            topology = r.get("topology") or "loopback"
-            n, s = int(_num(r["num_workers"])), int(_num(r.get("num_servers"), 1))
+            topology, n, s = _modelled(r)
             cfg = algorithm_config(r["algorithm"], n, s, config, sets) if topology == "hosts" else None
             if cfg is None:
                 why = ("the loopback topology (every role on one shared link; runs of earlier code and configs)"
                        if topology != "hosts" else "an algorithm key this checkout's bench_network does not know")
                 skipped.setdefault((_show(path), why), set()).add(r["algorithm"])
                 continue
-            p = predict_row(r, cfg, measured, overlap, args.cores)
+            p = predict_row(r, cfg, dict(measured, terms=terms), overlap, args.cores)
             g = groups.setdefault(_key(path, r), dict(rows=[], predicted=[], in_sample=False))
             g["rows"].append(r)
             g["predicted"].append(p)
-            g["in_sample"] |= _key(path, r) + (r["repeat"],) in in_sample
+            g["in_sample"] |= _key(path, r) + (r["repeat"],) in in_sample or (own and p["lay"]["kind"] == "ssd")
     notes = [f"{path}: {', '.join(sorted(algs))}: {why}" for (path, why), algs in skipped.items()]
-    return [_layout_row(k, g) for k, g in groups.items()], notes
+    return [_layout_row(k, g) for k, g in groups.items()], notes, every, _fits_note(fits, every)
+
+
+def _fits_note(fits, every):
+    """One line on the CPU-per-message terms: their range over the leave-one-file-out fits, and on all."""
+    terms = [t for t, _ in fits.values() if t]
+    if not terms:
+        return "CPU per message: not fitted (no round-based run with its CPU measured)"
+    span = {k: (min(t[k] for t in terms), max(t[k] for t in terms)) for k in terms[0]}
+    scale = dict(server_per_worker=(1e3, " ms"), server_per_pair=(1e3, " ms"), worker_per_process=(100, "%"))
+    ranges = ", ".join(f"{k} {lo * scale[k][0]:.2f}-{hi * scale[k][0]:.2f}{scale[k][1]}"
+                       for k, (lo, hi) in span.items())
+    return (f"CPU per message, fitted on the other runs files for each file (leave one file out): {ranges}; "
+            f"fitted on all: {describe_terms(every)}")
 
 
 def _layout_row(key, g):
@@ -543,10 +663,11 @@ def projection_config(model, sets, workers, servers):
     return cfg
 
 
-def project_point(model, workers, servers, gbit, overlap):
-    """Images/s and what limits, per variant, of one projected layout."""
+def project_point(model, workers, servers, gbit, overlap, terms=None):
+    """Images/s and what limits, per variant, of one projected layout (terms: the servers' CPU per message)."""
     pub = PUBLISHED[model]
-    measured = dict(t_c=pub["step_seconds"], cpu_w=pub["step_seconds"], per_byte=0.0, cores=None, latency=LATENCY)
+    measured = dict(t_c=pub["step_seconds"], cpu_w=pub["step_seconds"], per_byte=0.0, cores=None, latency=LATENCY,
+                    terms=terms)
     out = dict(model=model, workers=workers, servers=servers, gbit=gbit,
                compute_bound=round(workers * pub["batch"] / pub["step_seconds"], 1))
     for name, kind, sets in VARIANTS:
@@ -565,14 +686,14 @@ def project_point(model, workers, servers, gbit, overlap):
     return out
 
 
-def project(overlap):
+def project(overlap, terms=None):
     rows = []
     for model in PUBLISHED:
         for n in PROJECT_N:
             for s in (1, n):
                 for gbit in PROJECT_GBIT:
                     print(f"projecting {model}, N = {n}, S = {s}, {gbit} Gbit/s", flush=True)
-                    rows.append(project_point(model, n, s, gbit, overlap))
+                    rows.append(project_point(model, n, s, gbit, overlap, terms))
     return rows
 
 
@@ -682,16 +803,18 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
+    args.pool = [*args.runs, args.fit_on]
     try:
         overlap, in_sample, note = fit_overlap(args.fit_on, args)
         validation = projection = None
-        if args.mode in ("validate", "all"):
-            rows, skipped = validate(args.runs, args, overlap, in_sample)
+        terms, terms_note = None, "no CPU per message (no runs given)"
+        if args.runs:
+            rows, skipped, terms, terms_note = validate(args.runs, args, overlap, in_sample)
             if not rows:
                 raise ModelError(f"no run the model covers in {', '.join(args.runs)} ({'; '.join(skipped)})")
-            validation = (rows, skipped, note)
+            validation = (rows, skipped, f"{note}; {terms_note}") if args.mode != "project" else None
         if args.mode in ("project", "all"):
-            projection = (project(overlap), note)
+            projection = (project(overlap, terms), f"{note}; {terms_note}")
     except ModelError as e:
         print(f"scaling_model: {e}", file=sys.stderr)
         return 2

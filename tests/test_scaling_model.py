@@ -1,6 +1,7 @@
 """scripts/scaling_model.py: the byte accounting follows the plan, codec and ring layouts; the ring
 all-reduce and SSGD formulas; validate mode on a tiny synthetic runs.csv; bad input named in one line."""
 import csv
+import json
 import os
 
 import pytest
@@ -101,7 +102,7 @@ def test_validate_on_a_tiny_runs_csv(tmp_path):
     runs = _runs(tmp_path / "runs.csv", [
         ("compute_bound", "hosts", 0, 1, "ok", 1, 1, 200.0, 0.16, "", 0.0),
         ("ssgd", "hosts", 20, 1, "ok", 2, 1, 50.0, 0.16, 0.03, 0.0),
-        ("ssd_topk_sparse", "hosts", 0, 1, "ok", 2, 1, 300.0, 0.17, 0.005, 0.0),
+        ("ssd_topk_sparse", "hosts", 0, 1, "ok", 2, 1, 300.0, 0.17, "", 0.0),    # no server CPU: no fit
         ("ssd_topk_sparse", "loopback", 20, 1, "ok", 2, 1, 99.0, 0.17, 0.005, 0.0),
     ])
     out = tmp_path / "out"
@@ -120,6 +121,62 @@ def test_validate_on_a_tiny_runs_csv(tmp_path):
     assert float(ssd["error"]) == pytest.approx(float(ssd["predicted_images_per_sec"]) / 300.0 - 1, abs=5e-4)
     text = (out / "table.md").read_text()
     assert "ssd_topk_sparse: the loopback topology" in text and (out / "manifest.json").exists()
+
+
+def _lay(workers, servers, cores=2.0):
+    return dict(kind="ssd", workers=workers, servers=servers, servers_used=servers, server=0.001, cpu_w=0.05,
+                extra=0.01, cores=cores)
+
+
+def test_the_cpu_per_message_terms_are_fitted_and_applied():
+    terms = dict(server_per_worker=0.0005, server_per_pair=0.001, worker_per_process=0.012)
+    samples = []
+    for n, s in ((2, 1), (4, 2), (8, 4), (8, 1)):
+        lay = _lay(n, s)
+        servers = lay["server"] * s + terms["server_per_worker"] * n + terms["server_per_pair"] * n * s
+        worker = (lay["cpu_w"] + lay["extra"]) * (1 + terms["worker_per_process"] * (n + s))
+        samples.append((lay, servers, worker))
+    fitted = sm.fit_message_cpu(samples)
+    assert fitted == pytest.approx(terms)
+    assert sm.fit_message_cpu([]) is None
+    # applied: all servers gain per worker + per pair; the workers grow on a shared machine only
+    lay = sm.with_message_cpu(_lay(8, 4), fitted)
+    assert lay["server"] * 4 == pytest.approx(0.004 + 0.0005 * 8 + 0.001 * 32)
+    assert (lay["cpu_w"], lay["extra"]) == pytest.approx((0.05 * 1.144, 0.01 * 1.144))
+    own_hosts = sm.with_message_cpu(_lay(8, 4, cores=None), fitted)
+    assert (own_hosts["cpu_w"], own_hosts["extra"]) == (0.05, 0.01) and own_hosts["server"] > 0.001
+    ssgd = dict(_lay(8, 4), kind="ssgd")
+    assert sm.with_message_cpu(ssgd, fitted) == ssgd and sm.with_message_cpu(_lay(8, 4), None) == _lay(8, 4)
+
+
+def _manifest(folder, cpu):
+    folder.mkdir(exist_ok=True)
+    (folder / "manifest.json").write_text(json.dumps(dict(command=["bench/bench_network.py"], machine=dict(cpu=cpu))))
+    return folder
+
+
+def test_each_runs_file_is_validated_with_the_cpu_terms_of_the_others(tmp_path):
+    """Leave one file out: each file's round-based rows are predicted with terms fitted on the other files
+    (out-of-sample); the compute-bound runs are pooled over the files of one machine, not across machines."""
+    def runs(folder, cpu, bound, server_cpu):
+        return _runs(_manifest(tmp_path / folder, cpu) / "runs.csv", [
+            ("compute_bound", "hosts", 0, 1, "ok", 1, 1, bound, 0.16, "", 0.0),
+            ("ssd_topk_sparse", "hosts", 0, 1, "ok", 2, 1, 300.0, 0.17, server_cpu, 0.0),
+            ("ssd_topk_sparse", "hosts", 0, 1, "ok", 4, 2, 500.0, 0.18, 2 * server_cpu, 0.0)])
+    a, b = runs("a", "X", 200.0, 0.004), runs("b", "X", 100.0, 0.008)
+    other = runs("c", "Y", 50.0, 0.004)
+    args = sm.parse_args(["validate", a, b, other])
+    args.pool = [a, b, other]
+    files = [(p, *sm.runs_of(p, args)) for p in (a, b, other)]
+    # a and b share their compute-bound runs (one machine): the median of 200 and 100 img/s; c keeps its own
+    assert files[0][4]["t_c"] == files[1][4]["t_c"] == pytest.approx(32 / 150.0)
+    assert files[2][4]["t_c"] == pytest.approx(32 / 50.0) and files[2][4]["files"] == 1
+    fits, every = sm.fit_per_file(files, 2)
+    samples = {p: sm.message_samples(*rest, 2) for p, *rest in files}
+    assert fits[a] == (sm.fit_message_cpu(samples[b] + samples[other]), False)
+    assert fits[b][0] != fits[a][0] and every == sm.fit_message_cpu([x for v in samples.values() for x in v])
+    only, _ = sm.fit_per_file(files[:1], 2)
+    assert only[a] == (sm.fit_message_cpu(samples[a]), True)          # alone: fitted on itself, in-sample
 
 
 def test_bad_input_is_one_line_naming_it(tmp_path, capsys):

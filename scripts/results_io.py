@@ -143,6 +143,14 @@ def machine():
             "python": platform.python_version(), "mxnet": mxnet, "os": platform.platform()}
 
 
+def status_command(out):
+    """git's arguments for the tracked changes in the checkout, the folder `out` left out: making a
+    committed results folder again changes its own files, which are not what produced them."""
+    rel = os.path.relpath(os.path.abspath(out), ROOT)
+    return ["status", "--porcelain", "--untracked-files=no", "--", ".",
+            *([f":(exclude){rel}"] if not rel.startswith("..") else [])]
+
+
 def write_manifest(out, configs, **extra):
     """<out>/manifest.json: the command line, the configs (path and text), the commit (and whether the
     tree had uncommitted changes), the machine and the date; extra keys as given."""
@@ -151,7 +159,7 @@ def write_manifest(out, configs, **extra):
     for path in configs:
         with open(path) as f:
             texts[os.path.relpath(os.path.abspath(path), ROOT)] = f.read()
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    status = _git(*status_command(out))
     manifest = {"command": [os.path.relpath(sys.argv[0], ROOT) if sys.argv[0] else "", *sys.argv[1:]],
                 "cwd": os.getcwd(), "configs": texts, "commit": _git("rev-parse", "HEAD") or None,
                 "uncommitted_changes": bool(status) if status is not None else None,

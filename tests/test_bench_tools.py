@@ -662,3 +662,30 @@ def test_a_remade_table_keeps_the_runs_title_and_shows_how_evenly_servers_share(
     text = (tmp_path / "table.md").read_text()
     assert text.startswith("## Bandwidth-limited benchmark (40 steps, 1 repeat(s)) — per-host links")
     assert "| servers off mean CPU/tx/rx |" in text and "| 5% / 12% / 0% |" in text
+
+
+
+def test_a_results_folder_made_again_is_not_its_own_uncommitted_change(tmp_path):
+    """write_manifest's uncommitted_changes asks git about the checkout without the folder being written
+    (its committed files change when it is made again); a folder outside the checkout leaves out nothing.
+    The arguments are checked against git itself, in a repository of the same shape."""
+    from scripts import results_io
+    root = results_io.ROOT
+    args = results_io.status_command(os.path.join(root, "results", "x"))
+    assert args[-2:] == [".", ":(exclude)results/x"]
+    assert results_io.status_command("/tmp/elsewhere")[-1] == "."
+    repo = tmp_path / "repo"
+    (repo / "results" / "x").mkdir(parents=True)
+    (repo / "results" / "x" / "table.md").write_text("old\n")
+    (repo / "README.md").write_text("readme\n")
+
+    def git(*a):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a], cwd=repo,
+                              stdout=subprocess.PIPE, text=True, check=True).stdout
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "x")
+    (repo / "results" / "x" / "table.md").write_text("new\n")
+    assert git(*args) == ""                                   # the folder's own change is left out
+    (repo / "README.md").write_text("changed\n")
+    assert git(*args).strip() == "M README.md"                # any other change is seen

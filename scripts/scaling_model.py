@@ -429,14 +429,18 @@ def measured_compute(rows, path, config, sets):
     return dict(t_c=t_c, cpu_w=cpu_w, per_byte=per_byte, batch=cfg.train.batch_size, runs=len(cb))
 
 
+def _run_inputs(measured, cores, terms=None):
+    """layout's `measured` for a run on the virtual cluster (no latency) with `cores` free cores."""
+    return dict(t_c=measured["t_c"], cpu_w=measured["cpu_w"], per_byte=measured["per_byte"], cores=cores,
+                latency=0.0, terms=terms)
+
+
 def predict_row(row, cfg, measured, overlap, cores):
     """Predicted figures of one measured run (a hosts-topology row)."""
     n, s = int(_num(row["num_workers"])), int(_num(row.get("num_servers"), 1))
     rate = _num(row["rate_mbit"], 0.0) * 1e6 / 8
     free = cores * (1.0 - _num(row.get("other_cpu_share"), 0.0))
-    m = dict(t_c=measured["t_c"], cpu_w=measured["cpu_w"], per_byte=measured["per_byte"], cores=free, latency=0.0,
-             terms=measured.get("terms"))
-    lay = layout(cfg, n, s, rate, m)
+    lay = layout(cfg, n, s, rate, _run_inputs(measured, free, measured.get("terms")))
     t, limit = step(lay, overlap)
     b = lay["bytes"]
     # A diagnostic, not a prediction: the same model given the CPU per step the run itself measured
@@ -463,13 +467,19 @@ def runs_of(path, args):
     if args.compute_bound:
         return rows, config, sets, measured_compute(_read_csv(args.compute_bound, NEEDED), args.compute_bound,
                                                     config, sets)
-    key = _pool_key(path, config, sets)
-    same = os.path.abspath
-    pool = [p for p in dict.fromkeys(map(same, [path, *getattr(args, "pool", [])]))
-            if p == same(path) or _pool_key(p, *bench_setup(p, args)) == key]
-    cb_rows = [r for p in pool for r in (rows if p == same(path) else _read_csv(p, NEEDED))]
+    here = os.path.abspath(path)
+    pools = getattr(args, "pool", {})
+    key = pools.get(here) or _pool_key(path, config, sets)
+    others = [p for p, k in pools.items() if k == key and p != here]
+    cb_rows = rows + [r for p in others for r in _read_csv(p, NEEDED)]
     measured = measured_compute(cb_rows, path, config, sets)
-    return rows, config, sets, dict(measured, files=len(pool))
+    return rows, config, sets, dict(measured, files=1 + len(others))
+
+
+def pool_keys(paths, args):
+    """{absolute path: _pool_key} of the runs files given: runs_of pools the compute-bound runs of the
+    files with one key."""
+    return {os.path.abspath(p): _pool_key(p, *bench_setup(p, args)) for p in paths}
 
 
 def _pool_key(path, config, sets):
@@ -548,9 +558,7 @@ def message_samples(rows, config, sets, measured, cores):
         servers, worker = (_num(r.get(f"steady_{role}_cpu_seconds_per_step")) for role in ("server", "worker"))
         if cfg is None or not (servers and worker):
             continue
-        m = dict(t_c=measured["t_c"], cpu_w=measured["cpu_w"], per_byte=measured["per_byte"], cores=cores,
-                 latency=0.0)
-        lay = layout(cfg, n, s, 0.0, m)
+        lay = layout(cfg, n, s, 0.0, _run_inputs(measured, cores))
         if lay["kind"] == "ssd":
             out.append((lay, servers, worker))
     return out
@@ -803,7 +811,11 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
-    args.pool = [*args.runs, args.fit_on]
+    try:
+        args.pool = pool_keys([*args.runs, args.fit_on], args)
+    except (OSError, ValueError) as e:
+        print(f"scaling_model: {e}", file=sys.stderr)
+        return 2
     try:
         overlap, in_sample, note = fit_overlap(args.fit_on, args)
         validation = projection = None

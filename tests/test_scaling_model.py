@@ -166,7 +166,7 @@ def test_each_runs_file_is_validated_with_the_cpu_terms_of_the_others(tmp_path):
     a, b = runs("a", "X", 200.0, 0.004), runs("b", "X", 100.0, 0.008)
     other = runs("c", "Y", 50.0, 0.004)
     args = sm.parse_args(["validate", a, b, other])
-    args.pool = [a, b, other]
+    args.pool = sm.pool_keys([a, b, other], args)
     files = [(p, *sm.runs_of(p, args)) for p in (a, b, other)]
     # a and b share their compute-bound runs (one machine): the median of 200 and 100 img/s; c keeps its own
     assert files[0][4]["t_c"] == files[1][4]["t_c"] == pytest.approx(32 / 150.0)

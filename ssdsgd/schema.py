@@ -265,10 +265,9 @@ SCHEMA = {
                               "the rounds' aggregated sparse updates applied to a replica of the servers' state "
                               "(per buffer, only where that is smaller); sparse: the exact sums (a pull grows "
                               "with the workers, up to N pushes); compressed: where the exact sums would be over "
-                              "2 pushes, the servers apply and send only each sum's largest values that fit in "
-                              "two pushes' bytes (a word per value, its index gap and fp16 bits: about 3.6 "
-                              "pushes' values at 1% density; their own error feedback keeps the rest and what "
-                              "rounding drops); auto: sparse with a sparsifier, dense otherwise"),
+                              "2 pushes, the servers apply and send only each sum's top-2k (two pushes' worth, "
+                              "their own error feedback keeps the rest); auto: sparse with a sparsifier, dense "
+                              "otherwise"),
         "downlink_check_every": Field(int, 50, min=0,
                                       doc="downlink sparse or compressed: every this many rounds the servers "
                                           "publish a CRC-32 of a buffer's weights in its ring and the replica must "

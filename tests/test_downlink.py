@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 
 from ssdsgd.compression.codec import WireFormat
-from ssdsgd.ps.rounds import (BufferState, DownlinkRing, RingLayout, RoundError, StagedRings, pack_entries,
-                              packed_reserve, read_ring, unpack_entries)
+from ssdsgd.ps.rounds import BufferState, DownlinkRing, RingLayout, RoundError, StagedRings, read_ring
 from ssdsgd.schedule import LRSchedule
 
 B = 8
@@ -198,19 +197,17 @@ def test_round_service_publishes_each_stage_ring_in_its_own_key():
     assert sorted(read_ring(stored[4].asnumpy(), RingLayout(1, workers * ks[0], size))) == [1]
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_compressed_rounds_stay_bit_identical_and_lose_nothing(packed):
+def test_compressed_rounds_stay_bit_identical_and_lose_nothing():
     """Compressed downlink at 8 workers: the servers apply and publish each round's top-k of
     (sum + residual), k one push's count, so every slot holds at most k values; the replica that
     applies the ring equals the servers' weights bit for bit; and nothing is lost: the residual plus
-    every published round is the sum of all pushes (the servers' error feedback keeps the rest, with
-    packed rings also what fp16 rounding drops: every published value is fp16-exact)."""
+    every published round is the sum of all pushes (the servers' error feedback keeps the rest)."""
     rng = np.random.default_rng(3)
     size, workers, k, rounds, slots = 400, 8, 10, 30, 4
     fmt = [WireFormat("sparse", size, k)]
     server = BufferState(size, workers, B, 0.9, 1e-4, schedule(rounds), fmt, 0.5, 5)
     replica = BufferState(size, workers, B, 0.9, 1e-4, schedule(rounds), [], 0.5, 5)
-    server.ring = DownlinkRing(RingLayout(slots, k, size, packed=packed), check_every=1, compressed=True)
+    server.ring = DownlinkRing(RingLayout(slots, k, size), check_every=1, compressed=True)
     w0 = rng.standard_normal(size).astype(np.float32)
     server.bind(w0)
     replica.bind(w0)
@@ -224,8 +221,6 @@ def test_compressed_rounds_stay_bit_identical_and_lose_nothing(packed):
         ring = read_ring(server.ring.array.copy(), server.ring.layout, from_round=replica.version)
         entry = ring[rnd]
         assert 0 < len(entry.indices) <= k
-        half = entry.values.astype(np.float16).astype(np.float32)
-        assert bits_equal(half, entry.values) == packed            # fp32 values are not all fp16-exact
         published[entry.indices] += entry.values
         assert replica.catch_up(ring) and replica.checks == rnd + 1      # the guard: every round
         assert bits_equal(replica.weights, server.weights) and bits_equal(replica.mom, server.mom)
@@ -243,11 +238,7 @@ def test_compressed_downlink_picks_per_buffer_by_size():
     assert ring_choice(comp, 5, 10000, 100, 2)[0] == "sparse"
     assert ring_choice(comp, 5, 10000, 100, 3)[0] == "compressed"
     kind, layout = ring_choice(comp, 5, 10000, 100, 8)
-    # packed: a word per value in two pushes' index-value words (less the escape reserve), the same bytes
-    assert kind == "compressed" and layout.packed and layout.cap == 400 - packed_reserve(10000) > 200
-    assert layout.length == RingLayout(5, 200, 10000).length
-    kind, layout = ring_choice(comp, 5, 100000, 10, 8)      # the reserve would leave fewer values: pairs
-    assert kind == "compressed" and not layout.packed and layout.cap == 20
+    assert kind == "compressed" and layout.cap == 200
     assert ring_choice(comp, 5, 800, 100, 8)[0] == "dense"
     sparse = SimpleNamespace(downlink="sparse", index_coding="list")
     kind, layout = ring_choice(sparse, 5, 100000, 100, 8)
@@ -452,7 +443,6 @@ def test_compressed_downlink_at_4_workers_resumes_exactly(tmp_path):
         assert bits_equal(wb[name], wc[name]), name
     client = sc["client"]
     assert {d["downlink"] for d in client["downlink"]} == {"compressed"}
-    assert {d["indices"] for d in client["downlink"]} == {"packed with fp16 values"}   # a word per value
     assert client["downlink_checks"] > 0 and client["downlink_resyncs"] == client["buffers"]  # the start's
     aw = sc["after_warmup"]
     push, pull = aw["push_bytes"] / aw["steps"], aw["pull_bytes"] / aw["steps"]
@@ -460,38 +450,3 @@ def test_compressed_downlink_at_4_workers_resumes_exactly(tmp_path):
     assert pull <= 2.1 * push, (push, pull)
     for job in (a, b, c):
         assert processes_with(job.marker) == []
-
-
-@pytest.mark.parametrize("size", [1, 300, 70_000, (1 << 24) - 1])
-def test_packed_entries_carry_any_indices_and_fp16_bits(size):
-    """A packed round (ps.rounds.pack_entries): every index of a buffer of up to 2**24 - 1 values, gaps of
-    1 to the whole buffer (escape words), and fp16 values bit for bit (-0.0, subnormals, inf, the largest),
-    in at most cap + packed_reserve(size) words, each an integer below 2**24; trailing 0 words are ignored."""
-    rng = np.random.default_rng(size)
-    special = np.array([-0.0, 0.0, 6e-8, -65504.0, np.inf, 1.0], np.float32)
-    for n in {0, 1, min(size, 6), min(size, 2000)}:
-        idx = np.sort(rng.choice(size, n, replace=False))
-        if n > 1:
-            idx[-1] = size - 1                                  # the last index and a long gap
-        vals = np.concatenate([special, rng.standard_normal(n).astype(np.float32)])[:n]
-        vals = vals.astype(np.float16).astype(np.float32)
-        words = pack_entries(idx, vals)
-        assert words.size <= n + packed_reserve(size)
-        assert np.all((words >= 0) & (words < 1 << 24)) and np.array_equal(words, np.round(words))
-        got_idx, got_vals = unpack_entries(np.concatenate([words, np.zeros(3, np.float32)]))
-        assert np.array_equal(got_idx, idx) and bits_equal(got_vals, vals)
-    with pytest.raises(RoundError, match="fp16"):
-        pack_entries(np.array([3]), np.array([0.1], np.float32))
-
-
-def test_a_packed_slot_that_does_not_match_its_header_is_refused():
-    layout = RingLayout(1, 4, 100, packed=True)
-    ring = DownlinkRing(layout, compressed=True)
-    grad = np.zeros(100, np.float32)
-    grad[[2, 50, 99]] = [1.0, -2.0, 0.5]
-    ring.record(0, grad)
-    (rnd, entry), = read_ring(ring.array, layout).items()
-    assert rnd == 0 and list(entry.indices) == [2, 50, 99] and list(entry.values) == [1.0, -2.0, 0.5]
-    ring.array[1] = 2                                           # the header says 2 entries, the slot has 3
-    with pytest.raises(RoundError, match="round 0: 3 packed entries"):
-        read_ring(ring.array, layout)

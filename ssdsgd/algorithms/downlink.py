@@ -3,11 +3,9 @@ buffer's server state, refreshed from the ring of the last rounds' aggregated sp
 a pull of the dense weights (the ring itself, server side: ssdsgd.ps.rounds.DownlinkRing).
 
 sparse: a round's slot holds the exact sum of the N workers' pushes, up to N pushes' values, so the
-pull grows with N. compressed: where that exact slot would be larger than two pushes, the servers apply
-and publish only the largest values of each round's sum that fit in two pushes' bytes, packed a word per
-value at fp16 (about 4k_b values less an escape reserve; their own error feedback keeps the rest and
-what rounding drops for later rounds: ssdsgd.ps.rounds.BufferState.squeezed), so the pull stays at two
-pushes at any N.
+pull grows with N. compressed: where that exact slot would be larger than two pushes' worth, the servers
+apply and publish only the top-2k_b of each round's sum (their own error feedback keeps the rest for
+later rounds: ssdsgd.ps.rounds.BufferState.squeezed), so the pull stays at two pushes' worth at any N.
 
 Per buffer and density stage the server keeps the last R rounds' aggregated updates in a ring key:
 R = S (at least k; 1 for synchronous SGD, which pulls every round), each slot [round, count,
@@ -26,7 +24,7 @@ from ssdsgd.compression.codec import use_bitmap
 from ssdsgd.compression.fusion import KeyAllocator
 from ssdsgd.config import RING_DOWNLINKS
 from ssdsgd.ps.commands import num_servers
-from ssdsgd.ps.rounds import ReplicaMismatch, RingLayout, packed_reserve, read_ring
+from ssdsgd.ps.rounds import ReplicaMismatch, RingLayout, read_ring
 
 
 def ring_zeros(size, down, ring):
@@ -35,10 +33,8 @@ def ring_zeros(size, down, ring):
     return mx.nd.zeros(RingLayout.of_plan(size, down, ring).length)
 
 
-# A compressed round takes this many pushes' bytes (index and value words): the pull stays at twice a push
-# at any N (one push's worth lost 2.8 points against the exact downlink at 8 workers, Fashion-MNIST seed
-# 0). Packed (ps.rounds.pack_entries: a word per value, fp16) it carries about twice the values of the
-# index-value pairs.
+# A compressed round carries this many pushes' worth of values: the pull stays at twice a push at any N
+# (one push's worth lost 2.8 points against the exact downlink at 8 workers, Fashion-MNIST seed 0).
 COMPRESSED_PUSHES = 2
 
 
@@ -50,8 +46,8 @@ def ring_slots(alg):
 
 def ring_choice(comp, slots, size, topk_count, workers):
     """(kind, RingLayout) of one buffer's ring in one density stage: kind "sparse" (the exact round
-    sums: up to `workers` pushes' values each), "compressed" (the servers' top values of them in two
-    pushes' bytes: compression.downlink compressed, where the exact ring would be larger) or "dense" (no ring:
+    sums: up to `workers` pushes' values each), "compressed" (the servers' top-k of them, two pushes'
+    worth: compression.downlink compressed, where the exact ring would be larger) or "dense" (no ring:
     the chosen ring would not be smaller than one pull of the dense weights)."""
     def layout(cap):
         cap = min(cap, size)
@@ -59,19 +55,10 @@ def ring_choice(comp, slots, size, topk_count, workers):
 
     kind, chosen = "sparse", layout(workers * topk_count)
     if comp.downlink == "compressed":
-        squeezed = compressed_layout(slots, size, topk_count, layout(COMPRESSED_PUSHES * topk_count))
+        squeezed = layout(COMPRESSED_PUSHES * topk_count)
         if chosen.length > squeezed.length:
             kind, chosen = "compressed", squeezed
     return ("dense" if chosen.length >= size + 1 else kind), chosen
-
-
-def compressed_layout(slots, size, topk_count, pairs):
-    """A compressed ring's RingLayout: packed entries in the words of COMPRESSED_PUSHES pushes' index-value
-    pairs (less the escape reserve), where that carries more values than `pairs` (the fp32 layout of that
-    many pushes' values), else `pairs`."""
-    words = 2 * COMPRESSED_PUSHES * topk_count
-    packed = RingLayout(slots, min(words - packed_reserve(size), size), size, packed=True)
-    return packed if packed.cap > pairs.cap else pairs
 
 
 class Downlink:
@@ -95,8 +82,7 @@ class Downlink:
             for d in decisions:
                 stage = f", density stage {d['stage']}" if len(self.stages) > 1 else ""
                 print(f"downlink: buffer {d['buffer']}{stage}: {d['downlink']} (ring of {d['slots']} rounds, "
-                      f"{d['ring_bytes']} bytes a pull, up to {d['values']} values a round with an index "
-                      f"{d['indices']}, against "
+                      f"{d['ring_bytes']} bytes a pull with an index {d['indices']}, against "
                       f"{d['dense_bytes']} for the dense weights)", flush=True)
 
     def _plan(self, slots, comp, make_replica):
@@ -112,12 +98,10 @@ class Downlink:
                 kind, layout = ring_choice(comp, slots, b.size, bufs[bi].topk_count, kv.num_workers)
                 decisions.append({"buffer": bi, "stage": stage, "downlink": kind, "slots": slots,
                                   "slot_bytes": 4 * layout.slot_length, "ring_bytes": 4 * layout.length,
-                                  "dense_bytes": 4 * (b.size + 1), "values": layout.cap,
-                                  "indices": ("packed with fp16 values" if layout.packed
-                                              else "bitmap" if layout.bitmap else "list")})
+                                  "dense_bytes": 4 * (b.size + 1), "indices": "bitmap" if layout.bitmap else "list"})
                 rings.append(None if kind == "dense" else
                              {"key": keys.on(b.server), "cap": layout.cap, "bitmap": layout.bitmap,
-                              "packed": layout.packed, "compressed": kind == "compressed"})
+                              "compressed": kind == "compressed"})
             if not any(rings):
                 continue
             self.plans[bi] = {"rings": rings, "first_rounds": first_rounds, "mom_key": keys.on(b.server),

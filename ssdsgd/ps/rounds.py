@@ -37,7 +37,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from ssdsgd.compression.codec import FP16_MAX, SparseGrad, bitmap_indices, bitmap_words, pack_bitmap
+from ssdsgd.compression.codec import SparseGrad, bitmap_indices, bitmap_words, pack_bitmap
 from ssdsgd.compression.compressor import top_magnitudes
 
 
@@ -122,23 +122,17 @@ class BufferState:
     def squeezed(self, grad_sum):
         """The round's sum as the servers apply it: itself, or under a compressed ring stage its `cap`
         largest magnitudes after adding the residual e, the rest kept in e for later rounds."""
-        layout = self.ring.compressed_layout(self.version) if self.ring is not None else None
-        if layout is None:
+        cap = self.ring.compressed_cap(self.version) if self.ring is not None else None
+        if cap is None:
             return grad_sum
         if self.residual is None:
             self.residual = np.zeros(self.size, np.float32)
         acc = self.residual
         acc += grad_sum
         out = np.zeros(self.size, np.float32)
-        idx = top_magnitudes(np.abs(acc), layout.cap)
-        if layout.packed:
-            # fp16 on the wire: the servers apply the rounded values and keep what rounding dropped
-            sent = np.clip(acc[idx], -FP16_MAX, FP16_MAX).astype(np.float16).astype(np.float32)
-            out[idx] = sent
-            acc[idx] -= sent
-        else:
-            out[idx] = acc[idx]
-            acc[idx] = 0.0
+        idx = top_magnitudes(np.abs(acc), cap)
+        out[idx] = acc[idx]
+        acc[idx] = 0.0
         return out
 
     def apply(self, grad_sum):
@@ -203,11 +197,6 @@ class BufferState:
 #   bitmap (compression.index_coding: auto, where bitmap_words(size) < cap): the round's selection
 #     mask as codec.pack_bitmap words (count bits set);
 #   values: cap words, the count values in index order, then (cap - count) unused.
-#   packed (compressed rings, ring_choice): no index area; each entry one word, an integer below 2**24
-#     (exact in float32): its index's gap from the previous entry's (1-255, the top 8 bits) and its
-#     value's fp16 bits (the low 16); a word with gap 0 is an escape that moves the position on by its
-#     low 16 bits, for gaps over 255, and 0 words fill the rest. Twice the values of the index list in
-#     its bytes, at fp16 precision (the servers' error feedback keeps what rounding drops).
 # Round -1: an empty slot. Count -1: that round's sum has more than `cap` non-zero entries (or is
 # not representable), so a replica must pull the dense state. crc_high/crc_low: the two 16-bit
 # halves of the CRC-32 of the server's weights after the round (each exact in float32), on every
@@ -215,43 +204,6 @@ class BufferState:
 # guard costs 8 bytes a slot instead of a dense pull.
 RING_HEADER = 4
 RING_EXACT = 1 << 24                  # float32 holds every integer below 2**24 exactly
-PACKED_GAP = 255                      # the largest index gap a packed entry carries itself
-PACKED_SKIP = 0xFFFF                  # the largest move of one escape word
-
-
-def packed_reserve(size):
-    """Escape words a packed slot keeps beyond its cap: enough for the gaps of any entries in a buffer of
-    `size` (at most size / 256 gaps exceed 255, and each escape moves up to 65535)."""
-    return size // (PACKED_GAP + 1) + size // PACKED_SKIP + 2
-
-
-def pack_entries(idx, values):
-    """The packed words (float32) of increasing indices `idx` and their fp16-exact float32 `values`."""
-    half = values.astype(np.float16)
-    if not np.array_equal(half.astype(np.float32).view(np.uint32), values.view(np.uint32)):
-        raise RoundError("a packed ring round holds a value that fp16 does not represent exactly")
-    gaps = np.diff(np.asarray(idx, np.int64), prepend=-1)
-    gap = np.minimum(gaps, PACKED_GAP)
-    rest = gaps - gap
-    escapes = -(-rest // PACKED_SKIP)
-    at = np.cumsum(escapes + 1) - 1                   # where each entry's word goes, after its escapes
-    words = np.zeros(at[-1] + 1 if at.size else 0, np.int64)
-    words[at] = (gap << 16) | half.view(np.uint16)
-    owner = np.repeat(np.arange(idx.size), escapes)
-    nth = np.arange(owner.size) - np.repeat(np.cumsum(escapes) - escapes, escapes)
-    last = nth == escapes[owner] - 1
-    words[at[owner] - escapes[owner] + nth] = np.where(last, rest[owner] - PACKED_SKIP * (escapes[owner] - 1),
-                                                      PACKED_SKIP)
-    return words.astype(np.float32)
-
-
-def unpack_entries(words):
-    """(indices, float32 values) of packed words (pack_entries'); 0 words are no-ops."""
-    w = words.astype(np.int64)
-    gap, low = w >> 16, w & 0xFFFF
-    entry = gap > 0
-    position = np.cumsum(np.where(entry, gap, low)) - 1
-    return position[entry], low[entry].astype(np.uint16).view(np.float16).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -264,24 +216,19 @@ class RingLayout:
     cap: int
     size: int
     bitmap: bool = False
-    packed: bool = False
 
     def __post_init__(self):
-        if (self.bitmap or self.packed) and self.size <= 0:
-            raise RoundError("a bitmap or packed ring slot needs the buffer's size")
-        if self.bitmap and self.packed:
-            raise RoundError("a ring slot is packed or has an index bitmap, not both")
+        if self.bitmap and self.size <= 0:
+            raise RoundError("a bitmap ring slot needs the buffer's size")
 
     @classmethod
     def of_plan(cls, size, down, ring):
         """The layout of a buffer's ring key from its downlink plan (`down`: the buffer's entry,
         `ring`: one density stage's ring in it), as the server and the workers both build it."""
-        return cls(down["slots"], ring["cap"], size, ring["bitmap"], ring.get("packed", False))
+        return cls(down["slots"], ring["cap"], size, ring["bitmap"])
 
     @property
     def index_words(self):
-        if self.packed:
-            return 0
         return bitmap_words(self.size) if self.bitmap else self.cap
 
     @property
@@ -291,7 +238,7 @@ class RingLayout:
 
     @property
     def slot_length(self):
-        return self.values_at + self.cap + (packed_reserve(self.size) if self.packed else 0)
+        return self.values_at + self.cap
 
     @property
     def length(self):
@@ -325,8 +272,8 @@ class DownlinkRing:
         self.array = np.zeros(layout.length, np.float32)
         self.array[::layout.slot_length] = -1.0
 
-    def compressed_layout(self, rnd):
-        return self.layout if self.compressed else None
+    def compressed_cap(self, rnd):
+        return self.layout.cap if self.compressed else None
 
     def record(self, rnd, grad_sum, weights=None):
         """Publish round `rnd`'s sum; `weights`: the server's weights after it (for the checksum)."""
@@ -347,11 +294,6 @@ class DownlinkRing:
             return
         n = idx.size
         slot[1] = n
-        if lay.packed:
-            words = pack_entries(idx, grad_sum[idx])
-            slot[RING_HEADER:] = 0.0
-            slot[RING_HEADER:RING_HEADER + words.size] = words
-            return
         if lay.bitmap:
             slot[RING_HEADER:lay.values_at] = pack_bitmap(idx, lay.size)
         else:
@@ -377,11 +319,10 @@ class StagedRings:
     def stage_of(self, rnd):
         return bisect.bisect_right(self.first_rounds, rnd) - 1
 
-    def compressed_layout(self, rnd):
-        """The RingLayout of round `rnd` under the compressed downlink (its cap: the values the round
-        may carry), or None (exact or dense)."""
+    def compressed_cap(self, rnd):
+        """The values round `rnd` may carry under the compressed downlink, or None (exact or dense)."""
         ring = self.rings[self.stage_of(rnd)]
-        return None if ring is None else ring.compressed_layout(rnd)
+        return None if ring is None else ring.compressed_cap(rnd)
 
     def record(self, rnd, grad_sum, weights=None):
         stage = self.stage_of(rnd)
@@ -407,13 +348,6 @@ def read_ring(array, layout, from_round=0):
             out[rnd] = None
             continue
         checksum = None if slot[2] < 0 else (int(slot[2]) << 16) | int(slot[3])
-        if layout.packed:
-            idx, vals = unpack_entries(slot[RING_HEADER:])
-            if idx.size != n or (n and idx[-1] >= layout.size):
-                raise RoundError(f"ring slot of round {rnd}: {idx.size} packed entries up to index "
-                                 f"{idx[-1] if idx.size else -1}, the header says {n} in {layout.size}")
-            out[rnd] = RingRound(idx, vals, checksum)
-            continue
         if layout.bitmap:
             try:
                 idx = bitmap_indices(slot[RING_HEADER:values], layout.size, n)

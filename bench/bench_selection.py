@@ -42,7 +42,7 @@ from ssdsgd.compression import encoders as encoders_module
 from ssdsgd.compression.encoders import make_encoders
 from ssdsgd.compression.memory import Memory
 from ssdsgd.config import load_config
-from ssdsgd.worker.models import build_model
+from ssdsgd.worker.models import parameter_shapes
 
 # model -> (config whose compression section the worker would run, input shape of one sample)
 MODELS = {
@@ -50,14 +50,6 @@ MODELS = {
     "resnet50": ("configs/imagenet_resnet50_ssd_topk.yaml", (3, 224, 224)),
 }
 SELECTIONS = ("exact", "sampled")
-
-
-def model_shapes(cfg, sample_shape):
-    """Parameter shapes of the config's model, in the worker's order (collect_params)."""
-    net = build_model(cfg.model.name, cfg.data.num_classes or 10)      # CIFAR-10: null in its config
-    net.initialize(mx.init.Normal(0.01))
-    net(mx.nd.zeros((1, *sample_shape)))
-    return [p.shape for p in net.collect_params().values() if p.grad_req != "null"]
 
 
 def fake_gradients(shapes, seed):
@@ -114,7 +106,7 @@ def bench_model(name, selection, steps, seed):
     config, sample_shape = MODELS[name]
     cfg = load_config(os.path.join(ROOT, config), [f"compression.selection={selection}"])
     comp = cfg.compression
-    shapes = model_shapes(cfg, sample_shape)
+    shapes = parameter_shapes(cfg.model.name, cfg.data.num_classes or 10, sample_shape)   # CIFAR-10: null classes
     buffers, encoders = make_encoders(shapes, cfg.cluster.servers, comp, 0, momentum=cfg.train.momentum,
                                       seed=seed)
     sets = [fake_gradients(shapes, seed + i) for i in range(2)]

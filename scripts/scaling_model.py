@@ -103,13 +103,9 @@ def model_shapes(cfg):
     """Parameter shapes of the config's model in the worker's order (one forward pass fixes them)."""
     name = cfg.model.name
     if name not in _SHAPES:
-        import mxnet as mx
-        from ssdsgd.worker.models import build_model
-        net = build_model(name, cfg.data.num_classes or 10)
-        net.initialize(mx.init.Normal(0.01))
+        from ssdsgd.worker.models import parameter_shapes
         shape = tuple(cfg.data.shape or SAMPLE_SHAPE.get(name, (3, 32, 32)))
-        net(mx.nd.zeros((1, *shape)))
-        _SHAPES[name] = [p.shape for p in net.collect_params().values() if p.grad_req != "null"]
+        _SHAPES[name] = parameter_shapes(name, cfg.data.num_classes or 10, shape)
     return _SHAPES[name]
 
 

@@ -13,6 +13,7 @@ from ssdsgd.compression.fusion import KEY_HASH, group_balanced, group_even, larg
 from ssdsgd.ps import commands
 from ssdsgd.ps.rounds import BufferState, RoundError
 from ssdsgd.ps.server import RoundService
+from ssdsgd.worker.models import parameter_shapes
 from ssdsgd.schedule import LRSchedule
 
 N, B, SIZE = 3, 4, 7
@@ -613,15 +614,6 @@ def test_group_even_does_not_overshoot_the_even_share():
     assert group_even([5], 3) == [[0]] and group_even([], 2) == []
 
 
-def _resnet20_shapes():
-    import mxnet as mx
-    from ssdsgd.worker.models import build_model
-    net = build_model("cifar_resnet20_v1", 10)
-    net.initialize()
-    net(mx.nd.zeros((1, 3, 32, 32)))
-    return [p.shape for p in net.collect_params().values() if p.grad_req != "null"]
-
-
 def test_group_balanced_places_every_tensor_once_largest_first_on_the_least_loaded():
     sizes = [5, 9, 1, 9, 3, 7, 2]
     groups = group_balanced(sizes, 3)
@@ -638,7 +630,7 @@ def test_mode_one_splits_resnet20_consecutively_unless_only_whole_tensor_placeme
         servers, consecutive):
     """ResNet-20's consecutive split is 9% off the mean on 2 servers (kept), 15% on 4 (whole tensors
     placed largest first: 8%), 18% on 8 (placed so: 14%, not within 10% either: kept)."""
-    shapes = _resnet20_shapes()
+    shapes = parameter_shapes("cifar_resnet20_v1", 10, (3, 32, 32))
     sizes_bwd = [numel(s) for s in shapes][::-1]
     buffers = make_plan(shapes, servers, mode="one")
     assert sorted(i for b in buffers for i in b.params) == list(range(len(shapes)))

@@ -57,6 +57,16 @@ def build_model(name, num_classes):
     return get_model(name, classes=num_classes, pretrained=False)
 
 
+def parameter_shapes(name, num_classes, sample_shape):
+    """Shapes of a model's trained parameters in the worker's order (collect_params), fixed by one forward
+    pass of a (C, H, W) sample: what plans and benchmarks need without training it."""
+    import mxnet as mx
+    net = build_model(name, num_classes)
+    net.initialize(mx.init.Normal(0.01))
+    net(mx.nd.zeros((1, *sample_shape)))
+    return [p.shape for p in net.collect_params().values() if p.grad_req != "null"]
+
+
 def inference_graph(net):
     """net as a static graph for inference, sharing net's Parameter objects: it always sees net's
     current weights and BatchNorm statistics, however they were changed (in place, set_data, a

@@ -178,6 +178,9 @@ BUDGET = {
     "SSD-SGD + top-k 1%, rescaled": (F_TOPK, ["compression.rescale_held=true"]),
     "SSD-SGD + top-k 1%, rescaled, no masking": (F_TOPK, ["compression.rescale_held=true",
                                                          "compression.momentum_masking=false"]),
+    # Error feedback on the plain gradient and the momentum on the servers (no DGC momentum correction,
+    # so nothing to mask): a value that is sent gets SSGD's whole momentum, however rarely it is sent.
+    "SSD-SGD + top-k 1%, servers' momentum": (F_TOPK, ["compression.momentum_correction=false"]),
 }
 SUITES = {"digits": VARIANTS, "fmnist": FMNIST, "defaults": DEFAULTS, "selection": SELECTION, "scale": SCALE,
           "scale_fixed_batch": SCALE_FIXED_BATCH, "budget": BUDGET}

@@ -198,16 +198,19 @@ def test_round_service_publishes_each_stage_ring_in_its_own_key():
 
 
 def test_compressed_rounds_stay_bit_identical_and_lose_nothing():
-    """Compressed downlink at 8 workers: the servers apply and publish each round's top-k of
-    (sum + residual), k one push's count, so every slot holds at most k values; the replica that
-    applies the ring equals the servers' weights bit for bit; and nothing is lost: the residual plus
-    every published round is the sum of all pushes (the servers' error feedback keeps the rest)."""
+    """Compressed downlink at 8 workers: the servers apply and publish each round's largest values of
+    (sum + residual), rounded to the packed slot's one-byte values, as many as a slot of 8 words holds
+    (21 bytes: at most 10 pairs); the replica that applies the ring equals the servers' weights bit for
+    bit; and nothing is lost: the residual plus every published round is the sum of all pushes (the
+    servers' error feedback keeps the rest, rounding errors included)."""
+    from ssdsgd.ps.ring_packing import round_values
     rng = np.random.default_rng(3)
     size, workers, k, rounds, slots = 400, 8, 10, 30, 4
     fmt = [WireFormat("sparse", size, k)]
     server = BufferState(size, workers, B, 0.9, 1e-4, schedule(rounds), fmt, 0.5, 5)
     replica = BufferState(size, workers, B, 0.9, 1e-4, schedule(rounds), [], 0.5, 5)
-    server.ring = DownlinkRing(RingLayout(slots, k, size), check_every=1, compressed=True)
+    server.ring = DownlinkRing(RingLayout.packed(slots, size, 8), check_every=1)
+    assert server.ring.layout.cap == 10
     w0 = rng.standard_normal(size).astype(np.float32)
     server.bind(w0)
     replica.bind(w0)
@@ -221,6 +224,7 @@ def test_compressed_rounds_stay_bit_identical_and_lose_nothing():
         ring = read_ring(server.ring.array.copy(), server.ring.layout, from_round=replica.version)
         entry = ring[rnd]
         assert 0 < len(entry.indices) <= k
+        assert bits_equal(round_values(entry.values)[0], entry.values)      # one-byte values, as applied
         published[entry.indices] += entry.values
         assert replica.catch_up(ring) and replica.checks == rnd + 1      # the guard: every round
         assert bits_equal(replica.weights, server.weights) and bits_equal(replica.mom, server.mom)
@@ -230,15 +234,17 @@ def test_compressed_rounds_stay_bit_identical_and_lose_nothing():
 
 def test_compressed_downlink_picks_per_buffer_by_size():
     """compression.downlink compressed: the exact ring up to 2 workers (it is then no larger than the
-    compressed ring of two pushes' worth), the compressed ring beyond, dense where no ring is smaller than
-    the dense weights; sparse keeps the exact ring at any N."""
+    compressed ring of two pushes' bytes), the compressed ring beyond, dense where no ring is smaller than
+    the dense weights; sparse keeps the exact ring at any N. A compressed slot is two pushes' bytes:
+    a push of 100 values is 2 + 200 words, the slot 4 + 400 (1,197 payload bytes, up to 598 pairs)."""
     from types import SimpleNamespace
     from ssdsgd.algorithms.downlink import ring_choice
-    comp = SimpleNamespace(downlink="compressed", index_coding="list")
+    comp = SimpleNamespace(downlink="compressed", index_coding="list", fp16_values=False)
     assert ring_choice(comp, 5, 10000, 100, 2)[0] == "sparse"
     assert ring_choice(comp, 5, 10000, 100, 3)[0] == "compressed"
     kind, layout = ring_choice(comp, 5, 10000, 100, 8)
-    assert kind == "compressed" and layout.cap == 200
+    assert kind == "compressed" and layout.compressed and layout.slot_length == 2 * (2 + 200)
+    assert layout.cap == 598
     assert ring_choice(comp, 5, 800, 100, 8)[0] == "dense"
     sparse = SimpleNamespace(downlink="sparse", index_coding="list")
     kind, layout = ring_choice(sparse, 5, 100000, 100, 8)
@@ -255,13 +261,13 @@ def test_round_service_keeps_the_residual_in_its_checkpoint(tmp_path):
             "schedule": LRSchedule("constant", base_lr=0.1, total_updates=10).to_dict(),
             "buffers": [{"id": 0, "size": size, "weight_key": 0, "clock_key": 1,
                          "mailboxes": [{"key": 2, "codec": "sparse", "size": size, "topk_count": k}],
-                         "downlink": {"rings": [{"key": 4, "cap": k, "bitmap": False, "compressed": True}],
+                         "downlink": {"rings": [{"key": 4, "cap": k, "bitmap": False, "packed_words": 3}],
                                       "first_rounds": [0], "mom_key": 6, "slots": 2, "check_every": 0}}]}
 
     def service():
         svc = RoundService(plan, mx.nd)
         stored = {key: mx.nd.zeros(n) for key, n in ((0, size + 1), (1, 1), (6, size + 1),
-                                                      (4, RingLayout(2, k, size).length))}
+                                                      (4, RingLayout.packed(2, size, 3).length))}
         for key in stored:
             svc.push(key, mx.nd.zeros(stored[key].shape), stored[key])
         return svc
@@ -269,7 +275,8 @@ def test_round_service_keeps_the_residual_in_its_checkpoint(tmp_path):
     svc = service()
     rng = np.random.default_rng(5)
     for rank in range(workers):
-        msg = sparse_message(0, rank, rank * k + np.arange(k), rng.standard_normal(k) + 5)   # disjoint, non-zero
+        # disjoint, non-zero, exact in the packed slot's one-byte values (so only what it leaves out waits)
+        msg = sparse_message(0, rank, rank * k + np.arange(k), rng.integers(8, 16, k).astype(np.float32))
         svc.push(2, mx.nd.array(msg), mx.nd.zeros(msg.size))
     residual = svc.states[0].residual.copy()
     assert np.count_nonzero(residual) == workers * k - k

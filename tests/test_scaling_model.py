@@ -32,8 +32,9 @@ def test_round_bytes_are_the_plans_messages_and_rings(downlink):
     assert b["push"] == WireFormat("sparse", size, k, bitmap=use_bitmap(size, k)).bytes == 4 * (2 + 2 * k)
     # one slot (delay 1): the exact ring carries N pushes' values (a bitmap once that is smaller); the
     # compressed one, chosen where the exact ring is larger, two pushes' worth
-    cap = min(workers * k, size) if downlink == "sparse" else COMPRESSED_PUSHES * k
-    ring = RingLayout(1, cap, size, use_bitmap(size, cap))
+    cap = min(workers * k, size)
+    ring = RingLayout(1, cap, size, use_bitmap(size, cap)) if downlink == "sparse" else \
+        RingLayout.packed(1, size, COMPRESSED_PUSHES * (2 + 2 * k) - 4)      # two pushes' words
     assert b["pull"] == 4 * ring.length
     assert b["downlink"] == downlink
     assert (b["server_rx"], b["server_tx"]) == (workers * b["push"], workers * b["pull"])

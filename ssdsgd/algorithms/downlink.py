@@ -3,9 +3,10 @@ buffer's server state, refreshed from the ring of the last rounds' aggregated sp
 a pull of the dense weights (the ring itself, server side: ssdsgd.ps.rounds.DownlinkRing).
 
 sparse: a round's slot holds the exact sum of the N workers' pushes, up to N pushes' values, so the
-pull grows with N. compressed: where that exact slot would be larger than two pushes' worth, the servers
-apply and publish only the top-2k_b of each round's sum (their own error feedback keeps the rest for
-later rounds: ssdsgd.ps.rounds.BufferState.squeezed), so the pull stays at two pushes' worth at any N.
+pull grows with N. compressed: where that exact slot would be larger than two pushes' bytes, the servers
+apply and publish only the largest values of each round's sum, rounded to one byte each and packed with
+their index gaps into two pushes' bytes (ssdsgd.ps.ring_packing; their own error feedback keeps the rest
+for later rounds: ssdsgd.ps.rounds.BufferState.squeezed), so the pull stays at two pushes at any N.
 
 Per buffer and density stage the server keeps the last R rounds' aggregated updates in a ring key:
 R = S (at least k; 1 for synchronous SGD, which pulls every round), each slot [round, count,
@@ -20,11 +21,11 @@ import mxnet as mx
 import numpy as np
 
 from ssdsgd.algorithms.policy import density_stage
-from ssdsgd.compression.codec import use_bitmap
+from ssdsgd.compression.codec import WireFormat, use_bitmap
 from ssdsgd.compression.fusion import KeyAllocator
 from ssdsgd.config import RING_DOWNLINKS
 from ssdsgd.ps.commands import num_servers
-from ssdsgd.ps.rounds import ReplicaMismatch, RingLayout, read_ring
+from ssdsgd.ps.rounds import RING_HEADER, ReplicaMismatch, RingLayout, read_ring
 
 
 def ring_zeros(size, down, ring):
@@ -33,8 +34,8 @@ def ring_zeros(size, down, ring):
     return mx.nd.zeros(RingLayout.of_plan(size, down, ring).length)
 
 
-# A compressed round carries this many pushes' worth of values: the pull stays at twice a push at any N
-# (one push's worth lost 2.8 points against the exact downlink at 8 workers, Fashion-MNIST seed 0).
+# A compressed round takes this many pushes' bytes: the pull stays at twice a push at any N (one push's
+# worth of fp32 pairs lost 2.8 points against the exact downlink at 8 workers, Fashion-MNIST seed 0).
 COMPRESSED_PUSHES = 2
 
 
@@ -46,16 +47,16 @@ def ring_slots(alg):
 
 def ring_choice(comp, slots, size, topk_count, workers):
     """(kind, RingLayout) of one buffer's ring in one density stage: kind "sparse" (the exact round
-    sums: up to `workers` pushes' values each), "compressed" (the servers' top-k of them, two pushes'
-    worth: compression.downlink compressed, where the exact ring would be larger) or "dense" (no ring:
-    the chosen ring would not be smaller than one pull of the dense weights)."""
-    def layout(cap):
-        cap = min(cap, size)
-        return RingLayout(slots, cap, size, use_bitmap(size, cap, comp.index_coding))   # the ring is fp32
-
-    kind, chosen = "sparse", layout(workers * topk_count)
+    sums: up to `workers` pushes' values each), "compressed" (the servers' largest values of them,
+    packed into two pushes' bytes: compression.downlink compressed, where the exact ring would be
+    larger) or "dense" (no ring: the chosen ring would not be smaller than one pull of the dense
+    weights)."""
+    cap = min(workers * topk_count, size)
+    kind, chosen = "sparse", RingLayout(slots, cap, size, use_bitmap(size, cap, comp.index_coding))  # fp32 ring
     if comp.downlink == "compressed":
-        squeezed = layout(COMPRESSED_PUSHES * topk_count)
+        push = WireFormat.planned(size, topk_count, comp.fp16_values, comp.index_coding)
+        words = COMPRESSED_PUSHES * push.bytes // 4 - RING_HEADER
+        squeezed = RingLayout.packed(slots, size, words)
         if chosen.length > squeezed.length:
             kind, chosen = "compressed", squeezed
     return ("dense" if chosen.length >= size + 1 else kind), chosen
@@ -98,10 +99,10 @@ class Downlink:
                 kind, layout = ring_choice(comp, slots, b.size, bufs[bi].topk_count, kv.num_workers)
                 decisions.append({"buffer": bi, "stage": stage, "downlink": kind, "slots": slots,
                                   "slot_bytes": 4 * layout.slot_length, "ring_bytes": 4 * layout.length,
-                                  "dense_bytes": 4 * (b.size + 1), "indices": "bitmap" if layout.bitmap else "list"})
+                                  "dense_bytes": 4 * (b.size + 1), "indices": layout.index_coding})
                 rings.append(None if kind == "dense" else
                              {"key": keys.on(b.server), "cap": layout.cap, "bitmap": layout.bitmap,
-                              "compressed": kind == "compressed"})
+                              "packed_words": layout.packed_words})
             if not any(rings):
                 continue
             self.plans[bi] = {"rings": rings, "first_rounds": first_rounds, "mom_key": keys.on(b.server),

@@ -21,9 +21,10 @@ order (one that arrives early is held until its turn): float32 addition is not a
 or more workers the arrival order would otherwise change the sum, and so the run, from one run to the
 next.
 
-Under the compressed downlink (a ring stage marked compressed) the servers apply, and publish, not G_t
-itself but its top-`cap` values after adding the servers' own error feedback (as DoubleSqueeze does):
-C_t = top_cap(G_t + e_t), e_{t+1} = G_t + e_t - C_t. e stays in gradient units whatever
+Under the compressed downlink (a ring stage with a packed slot) the servers apply, and publish, not G_t
+itself but its top-`cap` values after adding the servers' own error feedback (as DoubleSqueeze does),
+rounded to the packed slot's one-byte values and cut to what fits its bytes (ssdsgd.ps.ring_packing):
+C_t = pack(G_t + e_t), e_{t+1} = G_t + e_t - C_t. e stays in gradient units whatever
 compression.rescale_held says: carried to each round's rate like the workers' memory, its stale sums
 reached the weights undamped late in a run and cost 2.9-3.8 points at 4 workers (seeds 0-1 of
 results/accuracy_fmnist_scale_rescaled against _scale_compressed_rescaled). The servers' weights are then
@@ -39,6 +40,7 @@ import numpy as np
 
 from ssdsgd.compression.codec import SparseGrad, bitmap_indices, bitmap_words, pack_bitmap
 from ssdsgd.compression.compressor import top_magnitudes
+from ssdsgd.ps import ring_packing
 
 
 class RoundError(RuntimeError):
@@ -120,19 +122,24 @@ class BufferState:
                 entry[0] += grad
 
     def squeezed(self, grad_sum):
-        """The round's sum as the servers apply it: itself, or under a compressed ring stage its `cap`
-        largest magnitudes after adding the residual e, the rest kept in e for later rounds."""
-        cap = self.ring.compressed_cap(self.version) if self.ring is not None else None
-        if cap is None:
+        """The round's sum as the servers apply it: itself, or under a compressed ring stage, after
+        adding the residual e, its largest magnitudes rounded to the packed slot's values, as many as
+        the slot's bytes hold; what they do not carry stays in e for later rounds."""
+        layout = self.ring.compressed_layout(self.version) if self.ring is not None else None
+        if layout is None:
             return grad_sum
         if self.residual is None:
             self.residual = np.zeros(self.size, np.float32)
         acc = self.residual
         acc += grad_sum
+        idx = np.sort(top_magnitudes(np.abs(acc), layout.cap))
+        values, representable = ring_packing.round_values(acc[idx])
+        idx, values = idx[representable], values[representable]
+        kept = ring_packing.fit(idx, np.abs(values), ring_packing.payload_bytes(layout.packed_words))
+        idx, values = idx[kept], values[kept]
         out = np.zeros(self.size, np.float32)
-        idx = top_magnitudes(np.abs(acc), cap)
-        out[idx] = acc[idx]
-        acc[idx] = 0.0
+        out[idx] = values
+        acc[idx] -= values
         return out
 
     def apply(self, grad_sum):
@@ -216,29 +223,47 @@ class RingLayout:
     cap: int
     size: int
     bitmap: bool = False
+    packed_words: int = 0             # > 0: a compressed ring, its slots' payload ring_packing words
 
     def __post_init__(self):
         if self.bitmap and self.size <= 0:
             raise RoundError("a bitmap ring slot needs the buffer's size")
+        if self.packed_words and (self.bitmap or self.cap > ring_packing.payload_bytes(self.packed_words) // 2):
+            raise RoundError(f"a packed ring slot of {self.packed_words} words holds fewer than {self.cap} values")
+
+    @classmethod
+    def packed(cls, slots, size, words):
+        """A compressed ring: slots of `words` packed payload words, up to the pairs they can hold
+        at their smallest (2 bytes a pair)."""
+        return cls(slots, min(size, ring_packing.payload_bytes(words) // 2), size, False, words)
 
     @classmethod
     def of_plan(cls, size, down, ring):
         """The layout of a buffer's ring key from its downlink plan (`down`: the buffer's entry,
         `ring`: one density stage's ring in it), as the server and the workers both build it."""
-        return cls(down["slots"], ring["cap"], size, ring["bitmap"])
+        return cls(down["slots"], ring["cap"], size, ring["bitmap"], ring.get("packed_words", 0))
+
+    @property
+    def compressed(self):
+        return self.packed_words > 0
+
+    @property
+    def index_coding(self):
+        """How a slot carries its indices: "packed" (gaps, ring_packing), "bitmap" or "list"."""
+        return "packed" if self.compressed else "bitmap" if self.bitmap else "list"
 
     @property
     def index_words(self):
-        return bitmap_words(self.size) if self.bitmap else self.cap
+        return 0 if self.compressed else bitmap_words(self.size) if self.bitmap else self.cap
 
     @property
     def values_at(self):
-        """Where a slot's values start."""
+        """Where a slot's values (or its packed payload) start."""
         return RING_HEADER + self.index_words
 
     @property
     def slot_length(self):
-        return self.values_at + self.cap
+        return self.values_at + (self.packed_words if self.compressed else self.cap)
 
     @property
     def length(self):
@@ -263,17 +288,18 @@ class DownlinkRing:
     the same float32 array bit for bit, -0.0 and NaN included. check_every > 0: every
     check_every-th round (rounds r with (r + 1) % check_every == 0) carries the weights' checksum."""
 
-    def __init__(self, layout, check_every=0, compressed=False):
+    def __init__(self, layout, check_every=0):
         if layout.size >= RING_EXACT:
             raise RoundError(f"a buffer of {layout.size} elements cannot carry its indices as float32")
-        # compressed: the round sums this ring's stage applies are first cut to layout.cap values
-        # (BufferState.squeezed), so they always fit; otherwise a sum may overflow its slot.
-        self.layout, self.check_every, self.compressed = layout, check_every, compressed
+        # A compressed (packed) layout: the round sums this ring's stage applies are first cut to
+        # what its slot holds (BufferState.squeezed), so they always fit; otherwise a sum may
+        # overflow its slot.
+        self.layout, self.check_every = layout, check_every
         self.array = np.zeros(layout.length, np.float32)
         self.array[::layout.slot_length] = -1.0
 
-    def compressed_cap(self, rnd):
-        return self.layout.cap if self.compressed else None
+    def compressed_layout(self, rnd):
+        return self.layout if self.layout.compressed else None
 
     def record(self, rnd, grad_sum, weights=None):
         """Publish round `rnd`'s sum; `weights`: the server's weights after it (for the checksum)."""
@@ -289,11 +315,17 @@ class DownlinkRing:
         if weights is not None and self.check_every and (rnd + 1) % self.check_every == 0:
             crc = weights_checksum(weights)
             slot[2:4] = crc >> 16, crc & 0xFFFF
-        if idx.size > lay.cap:
+        payload = None
+        if lay.compressed and idx.size <= lay.cap:
+            payload = ring_packing.encode(idx, grad_sum[idx], lay.packed_words)
+        if idx.size > lay.cap or (lay.compressed and payload is None):
             slot[1] = -1.0
             return
         n = idx.size
         slot[1] = n
+        if lay.compressed:
+            slot[RING_HEADER:] = payload
+            return
         if lay.bitmap:
             slot[RING_HEADER:lay.values_at] = pack_bitmap(idx, lay.size)
         else:
@@ -319,10 +351,11 @@ class StagedRings:
     def stage_of(self, rnd):
         return bisect.bisect_right(self.first_rounds, rnd) - 1
 
-    def compressed_cap(self, rnd):
-        """The values round `rnd` may carry under the compressed downlink, or None (exact or dense)."""
+    def compressed_layout(self, rnd):
+        """The packed RingLayout round `rnd` is published in under the compressed downlink, or None
+        (exact or dense)."""
         ring = self.rings[self.stage_of(rnd)]
-        return None if ring is None else ring.compressed_cap(rnd)
+        return None if ring is None else ring.compressed_layout(rnd)
 
     def record(self, rnd, grad_sum, weights=None):
         stage = self.stage_of(rnd)
@@ -348,6 +381,12 @@ def read_ring(array, layout, from_round=0):
             out[rnd] = None
             continue
         checksum = None if slot[2] < 0 else (int(slot[2]) << 16) | int(slot[3])
+        if layout.compressed:
+            try:
+                out[rnd] = RingRound(*ring_packing.decode(slot[RING_HEADER:], n, layout.size), checksum)
+            except ValueError as e:
+                raise RoundError(f"ring slot of round {rnd}: {e}") from None
+            continue
         if layout.bitmap:
             try:
                 idx = bitmap_indices(slot[RING_HEADER:values], layout.size, n)

@@ -64,8 +64,7 @@ class RoundService:
                 for stage, ring in enumerate(down["rings"]):
                     if ring is not None:
                         self.roles[ring["key"]] = (b, "ring", stage)
-                        ring = DownlinkRing(RingLayout.of_plan(buf["size"], down, ring), down.get("check_every", 0),
-                                            ring.get("compressed", False))
+                        ring = DownlinkRing(RingLayout.of_plan(buf["size"], down, ring), down.get("check_every", 0))
                     rings.append(ring)
                 self.roles[down["mom_key"]] = (b, "mom", None)
                 self.states[b].ring = StagedRings(rings, down["first_rounds"])

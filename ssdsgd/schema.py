@@ -265,8 +265,9 @@ SCHEMA = {
                               "the rounds' aggregated sparse updates applied to a replica of the servers' state "
                               "(per buffer, only where that is smaller); sparse: the exact sums (a pull grows "
                               "with the workers, up to N pushes); compressed: where the exact sums would be over "
-                              "2 pushes, the servers apply and send only each sum's top-2k (two pushes' worth, "
-                              "their own error feedback keeps the rest); auto: sparse with a sparsifier, dense "
+                              "2 pushes' bytes, the servers apply and send each sum's largest values rounded to "
+                              "one byte (4 significant bits), packed with their index gaps into 2 pushes' bytes "
+                              "(their own error feedback keeps the rest); auto: sparse with a sparsifier, dense "
                               "otherwise"),
         "downlink_check_every": Field(int, 50, min=0,
                                       doc="downlink sparse or compressed: every this many rounds the servers "

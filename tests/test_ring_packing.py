@@ -68,3 +68,16 @@ def test_values_that_are_not_rounded_and_short_payloads_are_refused():
         rp.decode(payload, 2, 500)
     empty_idx, empty_values = rp.decode(rp.encode(np.zeros(0, np.int64), np.zeros(0, np.float32), 2), 0, 10)
     assert empty_idx.size == empty_values.size == 0
+
+
+def test_fit_drops_the_smallest_and_the_first_of_equal_ones():
+    """Which pairs are left out decides the run: the smallest magnitudes, and of equal ones (common
+    among one-byte values) the first, as a stable sort would order them."""
+    rng = np.random.default_rng(4)
+    idx = np.sort(rng.choice(100000, 3000, replace=False))
+    mags = rng.integers(1, 6, idx.size).astype(np.float32)          # many ties
+    budget = rp.encoded_bytes(idx) - 700
+    kept = rp.fit(idx, mags, budget)
+    assert rp.encoded_bytes(idx[kept]) <= budget
+    dropped = np.setdiff1d(np.arange(idx.size), kept)
+    assert np.array_equal(np.sort(np.argsort(mags, kind="stable")[:dropped.size]), dropped)

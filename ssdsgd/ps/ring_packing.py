@@ -64,16 +64,24 @@ def encoded_bytes(idx):
 
 def fit(idx, magnitudes, budget):
     """Positions (ascending) of the largest-magnitude part of sorted indices `idx` whose encoding
-    fits `budget` bytes: drops the smallest magnitudes (the first of equal ones) until it does. Each
-    dropped pair frees at least its value byte (merging two gaps never takes more bytes than the two
-    did), so dropping the excess converges in a few passes."""
+    fits `budget` bytes: drops the smallest magnitudes, the first of equal ones (one-byte values are
+    often equal), until it does. Each dropped pair frees at least its value byte (merging two gaps
+    never takes more bytes than the two did), so dropping the excess converges in a few passes."""
     idx, magnitudes = np.asarray(idx, np.int64), np.asarray(magnitudes)
     kept = np.arange(idx.size)
     while True:
         excess = encoded_bytes(idx[kept]) - budget
         if excess <= 0:
             return kept
-        kept = np.sort(kept[np.argsort(magnitudes[kept], kind="stable")[excess:]])
+        if excess >= kept.size:
+            return kept[:0]
+        # the `excess` smallest, ties by position (a stable sort's first), in O(n): all below the
+        # excess-th smallest value, then the first of those equal to it
+        v = magnitudes[kept]
+        t = np.partition(v, excess - 1)[excess - 1]
+        drop = v < t
+        drop[np.flatnonzero(v == t)[:excess - int(drop.sum())]] = True
+        kept = kept[~drop]
 
 
 def encode(idx, values, words):

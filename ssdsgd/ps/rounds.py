@@ -132,7 +132,9 @@ class BufferState:
             self.residual = np.zeros(self.size, np.float32)
         acc = self.residual
         acc += grad_sum
-        idx = np.sort(top_magnitudes(np.abs(acc), layout.cap))
+        # The sampled search finds the same top-cap set as a partition, in one masked pass; seeded by
+        # the round, so nothing about it needs checkpointing.
+        idx = np.sort(top_magnitudes(np.abs(acc), layout.cap, rng=np.random.default_rng(self.version)))
         values, representable = ring_packing.round_values(acc[idx])
         idx, values = idx[representable], values[representable]
         kept = ring_packing.fit(idx, np.abs(values), ring_packing.payload_bytes(layout.packed_words))

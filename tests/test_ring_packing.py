@@ -81,3 +81,19 @@ def test_fit_drops_the_smallest_and_the_first_of_equal_ones():
     assert rp.encoded_bytes(idx[kept]) <= budget
     dropped = np.setdiff1d(np.arange(idx.size), kept)
     assert np.array_equal(np.sort(np.argsort(mags, kind="stable")[:dropped.size]), dropped)
+
+
+def test_subnormal_and_tiny_rounds_still_pack_exactly():
+    """A round whose values are all float32 subnormals (or round to zero) packs and decodes bit for bit
+    instead of stopping the server."""
+    # all subnormal: 6e-42 is about 2**-137, -2.1e-44 = -15 * 2**-149, 2.9e-44 = 21 * 2**-149 (rounds to
+    # 20 * 2**-149), 1e-45 = 2**-149, the smallest; 2e-46 is 0 in float32; 3e-38 (2**-125) would put
+    # 2**-149 more than 16 octaves below and leave it out
+    v = np.array([6e-42, -2.1e-44, 2.9e-44, 1e-45, 2e-46], np.float32)
+    r, keep = rp.round_values(v)
+    assert keep.tolist() == [True, True, True, True, False] and np.all(r[keep] != 0)
+    assert r[2] == np.float32(20 * 2.0 ** -149)
+    assert rp.round_values(np.array([3e-38, 1e-45], np.float32))[1].tolist() == [True, False]
+    idx = np.flatnonzero(keep)
+    got_idx, got_values = rp.decode(rp.encode(idx, r[keep], 4), idx.size, 10)
+    assert np.array_equal(got_idx, idx) and bits_equal(got_values, r[keep])

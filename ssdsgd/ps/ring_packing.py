@@ -33,14 +33,15 @@ def round_values(values):
     """(rounded float32 values, mask of those representable): each value to 4 significant bits; a
     value more than OCTAVES octaves below the largest magnitude, or zero, is not representable."""
     m, e = np.frexp(np.asarray(values, np.float32))
-    q = np.rint(np.abs(m) * MANTISSA_STEPS)           # 8 .. 16
+    q = np.rint(np.abs(m) * MANTISSA_STEPS)           # 8 .. 16 (0 for a zero)
     carry = q == MANTISSA_STEPS
     q[carry] = MANTISSA_STEPS // 2
-    e = e + carry
-    keep = q > 0
+    rounded = np.ldexp(np.copysign(q, m) / MANTISSA_STEPS, e + carry).astype(np.float32)
+    # The exponents of what is sent: a float32 subnormal may round further, or to zero.
+    _, e = np.frexp(rounded)
+    keep = rounded != 0
     if keep.any():
         keep &= e > e[keep].max() - OCTAVES
-    rounded = np.ldexp(np.copysign(q, m) / MANTISSA_STEPS, e).astype(np.float32)
     return np.where(keep, rounded, np.float32(0)), keep
 
 

@@ -102,7 +102,7 @@ class BufferState:
         while self.version in self.pending and len(self.pending[self.version][1]) == self.num_workers \
                 and not self.pending[self.version][2]:
             grad_sum = self.pending.pop(self.version)[0]
-            self.apply(self.squeezed(grad_sum))
+            self.apply(*self.squeezed(grad_sum))
             applied += 1
         return applied
 
@@ -122,12 +122,13 @@ class BufferState:
                 entry[0] += grad
 
     def squeezed(self, grad_sum):
-        """The round's sum as the servers apply it: itself, or under a compressed ring stage, after
-        adding the residual e, its largest magnitudes rounded to the packed slot's values, as many as
-        the slot's bytes hold; what they do not carry stays in e for later rounds."""
+        """(the round's sum as the servers apply it, its non-zero indices or None if not known): the
+        sum itself, or under a compressed ring stage, after adding the residual e, its largest
+        magnitudes rounded to the packed slot's values, as many as the slot's bytes hold (all
+        non-zero, at the indices returned); what they do not carry stays in e for later rounds."""
         layout = self.ring.compressed_layout(self.version) if self.ring is not None else None
         if layout is None:
-            return grad_sum
+            return grad_sum, None
         if self.residual is None:
             self.residual = np.zeros(self.size, np.float32)
         acc = self.residual
@@ -142,15 +143,17 @@ class BufferState:
         out = np.zeros(self.size, np.float32)
         out[idx] = values
         acc[idx] -= values
-        return out
+        return out, idx
 
-    def apply(self, grad_sum):
+    def apply(self, grad_sum, nonzero=None):
+        """Apply one round's sum; `nonzero`: its non-zero indices, ascending, where the caller knows
+        them (the ring then need not scan the sum for them)."""
         lr = np.float32(self.schedule(self.version + 1))     # MXNet counts updates from 1
         self.mom *= np.float32(self.momentum if self.version < self.warmup else self.delay_momentum)
         self.mom -= lr * (grad_sum * np.float32(self.scale) + np.float32(self.wd) * self.weights)
         self.weights += self.mom
         if self.ring is not None:
-            self.ring.record(self.version, grad_sum, self.weights)
+            self.ring.record(self.version, grad_sum, self.weights, nonzero)
         self.version += 1
 
     def state_dict(self):
@@ -303,12 +306,13 @@ class DownlinkRing:
     def compressed_layout(self, rnd):
         return self.layout if self.layout.compressed else None
 
-    def record(self, rnd, grad_sum, weights=None):
-        """Publish round `rnd`'s sum; `weights`: the server's weights after it (for the checksum)."""
+    def record(self, rnd, grad_sum, weights=None, nonzero=None):
+        """Publish round `rnd`'s sum; `weights`: the server's weights after it (for the checksum);
+        `nonzero`: the sum's non-zero indices, ascending, if known (else found by a scan)."""
         lay = self.layout
         s = (rnd % lay.slots) * lay.slot_length
         slot = self.array[s:s + lay.slot_length]
-        idx = np.flatnonzero(grad_sum.view(np.uint32))
+        idx = np.flatnonzero(grad_sum.view(np.uint32)) if nonzero is None else nonzero
         if rnd >= RING_EXACT:
             slot[0] = -1.0            # the round number itself would not be exact: an empty slot
             return
@@ -359,10 +363,10 @@ class StagedRings:
         ring = self.rings[self.stage_of(rnd)]
         return None if ring is None else ring.compressed_layout(rnd)
 
-    def record(self, rnd, grad_sum, weights=None):
+    def record(self, rnd, grad_sum, weights=None, nonzero=None):
         stage = self.stage_of(rnd)
         if self.rings[stage] is not None:
-            self.rings[stage].record(rnd, grad_sum, weights)
+            self.rings[stage].record(rnd, grad_sum, weights, nonzero)
             self.changed.add(stage)
 
 

@@ -7,7 +7,7 @@ on a Fashion-MNIST validation split. Packed, the same bytes carry about three ti
 
 - each value as one byte, a float with 4 significant bits: sign, a 4-bit exponent below the round's
   largest (16 octaves) and 3 mantissa bits. What rounding changes, and any value more than 16 octaves
-  below the largest, stays in the servers' error feedback (ssdsgd.ps.rounds.BufferState.squeezed);
+  below the largest, stays in the servers' error feedback (take_round, for BufferState.squeezed);
 - each index as the gap to the previous one, in 7-bit groups with the high bit set on all but the
   last group (LEB128): one byte for a gap below 128, which at a few percent density is nearly all.
 
@@ -17,6 +17,8 @@ largest binary exponent plus EXPONENT_BIAS. Encoding a value that is already rou
 for bit, so the servers apply exactly what every replica decodes.
 """
 import numpy as np
+
+from ssdsgd.compression.compressor import top_magnitudes
 
 EXPONENT_BIAS = 1024                  # keeps the exponent word non-negative (float32 exponents > -150)
 OCTAVES = 16                          # 4 exponent bits
@@ -83,6 +85,23 @@ def fit(idx, magnitudes, budget):
         drop = v < t
         drop[np.flatnonzero(v == t)[:excess - int(drop.sum())]] = True
         kept = kept[~drop]
+
+
+def take_round(acc, cap, words, seed):
+    """What a compressed round carries of `acc` (the round's sum plus the servers' residual), taken
+    out of it: (float32 array of acc's size holding the carried values, their indices ascending). The
+    largest magnitudes, at most `cap`, rounded by round_values and cut by fit to a payload of `words`
+    words; acc keeps the rest, rounding errors included. The sampled search finds the same top-cap
+    set as a partition, in one masked pass; seeded by the caller (the round), nothing to checkpoint."""
+    idx = np.sort(top_magnitudes(np.abs(acc), cap, rng=np.random.default_rng(seed)))
+    values, representable = round_values(acc[idx])
+    idx, values = idx[representable], values[representable]
+    kept = fit(idx, np.abs(values), payload_bytes(words))
+    idx, values = idx[kept], values[kept]
+    out = np.zeros(acc.size, np.float32)
+    out[idx] = values
+    acc[idx] -= values
+    return out, idx
 
 
 def encode(idx, values, words):

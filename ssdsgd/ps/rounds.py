@@ -39,7 +39,6 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from ssdsgd.compression.codec import SparseGrad, bitmap_indices, bitmap_words, pack_bitmap
-from ssdsgd.compression.compressor import top_magnitudes
 from ssdsgd.ps import ring_packing
 
 
@@ -122,32 +121,19 @@ class BufferState:
                 entry[0] += grad
 
     def squeezed(self, grad_sum):
-        """(the round's sum as the servers apply it, its non-zero indices or None if not known): the
-        sum itself, or under a compressed ring stage, after adding the residual e, its largest
-        magnitudes rounded to the packed slot's values, as many as the slot's bytes hold (all
-        non-zero, at the indices returned); what they do not carry stays in e for later rounds."""
+        """(the round's sum as the servers apply it, its non-zero indices or None): the sum itself, or
+        under a compressed ring stage its largest magnitudes after adding the residual e, rounded to
+        the packed slot's values, as many as its bytes hold; the rest stays in e for later rounds."""
         layout = self.ring.compressed_layout(self.version) if self.ring is not None else None
         if layout is None:
             return grad_sum, None
         if self.residual is None:
             self.residual = np.zeros(self.size, np.float32)
-        acc = self.residual
-        acc += grad_sum
-        # The sampled search finds the same top-cap set as a partition, in one masked pass; seeded by
-        # the round, so nothing about it needs checkpointing.
-        idx = np.sort(top_magnitudes(np.abs(acc), layout.cap, rng=np.random.default_rng(self.version)))
-        values, representable = ring_packing.round_values(acc[idx])
-        idx, values = idx[representable], values[representable]
-        kept = ring_packing.fit(idx, np.abs(values), ring_packing.payload_bytes(layout.packed_words))
-        idx, values = idx[kept], values[kept]
-        out = np.zeros(self.size, np.float32)
-        out[idx] = values
-        acc[idx] -= values
-        return out, idx
+        self.residual += grad_sum
+        return ring_packing.take_round(self.residual, layout.cap, layout.packed_words, seed=self.version)
 
     def apply(self, grad_sum, nonzero=None):
-        """Apply one round's sum; `nonzero`: its non-zero indices, ascending, where the caller knows
-        them (the ring then need not scan the sum for them)."""
+        """Apply one round's sum; `nonzero`: its non-zero indices, ascending, if known (no ring scan)."""
         lr = np.float32(self.schedule(self.version + 1))     # MXNet counts updates from 1
         self.mom *= np.float32(self.momentum if self.version < self.warmup else self.delay_momentum)
         self.mom -= lr * (grad_sum * np.float32(self.scale) + np.float32(self.wd) * self.weights)
@@ -296,9 +282,8 @@ class DownlinkRing:
     def __init__(self, layout, check_every=0):
         if layout.size >= RING_EXACT:
             raise RoundError(f"a buffer of {layout.size} elements cannot carry its indices as float32")
-        # A compressed (packed) layout: the round sums this ring's stage applies are first cut to
-        # what its slot holds (BufferState.squeezed), so they always fit; otherwise a sum may
-        # overflow its slot.
+        # A compressed (packed) layout: its rounds are first cut to what a slot holds
+        # (BufferState.squeezed); an exact ring's round may overflow its slot.
         self.layout, self.check_every = layout, check_every
         self.array = np.zeros(layout.length, np.float32)
         self.array[::layout.slot_length] = -1.0
@@ -308,7 +293,7 @@ class DownlinkRing:
 
     def record(self, rnd, grad_sum, weights=None, nonzero=None):
         """Publish round `rnd`'s sum; `weights`: the server's weights after it (for the checksum);
-        `nonzero`: the sum's non-zero indices, ascending, if known (else found by a scan)."""
+        `nonzero`: the sum's non-zero indices, ascending, if known."""
         lay = self.layout
         s = (rnd % lay.slots) * lay.slot_length
         slot = self.array[s:s + lay.slot_length]

@@ -1,9 +1,9 @@
 """Microbenchmark of what the compressed downlink costs the servers: CPU time of BufferState.receive()
 per round (summing the N workers' messages, applying the round and publishing it in the ring), with the
 exact ring (compression.downlink: sparse) and with the compressed one (packed, two pushes' bytes:
-ssdsgd.ps.ring_packing), on the same 1% top-k-like messages; no networking, no MXNet. Also reported:
-the values a compressed round carries against the non-zero entries of the exact round sum, and the
-slot's bytes against a push's.
+ssdsgd.ps.ring_packing), on the same 1% top-k-like messages (uniform random indices, fresh each round);
+no networking, no MXNet. Also reported: the values a compressed round carries against the non-zero
+entries of the exact round sum, and a worker's push bytes (results.csv; a slot is two of them).
 
     OMP_NUM_THREADS=1 python bench/bench_downlink_server.py      # -> results/bench_downlink_server/
 """

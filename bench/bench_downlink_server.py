@@ -22,7 +22,8 @@ from bench.bench_server import MODELS, payloads, split
 from scripts.results_io import write_manifest, write_text
 from ssdsgd.algorithms.downlink import ring_choice
 from ssdsgd.compression.codec import WireFormat
-from ssdsgd.ps.rounds import BufferState, DownlinkRing
+from ssdsgd.ps.ring import DownlinkRing
+from ssdsgd.ps.rounds import BufferState
 
 
 def run(sizes, density, workers, downlink, rounds, warmup=1):

@@ -63,7 +63,7 @@ def build(cfg_path, sets):
     from ssdsgd.algorithms.policy import density_stage
     from ssdsgd.algorithms.ssd import RoundClient
     from ssdsgd.config import load_config
-    from ssdsgd.ps.rounds import DownlinkRing, RingLayout
+    from ssdsgd.ps.ring import DownlinkRing, RingLayout
     from ssdsgd.schedule import LRSchedule
     from ssdsgd.worker.loop import build_net
     cfg = load_config(cfg_path, sets)
@@ -109,7 +109,7 @@ def build(cfg_path, sets):
 
 def measure(client, params, server, stage, fwd_bwd, steps):
     from ssdsgd.compression.encoders import copy_to_host, flatten
-    from ssdsgd.ps.rounds import RingLayout, read_ring
+    from ssdsgd.ps.ring import RingLayout, read_ring
     grads = [p.grad() for p in params]
     pushed = [grads[i] for i in client.buffers[0].params]      # the buffer's order, as the worker pushes
     encoder = client.stages[stage][1][0]

@@ -4,7 +4,7 @@ rate and server cost per value (issue 36, item 7).
 Bytes come from the project's own code, never from re-derived formulas: the buffer plan
 (compression.fusion.plan_for_config, tensor_counts), each buffer's mailbox message
 (Buffer.wire = codec.WireFormat) and each buffer's downlink ring (algorithms.downlink.ring_choice ->
-ps.rounds.RingLayout), for the config a layout runs with (bench_network's algorithm overrides, N
+ps.ring.RingLayout), for the config a layout runs with (bench_network's algorithm overrides, N
 workers, S servers). SSGD (MXNet's stock dist_sync) pushes and pulls the dense model each step.
 On the wire every payload byte costs FRAME/MSS (TCP/IP/Ethernet headers) plus one ACK per two
 segments coming back. Per layout (N workers, S servers, one link per host at `rate` each way):

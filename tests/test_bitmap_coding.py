@@ -17,7 +17,8 @@ from ssdsgd.compression.codec import (
     use_bitmap,
 )
 from ssdsgd.compression.fusion import make_plan, warmup_stages
-from ssdsgd.ps.rounds import BufferState, DownlinkRing, RingLayout, RoundError, read_ring
+from ssdsgd.ps.ring import DownlinkRing, RingLayout, read_ring
+from ssdsgd.ps.rounds import BufferState, RoundError
 from ssdsgd.schedule import LRSchedule
 
 

@@ -1,11 +1,12 @@
 """Sparse downlink (compression.downlink: sparse): the servers publish each applied round's aggregated
-sparse update in a ring (ssdsgd.ps.rounds.DownlinkRing); a worker's replica of the buffer's server state
+sparse update in a ring (ssdsgd.ps.ring.DownlinkRing); a worker's replica of the buffer's server state
 applies them with the same numpy update and must stay bit for bit equal to the server's state."""
 import numpy as np
 import pytest
 
 from ssdsgd.compression.codec import WireFormat
-from ssdsgd.ps.rounds import BufferState, DownlinkRing, RingLayout, RoundError, StagedRings, read_ring
+from ssdsgd.ps.ring import DownlinkRing, RingLayout, StagedRings, read_ring
+from ssdsgd.ps.rounds import BufferState, RoundError
 from ssdsgd.schedule import LRSchedule
 
 B = 8

@@ -10,7 +10,7 @@ from scripts import scaling_model as sm
 from ssdsgd.algorithms.downlink import COMPRESSED_PUSHES
 from ssdsgd.compression.codec import WireFormat, use_bitmap
 from ssdsgd.compression.fusion import tensor_counts
-from ssdsgd.ps.rounds import RingLayout
+from ssdsgd.ps.ring import RingLayout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "configs/bench_cifar_resnet20.yaml")

@@ -1,6 +1,6 @@
 """The sparse downlink's worker side (compression.downlink: sparse or compressed): a replica of each
 buffer's server state, refreshed from the ring of the last rounds' aggregated sparse updates instead of
-a pull of the dense weights (the ring itself, server side: ssdsgd.ps.rounds.DownlinkRing).
+a pull of the dense weights (the ring itself, server side: ssdsgd.ps.ring.DownlinkRing).
 
 sparse: a round's slot holds the exact sum of the N workers' pushes, up to N pushes' values, so the
 pull grows with N. compressed: where that exact slot would be larger than two pushes' bytes, the servers
@@ -25,7 +25,8 @@ from ssdsgd.compression.codec import WireFormat, use_bitmap
 from ssdsgd.compression.fusion import KeyAllocator
 from ssdsgd.config import RING_DOWNLINKS
 from ssdsgd.ps.commands import num_servers
-from ssdsgd.ps.rounds import RING_HEADER, ReplicaMismatch, RingLayout, read_ring
+from ssdsgd.ps.ring import RING_HEADER, RingLayout, read_ring
+from ssdsgd.ps.rounds import ReplicaMismatch
 
 
 def ring_zeros(size, down, ring):

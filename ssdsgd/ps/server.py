@@ -22,7 +22,8 @@ from ssdsgd.env import ROLE_ENV, SECRET_ENV, rank_line
 from ssdsgd.ps import commands
 from ssdsgd.ps.eval_tally import TALLY_KEY
 from ssdsgd.ps.membership import RollCall, proof_keys
-from ssdsgd.ps.rounds import BufferState, DownlinkRing, RingLayout, StagedRings
+from ssdsgd.ps.ring import DownlinkRing, RingLayout, StagedRings
+from ssdsgd.ps.rounds import BufferState
 from ssdsgd.schedule import LRSchedule
 
 

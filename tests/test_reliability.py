@@ -293,11 +293,21 @@ def test_corrupt_or_mismatched_checkpoint_is_refused(tmp_path):
     assert none.rc == 2 and "no complete checkpoint" in none.output
 
 
+def test_nonfinite_message_names_a_few_parameters_and_counts_the_rest():
+    # A diverging ResNet is non-finite in all of its ~60 parameters at once: one line, not a page.
+    from ssdsgd.worker.loop import nonfinite_summary
+    names = ["loss"] + [f"p{i}" for i in range(60)]
+    assert nonfinite_summary(names) == "loss, p0, p1 and 58 more parameters (all named in this rank's metrics log)"
+    assert nonfinite_summary(["a", "b", "c"]) == "a, b, c"
+    assert nonfinite_summary([]) == "sum of squared gradients overflowed"
+
+
 @pytest.mark.timeout(180)
 def test_nan_fails_by_default_and_is_skipped_on_request(tmp_path):
     fail = run_job(tmp_path, SSD_TOPK, "train.epochs=2", name="nanfail", env={"SSDSGD_TEST_FAULT": "nan:1:3"})
     assert fail.rc != 0
     assert "NaN/Inf at step 3 on rank 1" in fail.output
+    assert "in: conv0_weight, conv0_bias, batchnorm0_gamma (train.nonfinite: fail" in fail.output
     assert processes_with(fail.marker) == []
     # One zeroed step does not hurt training: SSGD still learns digits in 4 epochs.
     skip = run_job(tmp_path, SSGD, "train.epochs=4", "train.nonfinite=skip", name="nanskip",

@@ -201,13 +201,25 @@ class NonFiniteError(RuntimeError):
     pass
 
 
+def nonfinite_summary(names, shown=3):
+    """Where a step went non-finite, for a one-line message: the first few names (a diverging model
+    is non-finite in every parameter at once; the run's metrics log keeps the whole list)."""
+    if not names:
+        return "sum of squared gradients overflowed"
+    more = len(names) - shown
+    rest = f" and {more} more parameters (all named in this rank's metrics log)" if more > 0 else ""
+    return ", ".join(names[:shown]) + rest
+
+
 def _handle_nonfinite(policy, loss, params, step, rank, log):
     """Stop with the step, rank and parameter names, or zero the gradients (skip the step)."""
     import mxnet as mx
     bad = [p.name for p in params if not bool(mx.nd.contrib.isfinite(p.grad()).min().asscalar())]
     loss_bad = not bool(mx.nd.contrib.isfinite(loss).min().asscalar())
-    what = ", ".join((["loss"] if loss_bad else []) + bad) or "sum of squared gradients overflowed"
-    log.write(event="nonfinite", step=step, where=what, policy=policy)
+    names = (["loss"] if loss_bad else []) + bad
+    log.write(event="nonfinite", step=step, where=", ".join(names) or "sum of squared gradients overflowed",
+              policy=policy)
+    what = nonfinite_summary(names)
     if policy == "fail":
         raise NonFiniteError(f"NaN/Inf at step {step} on rank {rank} in: {what} "
                              f"(train.nonfinite: fail; set it to skip to drop such steps)")

@@ -73,6 +73,7 @@ class BufferState:
         self.checks = 0               # replica side: rounds whose published checksum this state matched
         self.residual = None          # compressed downlink: the servers' error feedback e (float32, size)
         self._scratch = None          # apply's two chunk-sized scratch arrays
+        self._spare = []              # zeroed round accumulators for the next rounds
         self._round = None            # catch_up's zeroed round buffer (size), reused round after round
 
     def bind(self, weights, version=0):
@@ -93,8 +94,10 @@ class BufferState:
             raise RoundError(f"rank {rank} pushed round {rnd}, already applied (version {self.version})")
         entry = self.pending.get(rnd)
         if entry is None:
-            # The round's accumulator: O(size), once per round (not per message).
-            entry = self.pending[rnd] = [np.zeros(self.size, np.float32), set(), {}]
+            # The round's accumulator: a zeroed array of the buffer's size, once per round (not per
+            # message), reused: fresh zeroed memory faults its pages in as the sums scatter into it.
+            acc = self._spare.pop() if self._spare else np.zeros(self.size, np.float32)
+            entry = self.pending[rnd] = [acc, set(), {}]
         if rank in entry[1]:
             raise RoundError(f"rank {rank} pushed round {rnd} twice")
         entry[1].add(rank)
@@ -105,6 +108,8 @@ class BufferState:
                 and not self.pending[self.version][2]:
             grad_sum = self.pending.pop(self.version)[0]
             self.apply(*self.squeezed(grad_sum))
+            grad_sum.fill(0.0)
+            self._spare.append(grad_sum)
             applied += 1
         return applied
 

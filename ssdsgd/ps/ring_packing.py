@@ -87,18 +87,20 @@ def fit(idx, magnitudes, budget):
         kept = kept[~drop]
 
 
-def take_round(acc, cap, words, seed):
+def take_round(acc, cap, words, seed, out=None, magnitude=None):
     """What a compressed round carries of `acc` (the round's sum plus the servers' residual), taken
     out of it: (float32 array of acc's size holding the carried values, their indices ascending). The
     largest magnitudes, at most `cap`, rounded by round_values and cut by fit to a payload of `words`
     words; acc keeps the rest, rounding errors included. The sampled search finds the same top-cap
-    set as a partition, in one masked pass; seeded by the caller (the round), nothing to checkpoint."""
-    idx = np.sort(top_magnitudes(np.abs(acc), cap, rng=np.random.default_rng(seed)))
+    set as a partition, in one masked pass; seeded by the caller (the round), nothing to checkpoint.
+    out (zeros) and magnitude: float32 arrays of acc's size to use instead of fresh ones."""
+    magnitude = np.abs(acc, out=magnitude)
+    idx = np.sort(top_magnitudes(magnitude, cap, rng=np.random.default_rng(seed)))
     values, representable = round_values(acc[idx])
     idx, values = idx[representable], values[representable]
     kept = fit(idx, np.abs(values), payload_bytes(words))
     idx, values = idx[kept], values[kept]
-    out = np.zeros(acc.size, np.float32)
+    out = np.zeros(acc.size, np.float32) if out is None else out
     out[idx] = values
     acc[idx] -= values
     return out, idx

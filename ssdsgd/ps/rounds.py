@@ -74,6 +74,7 @@ class BufferState:
         self.residual = None          # compressed downlink: the servers' error feedback e (float32, size)
         self._scratch = None          # apply's two chunk-sized scratch arrays
         self._spare = []              # zeroed round accumulators for the next rounds
+        self._carried = self._magnitude = None      # squeezed's reused arrays (compressed downlink)
         self._round = None            # catch_up's zeroed round buffer (size), reused round after round
 
     def bind(self, weights, version=0):
@@ -107,7 +108,10 @@ class BufferState:
         while self.version in self.pending and len(self.pending[self.version][1]) == self.num_workers \
                 and not self.pending[self.version][2]:
             grad_sum = self.pending.pop(self.version)[0]
-            self.apply(*self.squeezed(grad_sum))
+            carried, nonzero = self.squeezed(grad_sum)
+            self.apply(carried, nonzero)
+            if carried is not grad_sum:
+                carried[nonzero] = 0.0                # zero again for the next compressed round
             grad_sum.fill(0.0)
             self._spare.append(grad_sum)
             applied += 1
@@ -137,8 +141,11 @@ class BufferState:
             return grad_sum, None
         if self.residual is None:
             self.residual = np.zeros(self.size, np.float32)
+        if self._carried is None:     # the carried round (zeros between rounds) and its magnitudes
+            self._carried, self._magnitude = np.zeros((2, self.size), np.float32)
         self.residual += grad_sum
-        return ring_packing.take_round(self.residual, layout.cap, layout.packed_words, seed=self.version)
+        return ring_packing.take_round(self.residual, layout.cap, layout.packed_words, self.version,
+                                       self._carried, self._magnitude)
 
     def apply(self, grad_sum, nonzero=None):
         """Apply one round's sum; `nonzero`: its non-zero indices, ascending, if known (no ring scan).

@@ -217,8 +217,7 @@ def _handle_nonfinite(policy, loss, params, step, rank, log):
     bad = [p.name for p in params if not bool(mx.nd.contrib.isfinite(p.grad()).min().asscalar())]
     loss_bad = not bool(mx.nd.contrib.isfinite(loss).min().asscalar())
     names = (["loss"] if loss_bad else []) + bad
-    log.write(event="nonfinite", step=step, where=", ".join(names) or "sum of squared gradients overflowed",
-              policy=policy)
+    log.write(event="nonfinite", step=step, where=nonfinite_summary(names, shown=len(names)), policy=policy)
     what = nonfinite_summary(names)
     if policy == "fail":
         raise NonFiniteError(f"NaN/Inf at step {step} on rank {rank} in: {what} "

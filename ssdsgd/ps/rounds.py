@@ -73,9 +73,8 @@ class BufferState:
         self.checks = 0               # replica side: rounds whose published checksum this state matched
         self.residual = None          # compressed downlink: the servers' error feedback e (float32, size)
         self._scratch = None          # apply's two chunk-sized scratch arrays
-        self._spare = []              # zeroed round accumulators for the next rounds
+        self._spare = []              # zeroed round arrays for the next rounds (_zeroed_round)
         self._carried = self._magnitude = None      # squeezed's reused arrays (compressed downlink)
-        self._round = None            # catch_up's zeroed round buffer (size), reused round after round
 
     def bind(self, weights, version=0):
         if weights.shape != (self.size,):
@@ -95,10 +94,7 @@ class BufferState:
             raise RoundError(f"rank {rank} pushed round {rnd}, already applied (version {self.version})")
         entry = self.pending.get(rnd)
         if entry is None:
-            # The round's accumulator: a zeroed array of the buffer's size, once per round (not per
-            # message), reused: fresh zeroed memory faults its pages in as the sums scatter into it.
-            acc = self._spare.pop() if self._spare else np.zeros(self.size, np.float32)
-            entry = self.pending[rnd] = [acc, set(), {}]
+            entry = self.pending[rnd] = [self._zeroed_round(), set(), {}]   # once per round, not per message
         if rank in entry[1]:
             raise RoundError(f"rank {rank} pushed round {rnd} twice")
         entry[1].add(rank)
@@ -116,6 +112,11 @@ class BufferState:
             self._spare.append(grad_sum)
             applied += 1
         return applied
+
+    def _zeroed_round(self):
+        """A zeroed array of the buffer's size for a round's sum, from those given back once applied
+        (zeroed again): fresh zeroed memory faults its pages in as the sums scatter into it."""
+        return self._spare.pop() if self._spare else np.zeros(self.size, np.float32)
 
     @staticmethod
     def _add_in_rank_order(entry):
@@ -204,11 +205,11 @@ class BufferState:
             entry = rounds.get(self.version)
             if entry is None:
                 return False
-            if self._round is None:
-                self._round = np.zeros(self.size, np.float32)
-            self._round[entry.indices] = entry.values
-            self.apply(self._round)
-            self._round[entry.indices] = 0.0          # zero again in O(values), for the next round
+            grad_sum = self._zeroed_round()
+            grad_sum[entry.indices] = entry.values
+            self.apply(grad_sum)
+            grad_sum[entry.indices] = 0.0             # zero again in O(values)
+            self._spare.append(grad_sum)
             if entry.checksum is not None:
                 mine = weights_checksum(self.weights)
                 if mine != entry.checksum:

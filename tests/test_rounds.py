@@ -719,6 +719,20 @@ def test_fixed_mode_large_cap_is_one_buffer():
     assert buffers[0].size == sum(numel(s) for s in SHAPES)
 
 
+@pytest.mark.parametrize("servers, buffers_per_server", [(1, 2), (2, 1), (3, 1)])
+def test_one_mode_splits_a_share_too_large_for_one_buffer(servers, buffers_per_server):
+    # ResNet-50's 25.6 M parameters on one server: one buffer would exceed the 2**24 elements a buffer
+    # can index, so the default plan takes as few buffers as fit instead of failing once the job runs.
+    shapes = [(1 << 20,)] * 24 + [(1000,)] * 10
+    buffers = make_plan(shapes, servers, mode="one")
+    check_plan(buffers, shapes)
+    assert len(buffers) == servers * buffers_per_server
+    assert all(b.size <= 1 << 24 for b in buffers)
+    with pytest.raises(ValueError, match=r"more than one buffer can hold \(16777216\); use compression.buffers: "
+                                         r"one or fixed, or more servers"):
+        make_plan(shapes, 1, mode="consecutive")
+
+
 @pytest.mark.parametrize("servers", [1, 2, 3])
 def test_plan_is_deterministic(servers):
     a = make_plan(SHAPES, servers, mode="fixed", buffer_bytes=4 * 500)

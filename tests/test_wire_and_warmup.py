@@ -86,7 +86,9 @@ def test_fp16_plans_cap_buffers_at_2_to_the_22():
         make_plan([(DIGIT * DIGIT + 1,)], 1, mode="fixed", counts=[10], codec="sparse", fp16=True)
     make_plan([(DIGIT * DIGIT + 1,)], 1, mode="one", counts=[10], codec="sparse")   # fp32 wire: fine
     with pytest.raises(ValueError, match=str(DIGIT * DIGIT)):                 # two tensors, one buffer
-        make_plan([(DIGIT * DIGIT,), (1,)], 1, mode="one", counts=[10, 1], codec="sparse", fp16=True)
+        make_plan([(DIGIT * DIGIT,), (1,)], 1, mode="consecutive", counts=[10, 1], codec="sparse", fp16=True)
+    split = make_plan([(DIGIT * DIGIT,), (1,)], 1, mode="one", counts=[10, 1], codec="sparse", fp16=True)
+    assert [b.params for b in split] == [[1], [0]]                              # `one` takes two instead
 
 
 @pytest.mark.parametrize("step,stage", [(0, 0), (21, 0), (22, 1), (43, 1), (44, 2), (45, 2), (10 ** 6, 2)])

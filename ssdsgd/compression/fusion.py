@@ -247,7 +247,8 @@ def make_plan(shapes, num_servers, *, mode="one", buffer_bytes=4 << 20, counts=N
               groups=None, fp16=False, index_coding="list"):
     """shapes: parameter shapes in forward order. counts: values sent per parameter (None = dense).
 
-    mode 'one': one buffer per server (the whole model when S = 1; group_one_per_server); 'consecutive':
+    mode 'one': one buffer per server (the whole model when S = 1; group_one_per_server), or as few as fit
+    where a server's share is over what one buffer can hold (group_fixed at that size); 'consecutive':
     one buffer per server, always group_even's consecutive split (how 'one' split before); 'fixed': at most
     buffer_bytes of parameters, a multiple of S of them, evenly sized; or explicit `groups` of
     positions in backward order (cost model).
@@ -262,6 +263,10 @@ def make_plan(shapes, num_servers, *, mode="one", buffer_bytes=4 << 20, counts=N
     if groups is None:
         if mode == "one":
             groups = group_one_per_server(sizes_bwd, num_servers)
+            if max(sum(sizes_bwd[pos] for pos in g) for g in groups) > max_elements:
+                # A server's share is more than one buffer can index (ResNet-50 on 1 server): as few
+                # buffers as fit, as many on every server, rather than refusing the default.
+                groups = group_fixed(sizes_bwd, max_elements, num_servers)
         elif mode == "consecutive":
             groups = group_even(sizes_bwd, num_servers)
         elif mode == "fixed":
@@ -279,8 +284,8 @@ def make_plan(shapes, num_servers, *, mode="one", buffer_bytes=4 << 20, counts=N
         params = [order[pos] for pos in group]
         psizes = [sizes[i] for i in params]
         if sum(psizes) > max_elements:
-            raise ValueError(f"buffer {b} has {sum(psizes)} elements, more than {max_elements}; "
-                             f"use compression.buffers: fixed with a smaller buffer_bytes")
+            raise ValueError(f"buffer {b} has {sum(psizes)} elements, more than one buffer can hold "
+                             f"({max_elements}); use compression.buffers: one or fixed, or more servers")
         offsets, off = [], 0
         for n in psizes:
             offsets.append(off)

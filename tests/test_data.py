@@ -197,6 +197,14 @@ def test_cifar_missing_folder_or_files(tmp_path):
         data.build_data("cifar10", batch_size=10, **SHARD)
 
 
+def test_cifar_incomplete_copy_names_the_missing_file(tmp_path, cifar_arrays):
+    write_cifar(str(tmp_path), "python", cifar_arrays)
+    os.remove(str(tmp_path / "data_batch_3"))
+    with pytest.raises(data.DataError) as err:
+        data.build_data("cifar10", batch_size=10, root=str(tmp_path), **SHARD)
+    assert f"(the python copy there lacks {tmp_path / 'data_batch_3'})" in str(err.value)
+
+
 # ---------------------------------------------------------------- imagenet (RecordIO)
 
 VAL_COLOURS = [(30 * i, 255 - 25 * i, 100 + 10 * i) for i in range(8)]  # RGB
@@ -632,6 +640,12 @@ def test_idx_train_per_class_keeps_first_n_of_each_class_in_file_order(idx_root,
     bundle = build_idx("mnist", idx_root, train_per_class=3, batch_size=29)
     assert bundle.train.num_samples == 29 and bundle.eval_set == "test"
     assert bundle.test.num_samples == 20     # the test set is untouched
+    assert bundle.notes == ("data.train_per_class: 3 asked, but 1 of 10 classes have fewer and keep all they "
+                            "have (9: 2)",)
+    assert build_idx("mnist", idx_root, train_per_class=2, batch_size=20).notes == ()
+    assert data.short_classes_note(labels, train_per_class=5, train_offset=3) == (
+        "data.train_per_class: 5 asked, but 9 of 10 classes have fewer after data.train_offset 3 and keep all "
+        "they have (1: 3, 2: 3, 3: 3, 4: 3, 5: 3, ...)")
     train_x, train_y = collect(bundle.train.epoch(0))
     index = match_rows(denormalize_idx(train_x, "mnist"), idx_arrays["train_images"])
     np.testing.assert_array_equal(np.sort(index), keep)

@@ -62,13 +62,22 @@ def _cifar_candidates(root):
 
 def _find_cifar10(root, fmt):
     """(format, path) of the first complete CIFAR-10 copy of format `fmt` (auto: any) in `root`."""
+    partial = []                         # (files found, form, the files missing) of incomplete copies
     if root is not None and os.path.isdir(root):
         for form, path, files in _cifar_candidates(root):
-            if fmt in ("auto", form) and all(os.path.isfile(f) for f in files):
+            if fmt not in ("auto", form):
+                continue
+            missing = [f for f in files if not os.path.isfile(f)]
+            if not missing:
                 return form, path
+            if len(missing) < len(files):
+                partial.append((len(files) - len(missing), form, missing))
     kind = "CIFAR-10 copy" if fmt == "auto" else f"CIFAR-10 copy in format {fmt} (data.format)"
     where = "data.root is not set" if root is None else (
         f"folder {root!r} does not exist" if not os.path.isdir(root) else f"no complete {kind} found in {root!r}")
+    if partial:                          # name what the most complete copy lacks
+        _, form, missing = max(partial, key=lambda p: p[0])
+        where += f" (the {form} copy there lacks {', '.join(missing)})"
     layouts = {form: f"{form}: {', '.join(names)} (or in {subfolder}/)"
                for form, (_, subfolder, names) in _CIFAR_FORMS.items()}
     layouts["archive"] = f"archive: {' or '.join(a for a, _, _ in _CIFAR_FORMS.values())} as downloaded"

@@ -11,7 +11,8 @@ missing or damaged file raises `DataError` saying what to put where.
 from ssdsgd.config import DATASETS, ROOTED_DATASETS
 from ssdsgd.config import IN_MEMORY_DATASETS as IN_MEMORY
 from ssdsgd.worker import small_sets
-from ssdsgd.worker.datasets import VALIDATION_SEED, DataBundle, DataError, split_train  # noqa: F401 (the API)
+from ssdsgd.worker.datasets import (  # noqa: F401 (the API)
+    VALIDATION_SEED, DataBundle, DataError, short_classes_note, split_train)
 from ssdsgd.worker.datasets import steps_per_epoch
 
 

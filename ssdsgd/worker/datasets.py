@@ -25,6 +25,7 @@ class DataBundle:
     num_classes: int
     image_shape: tuple  # (C, H, W)
     eval_set: str = "test"  # what `test` holds: "test" or "validation"
+    notes: tuple = ()       # what the user should know of how the data was cut (rank 0 prints them)
 
 
 VALIDATION_SEED = 20240607  # fixed: every run and seed validates on the same images
@@ -71,16 +72,33 @@ def split_train(x, y, train_per_class=None, validation=0, validation_from="subse
     return x[train], y[train], x[val], y[val]
 
 
+def short_classes_note(y, train_per_class=None, train_offset=0, **_):
+    """A line naming the classes that hold fewer than data.train_per_class images after data.train_offset
+    (they keep all they have, so the subset is not class-balanced), or None."""
+    if not train_per_class:
+        return None
+    classes, counts = np.unique(y, return_counts=True)
+    left = counts - train_offset
+    short = [f"{int(c)}: {int(n)}" for c, n in zip(classes, left) if n < train_per_class]
+    if not short:
+        return None
+    return (f"data.train_per_class: {train_per_class} asked, but {len(short)} of {len(classes)} classes have fewer"
+            + (f" after data.train_offset {train_offset}" if train_offset else "")
+            + f" and keep all they have ({', '.join(short[:5])}{', ...' if len(short) > 5 else ''})")
+
+
 def in_memory_bundle(x_train, y_train, x_test, y_test, shard, split, image_shape, train_transform=None,
                      test_transform=None):
     """Training shard plus the test set, or the validation split carved from the training set."""
+    note = short_classes_note(y_train, **split)
     x_train, y_train, x_val, y_val = split_train(x_train, y_train, **split)
     eval_set = "test"
     if x_val is not None:
         x_test, y_test, eval_set = x_val, y_val, "validation"
     return DataBundle(train=ShardedTrainSet(x_train, y_train, transform=train_transform, **shard),
                       test=TestSet(x_test, y_test, transform=test_transform),
-                      num_classes=10, image_shape=image_shape, eval_set=eval_set)
+                      num_classes=10, image_shape=image_shape, eval_set=eval_set,
+                      notes=(note,) if note else ())
 
 
 class ShardedTrainSet:

@@ -34,6 +34,9 @@ def start_run(cfg, resume, overwrite):
         raise RuntimeError(f"cluster.workers is {cfg.cluster.workers} but the job has {nworkers} workers")
     held, out_dir, point = _prepare_run_folder(cfg, kv, resume, overwrite)
     data = data_from_config(cfg, rank, nworkers)
+    if rank == 0:
+        for note in data.notes:
+            print(f"note: {note}", flush=True)
     steps_per_epoch = data.train.steps_per_epoch
     total_steps = cfg.train.epochs * steps_per_epoch
     if cfg.train.max_steps is not None:

@@ -50,9 +50,11 @@ def evaluate_if_due(run, counters, epoch, step, epoch_seconds):
     # worker's share was in), so a time-to-accuracy clock can leave evaluation out. Training stands
     # still that long where every worker evaluates or waits for rank 0 (eval_workers: all, or a
     # synchronous variant); see scripts/time_to_accuracy.py.
-    run.log.write(epoch=epoch, step=step, epoch_seconds=epoch_seconds, eval_seconds=time.perf_counter() - t_eval,
+    eval_seconds = time.perf_counter() - t_eval
+    run.log.write(epoch=epoch, step=step, epoch_seconds=epoch_seconds, eval_seconds=eval_seconds,
                   **{f"{counters.tag}_acc": acc})
-    print(f"epoch {epoch} {run.data.eval_set} accuracy {acc:.4f} ({epoch_seconds:.1f} s)", flush=True)
+    print(f"epoch {epoch} {run.data.eval_set} accuracy {acc:.4f} (epoch {epoch_seconds:.1f} s, "
+          f"evaluation {eval_seconds:.1f} s)", flush=True)
 
 
 def evaluate_global(net, params, client, test_set, batch_size, steps_done, bn_batches=None, part=0, parts=1,

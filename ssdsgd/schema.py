@@ -33,6 +33,9 @@ class Field:
         # YAML gives ints where floats are meant ("lr: 1"); bools are not numbers here.
         if float in self.types and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
+        # ...and ints where a name is meant ("--set name=123", "name: 2024"): the digits are the name.
+        if self.types == (str,) and isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
         if isinstance(value, bool) and bool not in self.types:
             raise ConfigError(f"{path}: expected {self._type_names()}, got {value!r}")
         if not isinstance(value, self.types):

@@ -158,6 +158,13 @@ def test_wrong_type_in_override_names_the_key(value):
     assert config_error(SSGD, [f"train.epochs={value}"]).startswith("train.epochs")
 
 
+def test_digits_where_a_name_is_expected_are_the_name(tmp_path):
+    assert load_config(SSGD, ["name=123"]).name == "123"
+    assert load_config(write_yaml(tmp_path, {"name": 2024, "algorithm": {"type": "ssgd"}})).name == "2024"
+    assert config_error(SSGD, ["name=true"]).startswith("name: expected str")
+    assert config_error(SSGD, ["compression.type=2"]).startswith("compression.type: must be one of")
+
+
 def test_bool_where_int_expected_in_file(tmp_path):
     msg = config_error(write_yaml(tmp_path, {"train": {"epochs": True}}))
     assert msg.startswith("train.epochs")

@@ -154,7 +154,9 @@ SCHEMA = {
         "augment": Field(bool, True),
         "preprocess_threads": Field(int, 2, min=1),
         "train_per_class": Field(int, None, nullable=True, min=1,
-                                 doc="keep the first n training images of each class (a fixed subset)"),
+                                 doc="keep the first n training images of each class (a fixed subset; a class "
+                                     "with fewer keeps all it has). This key and the three below work on the "
+                                     "in-memory data sets, not on ImageNet's RecordIO"),
         "train_offset": Field(int, 0, min=0,
                               doc="skip the first n training images of each class before data.train_per_class "
                                   "keeps its n: offsets 0, n, 2n, ... give disjoint subsets of one size"),

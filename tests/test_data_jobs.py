@@ -1,6 +1,6 @@
 """Real 2-worker jobs on the data forms users have, generated small: ImageNet-style RecordIO (hybridized
-and not), CIFAR-10 as im2rec RecordIO and as the two official .tar.gz archives, ResNet-50 on 224x224
-RecordIO; and bad data refused by the front end before any process starts."""
+and not), CIFAR-10 as im2rec RecordIO and as the two official .tar.gz archives (ResNet-50 on 224x224 RecordIO:
+test_shipped_configs); and bad data refused by the front end before any process starts."""
 import os
 
 import numpy as np
@@ -19,7 +19,6 @@ from test_data import (
 
 SSGD = "configs/cifar10_resnet20_ssgd.yaml"
 SSD_TOPK = "configs/cifar10_resnet20_ssd_topk.yaml"
-RESNET50 = "configs/imagenet_resnet50_ssd_topk.yaml"
 FAST = ["cluster.stall_timeout=120", "cluster.timeout=200", "log.every_steps=1"]
 
 
@@ -96,19 +95,6 @@ def test_cifar10_forms_train_evaluate_and_resume(tmp_path, form):
     expected = {"recordio": {"train.rec", "train.idx", "test.rec", "test.idx"},
                 "bin_archive": {"cifar-10-binary.tar.gz"}, "py_archive": {"cifar-10-python.tar.gz"}}[form]
     assert set(os.listdir(str(root))) == expected
-
-
-@pytest.mark.timeout(200)
-def test_resnet50_on_224_recordio_a_few_steps(tmp_path):
-    """The ImageNet config itself (ResNet-50, SSD-SGD, top-k, 32 MiB buffers) on 2 local workers,
-    2 images each per step, 3 steps, then the evaluation of 4 validation images."""
-    root = write_imagenet(tmp_path / "data", 224, 16, 4)
-    job = run_job(tmp_path, RESNET50, *FAST, f"data.root={root}", "data.num_classes=10",
-                  "cluster.launcher=local", "cluster.workers=2", "cluster.servers=1", "cluster.interface=",
-                  "cluster.hostfile=", "data.preprocess_threads=1", "train.batch_size=2", "train.max_steps=3",
-                  "checkpoint.every_epochs=0", f"checkpoint.dir={tmp_path / 'ck'}")
-    summary = check_finished(job)
-    assert summary["steps"] == 3 and summary["num_workers"] == 2
 
 
 # ---------------------------------------------------------------- bad data: one message, exit 2, no process

@@ -258,9 +258,8 @@ SCHEMA = {
                          doc="one: a buffer per server, consecutive tensors unless only placing whole tensors "
                              "by size brings every server within 10% of the mean size (more buffers, as few as fit, "
                              "where a server's share is over the 2^24 values one buffer holds: ResNet-50 on 1 "
-                             "server); "
-                             "consecutive: a buffer "
-                             "per server, always consecutive tensors (each ready as backward reaches it, as "
+                             "server); consecutive: a buffer per server, always consecutive tensors (each "
+                             "ready as backward reaches it, as "
                              "`one` split before); fixed: buffers of at most buffer_bytes (as many on every "
                              "server, evenly sized); cost_model: planned from link costs measured at job start"),
         "buffer_bytes": Field(int, 4 << 20, min=1024),

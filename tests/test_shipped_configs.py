@@ -2,19 +2,18 @@
 model, algorithm and compression sections, on small data generated in its dataset's published format,
 with 2 local workers and 1 server (ResNet-50 on one server once failed only after every process had
 started). What the configs leave for the cluster (hosts, interface, batch, data size) is overridden."""
-import glob
 import os
 
 import numpy as np
 import pytest
 from jobs import ROOT, processes_with, run_job
+from test_configs import CONFIGS as SHIPPED
 from test_data import IDX_NAMES, make_cifar_arrays, write_cifar, write_idx_set
 from test_data_jobs import write_imagenet
 
 from ssdsgd.config import load_config
 
-CONFIGS = sorted(os.path.relpath(c, ROOT) for c in glob.glob(os.path.join(ROOT, "configs", "**", "*.yaml"),
-                                                               recursive=True))
+CONFIGS = [os.path.relpath(c, ROOT) for c in SHIPPED]
 # The ImageNet top-k config reads 224x224 images, ImageNet's own size; the other ResNet-50 configs read
 # 32x32 ones (the same network takes them), which keeps this file short.
 AT_IMAGENET_SIZE = "configs/imagenet_resnet50_ssd_topk.yaml"

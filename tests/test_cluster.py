@@ -17,7 +17,7 @@ import pytest
 from bench import vcluster
 from jobs import ROOT, processes_with
 
-from ssdsgd.launch.job_dir import OWNER_FILE, start_time
+from ssdsgd.launch.job_dir import owner_ended
 
 LAUNCH = os.path.join(ROOT, "launch", "launch.py")
 SSD = os.path.join(ROOT, "configs", "demo_digits_ssd.yaml")
@@ -332,18 +332,8 @@ def test_mpi_hostfile_and_stock_script(vc, tmp_path):
 def ended_launchers_folders(before):
     """The launcher job folders in ROOT, not in `before`, whose launcher process has ended: left behind.
     (A job of a test running alongside may have a folder there too, while its launcher lives.)"""
-    left = []
-    for name in set(os.listdir(ROOT)) - before:
-        if not name.startswith(".ssdsgd-launch-"):
-            continue
-        try:
-            with open(os.path.join(ROOT, name, OWNER_FILE)) as f:
-                _, pid, started = f.read().split()
-        except (OSError, ValueError):        # gone meanwhile, or its owner is still writing it
-            continue
-        if start_time(int(pid)) != started:
-            left.append(name)
-    return left
+    return [name for name in set(os.listdir(ROOT)) - before
+            if name.startswith(".ssdsgd-launch-") and owner_ended(os.path.join(ROOT, name))]
 
 
 @pytest.mark.timeout(120)

@@ -29,10 +29,21 @@ def _write_owner(job_path):
         f.write(f'{socket.gethostname()} {os.getpid()} {start_time(os.getpid())}\n')
 
 
+def owner_ended(path):
+    """True if the job folder `path` was made by a launcher on this host whose process has ended; False
+    for a live owner, a folder without an owner file (or still being written) and one made on another
+    host (ssh job folders live on a shared file system)."""
+    try:
+        with open(os.path.join(path, OWNER_FILE)) as f:
+            host, pid, started = f.read().split()
+    except (OSError, ValueError):
+        return False
+    return host == socket.gethostname() and start_time(int(pid)) != started
+
+
 def remove_stale_job_dirs(parent, prefix):
     """Remove the job folders that launchers on this host left when they were SIGKILLed (no cleanup
-    ran): those whose owner process is gone. A folder without an owner file, or made on another host
-    (ssh job folders live on a shared file system), is left alone. Returns the removed paths."""
+    ran): those whose owner process is gone (owner_ended). Returns the removed paths."""
     removed = []
     try:
         names = [n for n in os.listdir(parent) if n.startswith(prefix)]
@@ -40,12 +51,7 @@ def remove_stale_job_dirs(parent, prefix):
         return removed
     for name in names:
         path = os.path.join(parent, name)
-        try:
-            with open(os.path.join(path, OWNER_FILE)) as f:
-                host, pid, started = f.read().split()
-        except (OSError, ValueError):
-            continue
-        if host == socket.gethostname() and start_time(int(pid)) != started:
+        if owner_ended(path):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed

@@ -1,7 +1,7 @@
 """Microbenchmark of what the compressed downlink costs the servers: CPU time of BufferState.receive()
 per round (summing the N workers' messages, applying the round and publishing it in the ring), with the
 exact ring (compression.downlink: sparse) and with the compressed one (packed, two pushes' bytes:
-ssdsgd.ps.ring_packing), on the same 1% top-k-like messages (uniform random indices, fresh each round);
+ssdsgd.ps.ring_packing), on the same 1% top-k-like messages (uniform random indices, increasing, fresh each round);
 no networking, no MXNet. Also reported: the values a compressed round carries against the non-zero
 entries of the exact round sum, and a worker's push bytes (results.csv; a slot is two of them).
 
@@ -58,7 +58,7 @@ def run(sizes, density, workers, downlink, rounds, warmup=1):
                              for pool, k in zip(pools, ks)))
         for size, k, pool in zip(sizes, ks, pools):    # fresh indices next round, as workers' selections move
             for msg in pool:
-                msg[2:2 + k] = rng.choice(size, k, replace=False)
+                msg[2:2 + k] = np.sort(rng.choice(size, k, replace=False))
     return times, published, union, kinds
 
 

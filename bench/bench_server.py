@@ -11,7 +11,7 @@ np.add.at, and a zero accumulator allocated per message) and fed to ssdsgd.ps.ro
 which sums and applies a round as it did then; "new" is BufferState with its own WireFormat. Both
 get the same messages in the same order and must end with bit-identical weights (checked). Sparse
 messages are 1% top-k-like: k = floor(density * buffer size) distinct uniform random indices per worker
-and buffer, normal values.
+and buffer, in increasing order as a top-k selection sends them, normal values.
 Buffers are capped at 2**24 elements (codec.MAX_BUFFER_ELEMENTS), so a larger model is split into
 equal buffers, as the server would hold them.
 
@@ -72,7 +72,7 @@ def payloads(rng, codec, size, k, count):
         if codec == "dense":
             body = rng.standard_normal(size, dtype=np.float32)
         else:
-            idx = rng.choice(size, k, replace=False).astype(np.float32)
+            idx = np.sort(rng.choice(size, k, replace=False)).astype(np.float32)   # increasing, as top-k's
             body = np.concatenate([idx, rng.standard_normal(k, dtype=np.float32)])
         out.append(np.concatenate([np.zeros(2, np.float32), body]))
     return out

@@ -124,6 +124,24 @@ def test_topk_selects_numpy_largest_magnitudes(n, k):
     assert idx.shape == (k,)
     assert np.all(idx == np.round(idx))
     assert set(idx.astype(int).tolist()) == np_topk_set(x, k)
+    assert np.all(np.diff(idx) > 0)                 # increasing: memory is walked in order
+
+
+def test_topk_counts_a_nan_above_every_number_and_still_sends_exactly_k():
+    x = np.array([1.0, np.nan, -3.0, 2.0, np.nan, 0.5], np.float32)
+    np.testing.assert_array_equal(TopK().select(x, 3, key=0, step=0), [1, 2, 4])
+    np.testing.assert_array_equal(TopK().select(x, 2, key=0, step=0), [1, 4])
+    np.testing.assert_array_equal(TopK().select(x, 1, key=0, step=0), [1])
+    x[:] = np.nan
+    np.testing.assert_array_equal(TopK().select(x, 4, key=0, step=0), [0, 1, 2, 3])
+
+
+def test_repeat_check_takes_increasing_indices_without_a_scatter_and_still_finds_repeats():
+    from ssdsgd.compression.codec import has_repeats
+    assert not has_repeats(np.array([0, 3, 9], np.int64), 10)
+    assert not has_repeats(np.array([9, 3, 0], np.int64), 10)        # distinct, not increasing
+    assert has_repeats(np.array([0, 3, 3, 9], np.int64), 10)         # non-decreasing is not increasing
+    assert has_repeats(np.array([9, 0, 9], np.int64), 10)
 
 
 # ---------------------------------------------------------------------------- 3. DGC and random-k

@@ -161,6 +161,8 @@ class _RepeatFinder:
         self.scratch = np.empty(0, np.int32)
 
     def __call__(self, idx, size):
+        if idx.size < 2 or (idx[1:] > idx[:-1]).all():
+            return False              # increasing (a top-k selection's): no repeat, and no scatter
         positions = np.arange(idx.size, dtype=np.int32)
         with self.lock:
             if self.scratch.size < size:

@@ -95,7 +95,7 @@ def take_round(acc, cap, words, seed, out=None, magnitude=None):
     set as a partition, in one masked pass; seeded by the caller (the round), nothing to checkpoint.
     out (zeros) and magnitude: float32 arrays of acc's size to use instead of fresh ones."""
     magnitude = np.abs(acc, out=magnitude)
-    idx = np.sort(top_magnitudes(magnitude, cap, rng=np.random.default_rng(seed)))
+    idx = top_magnitudes(magnitude, cap, rng=np.random.default_rng(seed))     # increasing
     values, representable = round_values(acc[idx])
     idx, values = idx[representable], values[representable]
     kept = fit(idx, np.abs(values), payload_bytes(words))

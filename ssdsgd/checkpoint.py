@@ -1,6 +1,6 @@
 """Checkpoints: everything a run needs to continue exactly where it stopped.
 
-Layout: <checkpoint.dir>/epoch-<E>/ (E = epochs completed) holding
+Layout: <checkpoint.dir>/epoch-<E>/ (E = epochs completed, or the epoch a train.max_steps stop fell in) holding
   server-buffer<b>.npz   round-based runs: each buffer's global weights, momentum, version, pending rounds
   server-stock<r>.npz    stock-KVStore runs: server r's optimizer state per key and update counters
   worker<r>.npz          each worker: local weights, BatchNorm statistics, GLU snapshots, local

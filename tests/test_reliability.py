@@ -97,6 +97,20 @@ def test_resume_after_epoch_2_matches_uninterrupted_run(tmp_path, uninterrupted)
     _same_result(b, c)
 
 
+@pytest.mark.timeout(300)
+def test_resume_after_a_stop_in_mid_epoch_trains_the_rest_of_that_epoch(tmp_path, uninterrupted):
+    """train.max_steps: 30 stops run A 8 steps into epoch 1 (22 steps an epoch); its checkpoint,
+    epoch-0002, holds those 30 steps. B resumes inside epoch 1, not after it, and ends where C ends."""
+    a, b, c = stopped_resumed_and_uninterrupted(tmp_path, SSD_TOPK, *STRICT_4, stop_steps=30,
+                                                uninterrupted=uninterrupted)
+    assert "30 steps done; epoch 1 goes on after its first 8 of 22 steps" in b.output, b.output[-3000:]
+    assert b.summary()["steps"] == c.summary()["steps"] == 88
+    wb, wc = (load_params(j.summary()["checkpoint"]) for j in (b, c))
+    for k in wc:
+        np.testing.assert_allclose(wb[k], wc[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    _same_result(b, c)
+
+
 @pytest.mark.timeout(400)
 def test_killed_worker_is_restarted_from_the_checkpoint_and_ends_with_the_uninterrupted_weights(
         tmp_path, uninterrupted):

@@ -50,6 +50,14 @@ class Counters:
             setattr(self, key, saved[key])
         self.earlier_wall_seconds = saved["wall_seconds"]
 
+    def drop_evals_from(self, epoch):
+        """Forget the evaluations of `epoch` and later: a run that train.max_steps stopped in mid-epoch
+        evaluated its weights there, and its resume evaluates that epoch again once it is whole (the
+        stopped run's figures stay in its summary.step<N>.json and metrics)."""
+        self.history = [h for h in self.history if h["epoch"] < epoch]
+        accs = [h[f"{self.tag}_acc"] for h in self.history]
+        self.best_acc, self.final_acc = max(accs, default=0.0), (accs[-1] if accs else 0.0)
+
     def new_window(self, t):
         """Start the counts of the steps up to the next log line, at time t."""
         self.window = {"t": t, "images": 0, "push": 0, "pull": 0, "n": 0, "compute": 0.0, "client": 0.0}

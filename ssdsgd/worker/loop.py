@@ -8,6 +8,7 @@ and updates the local weights and returns a StepRecord, which Counters sums. Set
 start.py's, evaluating evaluate.py's, counting and summarising counters.py's.
 """
 import json
+import itertools
 import os
 import shutil
 import time
@@ -44,13 +45,17 @@ def run_worker(cfg, resume=False, overwrite=False):
     counters = Counters(warmup_steps, ACC_TAG[run.data.eval_set], time.perf_counter())
     if run.saved_counters is not None:
         counters.load(run.saved_counters)
+        counters.drop_evals_from(run.start_epoch)
     run.t_start = t_start
     epochs_run = run.start_epoch
     for epoch in range(run.start_epoch, cfg.train.epochs):
         if step >= total_steps:
             break
         t_epoch = time.perf_counter()
-        for data_batch, label in run.data.train.epoch(epoch):
+        # Batches of this epoch trained before a resume (a run stopped by train.max_steps in mid-epoch):
+        # drawn and dropped, so that the rest come in the uninterrupted run's order with its augmentation.
+        done = step - epoch * run.steps_per_epoch
+        for data_batch, label in itertools.islice(run.data.train.epoch(epoch), max(0, done), None):
             if step >= total_steps:
                 break
             loss, rec, times = _train_step(run, counters, step, data_batch, label)

@@ -78,10 +78,15 @@ def _load_checkpoint(point, rank, net, params, steps_per_epoch):
     arrays, meta = ckpt.load_npz(os.path.join(resume_dir, ckpt.worker_file(rank)))
     load_net_state(net, params, arrays)
     ckpt.check_against_run(manifest, resume_dir, steps_per_epoch, meta)
-    start_epoch, step = manifest["epochs_done"], manifest["step"]
+    epochs_done, step = manifest["epochs_done"], manifest["step"]
     saved_counters = meta.pop("counters")
+    # train.max_steps can stop a run inside an epoch; its checkpoint (named for that epoch) then holds
+    # part of it, and the resume trains the rest of that epoch (run_worker skips the batches done).
+    start_epoch = epochs_done if step == epochs_done * steps_per_epoch else epochs_done - 1
     if rank == 0:
-        print(f"resuming from {resume_dir}: {start_epoch} epochs, {step} steps done", flush=True)
+        within = step - start_epoch * steps_per_epoch
+        part = f"; epoch {start_epoch} goes on after its first {within} of {steps_per_epoch} steps" if within else ""
+        print(f"resuming from {resume_dir}: {start_epoch} epochs, {step} steps done{part}", flush=True)
     return start_epoch, step, (arrays, meta), saved_counters
 
 

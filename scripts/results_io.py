@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 
+from ssdsgd import provenance
 from ssdsgd.metrics import ACC_TAG, final_acc, read_summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -112,58 +113,15 @@ def results_folder(path):
 MANIFEST = "manifest.json"      # how a results folder was made, written by the script that made it
 
 
-def _git(*args):
-    """git's output in the repository ('' when it printed nothing), or None when git could not say."""
-    try:
-        proc = subprocess.run(["git", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                              text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return proc.stdout.strip() if proc.returncode == 0 else None
-
-
-def machine():
-    """What the figures of a results folder depend on: CPU model, cores, memory, Python and MXNet."""
-    import platform
-    cpu = None
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
-        with open("/proc/meminfo") as f:
-            mem_kb = int(next(line.split()[1] for line in f if line.startswith("MemTotal")))
-    except (OSError, ValueError, StopIteration):
-        mem_kb = None
-    try:
-        from importlib.metadata import version
-        mxnet = version("mxnet")
-    except Exception:
-        mxnet = None
-    return {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(),
-            "memory_gib": round(mem_kb / 2**20, 1) if mem_kb else None,
-            "python": platform.python_version(), "mxnet": mxnet, "os": platform.platform()}
-
-
-def status_command(out):
-    """git's arguments for the tracked changes in the checkout, the folder `out` left out: making a
-    committed results folder again changes its own files, which are not what produced them."""
-    rel = os.path.relpath(os.path.abspath(out), ROOT)
-    return ["status", "--porcelain", "--untracked-files=no", "--", ".",
-            *([f":(exclude){rel}"] if not rel.startswith("..") else [])]
-
-
 def write_manifest(out, configs, **extra):
     """<out>/manifest.json: the command line, the configs (path and text), the commit (and whether the
     tree had uncommitted changes), the machine and the date; extra keys as given."""
-    import time
     texts = {}
     for path in configs:
         with open(path) as f:
             texts[os.path.relpath(os.path.abspath(path), ROOT)] = f.read()
-    status = _git(*status_command(out))
-    manifest = {"command": [os.path.relpath(sys.argv[0], ROOT) if sys.argv[0] else "", *sys.argv[1:]],
-                "cwd": os.getcwd(), "configs": texts, "commit": _git("rev-parse", "HEAD") or None,
-                "uncommitted_changes": bool(status) if status is not None else None,
-                "machine": machine(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}
+    command = [os.path.relpath(sys.argv[0], ROOT) if sys.argv[0] else "", *sys.argv[1:]]
+    manifest = provenance.record(command, out, configs=texts, **extra)
     with open(os.path.join(out, MANIFEST), "w") as f:
         json.dump(manifest, f, indent=2)
     return manifest

@@ -4,6 +4,7 @@ import os
 import time
 
 CONFIG_FILE = "config.yaml"            # the validated config of the run
+RUN_MANIFEST_FILE = "manifest.json"     # how the run was made: command, commit, machine, date
 SUMMARY_FILE = "summary.json"          # written last, by rank 0: the run finished
 FINAL_PARAMS_FILE = "final.params"     # the global weights at the end
 

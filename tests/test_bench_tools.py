@@ -669,11 +669,12 @@ def test_a_results_folder_made_again_is_not_its_own_uncommitted_change(tmp_path)
     """write_manifest's uncommitted_changes asks git about the checkout without the folder being written
     (its committed files change when it is made again); a folder outside the checkout leaves out nothing.
     The arguments are checked against git itself, in a repository of the same shape."""
-    from scripts import results_io
-    root = results_io.ROOT
-    args = results_io.status_command(os.path.join(root, "results", "x"))
+    from ssdsgd import provenance
+    root = provenance.ROOT
+    args = provenance.status_command(os.path.join(root, "results", "x"))
     assert args[-2:] == [".", ":(exclude)results/x"]
-    assert results_io.status_command("/tmp/elsewhere")[-1] == "."
+    assert provenance.status_command("/tmp/elsewhere")[-1] == "."
+    assert provenance.status_command()[-1] == "."
     repo = tmp_path / "repo"
     (repo / "results" / "x").mkdir(parents=True)
     (repo / "results" / "x" / "table.md").write_text("old\n")

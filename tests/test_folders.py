@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from jobs import ROOT, processes_with, run_job, start_job, wait_for_progress
 
+from ssdsgd import provenance
+
 SSGD = "configs/demo_digits_ssgd.yaml"
 SSD_TOPK = "configs/demo_digits_ssd_topk.yaml"
 
@@ -117,6 +119,13 @@ def test_second_job_gets_its_own_run_folder_and_a_held_checkpoint_dir_is_refused
     assert second.rc == 0, second.output
     assert os.path.dirname(second.run_dir) == os.path.dirname(first_dir) and second.run_dir != first_dir
     assert os.path.realpath(os.path.join(tmp_path, "runs", "first", "latest")) == second.run_dir
+    # The run folder records how it was made, every --set included.
+    with open(os.path.join(second.run_dir, "manifest.json")) as f:
+        made = json.load(f)
+    assert any("train.max_steps=3" in part for part in made["command"]), made["command"]
+    assert made["config"] == "config.yaml" and made["resumed_from"] is None
+    assert made["commit"] == provenance.git("rev-parse", "HEAD")
+    assert made["machine"]["cores"] == os.cpu_count() and made["date"].startswith(time.strftime("%Y-"))
     # The first job's files stayed its own: every line of its metrics parses.
     with open(os.path.join(first_dir, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f]

@@ -104,6 +104,8 @@ def test_resume_after_a_stop_in_mid_epoch_trains_the_rest_of_that_epoch(tmp_path
     a, b, c = stopped_resumed_and_uninterrupted(tmp_path, SSD_TOPK, *STRICT_4, stop_steps=30,
                                                 uninterrupted=uninterrupted)
     assert "30 steps done; epoch 1 goes on after its first 8 of 22 steps" in b.output, b.output[-3000:]
+    with open(os.path.join(b.run_dir, "manifest.resume-step30.json")) as f:
+        assert json.load(f)["resumed_from"].endswith("epoch-0002")     # the resume's own record
     assert b.summary()["steps"] == c.summary()["steps"] == 88
     wb, wc = (load_params(j.summary()["checkpoint"]) for j in (b, c))
     for k in wc:

@@ -100,7 +100,7 @@ def _prepare_run_folder(cfg, kv, resume, overwrite):
     from ssdsgd import folders
     from ssdsgd.checkpoint import resume_point
     from ssdsgd.config import dump_config
-    from ssdsgd.metrics import CONFIG_FILE
+    from ssdsgd.metrics import CONFIG_FILE, RUN_MANIFEST_FILE
     held, out_dir, point = [], os.environ.get(RUN_DIR_ENV), None
     if not os.environ.get(LOCKED_ENV):
         # Started by another launcher than ssdsgd.launch.run: nobody opens a file in the run folder before
@@ -115,11 +115,24 @@ def _prepare_run_folder(cfg, kv, resume, overwrite):
     if not out_dir or not os.path.isdir(out_dir):
         raise RuntimeError(f"the run folder {out_dir!r} does not exist (the front end or rank 0 makes it)")
     if kv.rank == 0:
-        name = CONFIG_FILE
+        name, made = CONFIG_FILE, RUN_MANIFEST_FILE
         if resume:
             name = f"config.resume-step{point[1]['step']}.yaml"
+            made = f"manifest.resume-step{point[1]['step']}.json"
         dump_config(cfg, os.path.join(out_dir, name))
+        _write_run_record(os.path.join(out_dir, made), name, point[0] if resume else None)
     return held, out_dir, point
+
+
+def _write_run_record(path, config_file, resumed_from):
+    """How this run (or this resume of it) was made: the workers' command (config file and every
+    --set), the commit, the machine and the date; config_file: the validated config beside it."""
+    import sys
+
+    from ssdsgd import provenance
+    from ssdsgd.metrics import write_json_atomic
+    command = [os.path.basename(sys.executable), "-m", "ssdsgd.train", *sys.argv[1:]]
+    write_json_atomic(path, provenance.record(command, config=config_file, resumed_from=resumed_from))
 
 
 def _print_start(run, steps_per_epoch):

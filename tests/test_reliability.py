@@ -324,6 +324,7 @@ def test_nan_fails_by_default_and_is_skipped_on_request(tmp_path):
     assert fail.rc != 0
     assert "NaN/Inf at step 3 on rank 1" in fail.output
     assert "in: conv0_weight, conv0_bias, batchnorm0_gamma (train.nonfinite: fail" in fail.output
+    assert "Traceback" not in fail.output and "error: NaN/Inf at step 3 on rank 1" in fail.output   # one line
     assert processes_with(fail.marker) == []
     # One zeroed step does not hurt training: SSGD still learns digits in 4 epochs.
     skip = run_job(tmp_path, SSGD, "train.epochs=4", "train.nonfinite=skip", name="nanskip",

@@ -17,6 +17,7 @@ import numpy as np
 
 from ssdsgd.config import ssd_warmup_steps
 from ssdsgd.env import HEARTBEAT_ENV
+from ssdsgd.errors import JobError
 from ssdsgd.metrics import ACC_TAG
 from ssdsgd.worker.counters import Counters, StepTimes, summarize
 from ssdsgd.worker.evaluate import evaluate_if_due
@@ -202,8 +203,9 @@ def _finite(loss, params):
     return bool(np.isfinite((sq.sum() + loss.sum()).asscalar()))
 
 
-class NonFiniteError(RuntimeError):
-    pass
+class NonFiniteError(JobError):
+    """A step went NaN/Inf under train.nonfinite: fail. Its message names the step, rank and
+    parameters, so the worker reports it as one line (a traceback would add nothing)."""
 
 
 def nonfinite_summary(names, shown=3):

@@ -257,7 +257,15 @@ def load_config(path, overrides=()):
     _check_consistency(data)
     if data["name"] is None:
         data["name"] = os.path.splitext(os.path.basename(path))[0]
+    _check_run_name(data["name"])
     return Config(data)
+
+
+def _check_run_name(name):
+    """The run's folder is log.dir/<name>/<stamp>: a name must stay one folder inside log.dir."""
+    if name in ("", ".", "..") or "/" in name or "\0" in name:
+        raise ConfigError(f"name: {name!r} is not a folder name (runs go to log.dir/<name>/; "
+                          f"no '/', not '.' or '..')")
 
 
 def dump_config(cfg, path):

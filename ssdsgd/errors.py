@@ -1,8 +1,8 @@
 """The error classes every module may import (no imports of its own).
 
 A JobError is a problem with what the user gave the job (a config key, a data file, a checkpoint, a
-folder, settings under which training went NaN/Inf): whoever catches it last prints its message as one line naming that thing, without a
-traceback, and exits non-zero. Any other exception is a bug or a fault and keeps its traceback.
+folder, settings under which training went NaN/Inf): whoever catches it last prints its message as
+one line naming that thing, without a traceback, and exits non-zero. Any other exception is a bug or a fault and keeps its traceback.
 """
 
 

@@ -37,7 +37,9 @@ class Field:
         if self.types == (str,) and isinstance(value, int) and not isinstance(value, bool):
             value = str(value)
         if isinstance(value, bool) and bool not in self.types:
-            raise ConfigError(f"{path}: expected {self._type_names()}, got {value!r}")
+            hint = (" (YAML reads yes, no, on, off, true and false as booleans: quote the text, "
+                    "e.g. --set 'name=\"off\"')") if str in self.types else ""
+            raise ConfigError(f"{path}: expected {self._type_names()}, got {value!r}{hint}")
         if not isinstance(value, self.types):
             raise ConfigError(f"{path}: expected {self._type_names()}, got {value!r}")
         # YAML reads .nan and .inf as floats; no setting here means anything with them.

@@ -165,6 +165,17 @@ def test_digits_where_a_name_is_expected_are_the_name(tmp_path):
     assert config_error(SSGD, ["compression.type=2"]).startswith("compression.type: must be one of")
 
 
+def test_a_yaml_word_read_as_a_bool_where_text_is_expected_says_to_quote_it():
+    assert "quote the text" in config_error(SSGD, ["name=off"])
+    assert load_config(SSGD, ['name="off"']).name == "off"
+    assert "quote" not in config_error(SSGD, ["train.epochs=true"])
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", "..", "."])
+def test_a_run_name_stays_one_folder_inside_log_dir(name):
+    assert config_error(SSGD, [f"name={name}"]).startswith(f"name: {name!r} is not a folder name")
+
+
 def test_bool_where_int_expected_in_file(tmp_path):
     msg = config_error(write_yaml(tmp_path, {"train": {"epochs": True}}))
     assert msg.startswith("train.epochs")

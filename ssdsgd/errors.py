@@ -2,7 +2,8 @@
 
 A JobError is a problem with what the user gave the job (a config key, a data file, a checkpoint, a
 folder, settings under which training went NaN/Inf): whoever catches it last prints its message as
-one line naming that thing, without a traceback, and exits non-zero. Any other exception is a bug or a fault and keeps its traceback.
+one line naming that thing, without a traceback, and exits non-zero. Any other exception is a bug or
+a fault and keeps its traceback.
 """
 
 

@@ -39,15 +39,17 @@ def _effective(cfg):
 
 def test_a_short_config_runs_the_recommended_settings(tmp_path):
     """Only the data, the model and `type: ssd` / `type: topk`: the same algorithm and compression as
-    fmnist_resnet20_ssd_topk.yaml, which writes the recommended settings out (its warm-up of 39 steps is
-    the one epoch a null warm-up means for that data)."""
+    fmnist_resnet20_ssd_topk.yaml, which writes the recommended settings out, the warm-up and local
+    rate as null (one epoch, the number of workers) so that they follow the workers and the data."""
     full = load_config(os.path.join(ROOT, "configs", "fmnist_resnet20_ssd_topk.yaml"))
     short = tmp_path / "short.yaml"
     short.write_text("data:\n  dataset: fashion_mnist\n  root: /usr/share/datasets/fashion-mnist\n"
                      "model:\n  name: cifar_resnet20_v1\nalgorithm:\n  type: ssd\ncompression:\n  type: topk\n")
-    got = load_config(str(short), ["algorithm.warmup_iters=39"])
+    got = load_config(str(short))
     assert _effective(got) == _effective(full)
-    assert load_config(str(short)).algorithm.warmup_iters is None        # one epoch, resolved by the worker
+    assert got.algorithm.warmup_iters is None                            # one epoch, resolved by the worker
+    four = load_config(os.path.join(ROOT, "configs", "fmnist_resnet20_ssd_topk.yaml"), ["cluster.workers=4"])
+    assert four.algorithm.local.lr_scale == 4.0                          # follows the workers
 
 
 def test_defaults_follow_the_other_keys(tmp_path):

@@ -1,6 +1,7 @@
 """`make demo`: the embedded digits demo, SSGD, SSD-SGD and SSD-SGD + top-k 1% side by side.
 
-Each job runs 1 scheduler + 1 server + 2 workers on loopback; the table compares their summary.json.
+Each job runs 1 scheduler + 1 server + 2 workers on loopback; the table compares the summary.json of the
+run folders these jobs print, never an older run's.
 """
 import argparse
 import os
@@ -9,25 +10,58 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
-from scripts.results_io import run_folder
-from ssdsgd.metrics import comparison_table, read_summary
+from scripts.results_io import printed_run_folder
+from ssdsgd.metrics import SUMMARY_FILE, comparison_table, read_summary
 
 CONFIGS = ["configs/demo_digits_ssgd.yaml", "configs/demo_digits_ssd.yaml", "configs/demo_digits_ssd_topk.yaml"]
 
 
-def main():
+class JobFailed(Exception):
+    """A job that left no result of its own: the one-line reason, and the exit code for the demo."""
+
+    def __init__(self, message, code=1):
+        super().__init__(message)
+        self.code = code
+
+
+def run_shown(cmd):
+    """Run a job in this checkout, its output shown as it comes and kept: (exit code, output)."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stdout:
+        print(line, end="", flush=True)
+        lines.append(line)
+    return proc.wait(), "".join(lines)
+
+
+def job_summary(config, passed):
+    """The summary.json of the run folder this job printed. Not log.dir/<name>/latest: the user's
+    arguments (log.dir, name) may put the run elsewhere, and latest may be an earlier run's."""
+    rc, output = run_shown([sys.executable, "-m", "ssdsgd", "--config", config, *passed])
+    if rc != 0:
+        raise JobFailed(f"{config} failed with exit code {rc}", rc if rc > 0 else 1)
+    folder = printed_run_folder(output)
+    if folder is None:
+        raise JobFailed(f"{config} ended without training a run (it printed no run folder)")
+    try:
+        return read_summary(folder)
+    except (OSError, ValueError) as err:
+        raise JobFailed(f"{config}: cannot read {os.path.join(folder, SUMMARY_FILE)}: "
+                        f"{getattr(err, 'strerror', None) or err}") from None
+
+
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="Other arguments (for example "
                                      "--set train.epochs=2) are passed to every job's ssdsgd-run.")
-    _, passed = parser.parse_known_args()
+    _, passed = parser.parse_known_args(argv)
     summaries = []
     for config in CONFIGS:
         print(f"=== {config}", flush=True)
-        rc = subprocess.call([sys.executable, "-m", "ssdsgd", "--config", config, *passed], cwd=ROOT)
-        if rc != 0:
-            print(f"demo: {config} failed with exit code {rc}", file=sys.stderr)
-            return rc
-        name = os.path.splitext(os.path.basename(config))[0]
-        summaries.append(read_summary(run_folder("", os.path.join(ROOT, "runs"), name)))
+        try:
+            summaries.append(job_summary(config, passed))
+        except JobFailed as err:
+            print(f"demo: {err}", file=sys.stderr)
+            return err.code
     print()
     print(comparison_table(summaries))
     return 0

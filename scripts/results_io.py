@@ -36,13 +36,19 @@ def job_command(config, name, log_dir, sets=()):
     return cmd
 
 
-def run_folder(output, log_dir, name):
-    """The run folder a job's front end printed ('run folder: X'), else log_dir/name/latest (the newest
-    run of that name: a job still starting, or one refused before it chose a folder)."""
+def printed_run_folder(output, cwd=ROOT):
+    """The run folder a job's front end printed ('run folder: X'; a relative X is under the job's cwd), or
+    None when it printed none (refused before it chose one)."""
     for line in (output or "").splitlines():
         if line.startswith("run folder: "):
-            return line[len("run folder: "):].strip()
-    return os.path.join(log_dir, name, "latest")
+            return os.path.join(cwd, line[len("run folder: "):].strip())
+    return None
+
+
+def run_folder(output, log_dir, name):
+    """The run folder a job's front end printed, else log_dir/name/latest (the newest run of that name: a
+    job still starting, or one refused before it chose a folder)."""
+    return printed_run_folder(output) or os.path.join(log_dir, name, "latest")
 
 
 def run_captured(cmd, **kwargs):

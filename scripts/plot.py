@@ -13,8 +13,8 @@
       accuracy_vs_train_time.png  test accuracy vs training seconds (wall minus evaluations), when recorded
       accuracy_vs_epoch.png       test accuracy vs epochs completed
   python scripts/plot.py --runs runs/a runs/b --out plots/
-      the same accuracy figures from run folders (metrics.jsonl; summary.json and config.yaml for labels),
-      time counted from the training start, and loss_vs_time.png (rank 0's training loss)
+      the same accuracy figures from run folders (metrics.jsonl; summary.json and config.yaml for labels; runs/<name>
+      stands for its latest run), time counted from the training start, and loss_vs_time.png (rank 0's loss)
 The modes can be combined.
 """
 import argparse
@@ -27,7 +27,7 @@ import matplotlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
-from scripts.results_io import COMPUTE_BOUND, rate_name, read_csv, read_jsonl
+from scripts.results_io import COMPUTE_BOUND, rate_name, read_csv, read_jsonl, resolve_run_dir
 from ssdsgd.metrics import CONFIG_FILE, SUMMARY_FILE, metrics_file
 
 matplotlib.use("Agg")
@@ -368,6 +368,10 @@ def main(argv=None):
     for flag, path in (("--csv", args.csv), ("--evals", args.evals)):
         if path and not os.path.exists(path):
             ap.error(f"{flag}: {path} not found")
+    try:                # log.dir/<name> stands for its latest run, as in compare.py (reproduce.sh passes those)
+        args.runs = [resolve_run_dir(d) for d in args.runs]
+    except ValueError as err:
+        ap.error(f"--runs: {err}")
     missing = [d for d in args.runs if not os.path.exists(os.path.join(d, metrics_file()))]
     if missing:
         ap.error(f"--runs: no metrics.jsonl in {', '.join(missing)}")

@@ -51,6 +51,36 @@ def run_folder(output, log_dir, name):
     return printed_run_folder(output) or os.path.join(log_dir, name, "latest")
 
 
+RUN_STAMP = re.compile(r"^(\d{8}-\d{6})(?:-(\d+))?$")     # a run folder's name: YYYYmmdd-HHMMSS[-n]
+
+
+def _newest_stamped(home):
+    """The newest YYYYmmdd-HHMMSS[-n] sub-folder of home (-10 after -9), or None."""
+    stamps = [(m.group(1), int(m.group(2) or 1), name) for name in os.listdir(home)
+              if (m := RUN_STAMP.match(name)) and os.path.isdir(os.path.join(home, name))]
+    return os.path.join(home, max(stamps)[2]) if stamps else None
+
+
+def resolve_run_dir(path):
+    """A run folder the user named: itself, or for log.dir/<name> (the folder of a name's runs) the run
+    its `latest` link points at, else its newest stamped run folder. ValueError: one line saying what
+    was expected."""
+    if not os.path.isdir(path):
+        raise ValueError(f"{path} {'is not a folder' if os.path.exists(path) else 'does not exist'}")
+    if any(os.path.exists(os.path.join(path, f)) for f in ("summary.json", "config.yaml", "metrics.jsonl")):
+        return path                       # a run folder, finished or not
+    latest = os.path.join(path, "latest")
+    if os.path.lexists(latest):
+        if not os.path.isdir(latest):
+            raise ValueError(f"{latest} points to {os.readlink(latest)!r}, which is not a folder")
+        return os.path.realpath(latest)
+    newest = _newest_stamped(path)
+    if newest is None:
+        raise ValueError(f"{path} is neither a run folder (no summary.json, config.yaml or metrics.jsonl) nor a "
+                         f"folder of runs (no 'latest' link, no YYYYmmdd-HHMMSS run folder)")
+    return newest
+
+
 def run_captured(cmd, **kwargs):
     """Run a job command from the repository root with OMP_NUM_THREADS=1, its output captured."""
     return subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -50,3 +50,71 @@ def test_demo_stops_at_a_failed_job_with_one_line_and_its_exit_code(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == "demo: configs/demo_digits_ssgd.yaml failed with exit code 2"
     assert "Traceback" not in proc.stderr and "run                          algorithm" not in proc.stdout
+
+
+def _summary(name, acc):
+    return {"name": name, "algorithm": "ssgd", "compression": "none", "eval_set": "test", "final_test_acc": acc,
+            "images_per_sec": 100.0, "bytes_per_step": {"push": 10, "pull": 10}, "max_staleness": 0}
+
+
+def _run(home, stamp, acc=None):
+    """A run folder home/stamp: finished (summary.json) when acc is given, else only started."""
+    folder = home / stamp
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text("name: x\n")
+    if acc is not None:
+        (folder / "summary.json").write_text(json.dumps(_summary(home.name, acc)))
+    return folder
+
+
+def _compare(capsys, *paths):
+    from scripts import compare
+    rc = compare.main([str(p) for p in paths])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_compare_help_is_argparses():
+    proc = run_script("compare.py", "--help")
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: scripts/compare.py") and "RUN" in proc.stdout
+    assert proc.stderr == ""
+    assert run_script("compare.py").returncode == 2            # no run given: usage
+
+
+def test_compare_takes_run_folders_and_a_names_folder_stands_for_its_latest_run(tmp_path, capsys):
+    run = _run(tmp_path / "a", "20260101-000000", 0.5)
+    linked = tmp_path / "b"
+    _run(linked, "20260101-000000", 0.25)
+    _run(linked, "20260102-000000", 0.75)
+    (linked / "latest").symlink_to("20260101-000000")          # latest wins over the newer stamp
+    stamped = tmp_path / "c"                                    # no link: the newest stamp, -10 after -9
+    _run(stamped, "20260101-000000-9", 0.125)
+    _run(stamped, "20260101-000000-10", 0.875)
+    rc, out, err = _compare(capsys, run, linked, stamped)
+    assert rc == 0 and err == ""
+    accs = [line.split()[3] for line in out.splitlines()[2:]]
+    assert accs == ["0.5000", "0.2500", "0.8750"]
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("missing", "does not exist"),
+    ("empty", "is neither a run folder (no summary.json, config.yaml or metrics.jsonl) nor a folder of runs"),
+    ("unfinished", "has no summary.json: the run did not finish, or is still running"),
+    ("unfinished_latest", "(latest run {tmp}/name/20260101-000000) has no summary.json"),
+    ("broken_latest", "latest points to 'gone', which is not a folder"),
+])
+def test_compare_says_in_one_line_what_it_expected(tmp_path, capsys, case, expected):
+    path = tmp_path / "name"
+    if case == "empty":
+        path.mkdir()
+    elif case == "unfinished":
+        path = _run(tmp_path / "name", "20260101-000000")
+    elif case == "unfinished_latest":
+        _run(path, "20260101-000000")
+        (path / "latest").symlink_to("20260101-000000")
+    elif case == "broken_latest":
+        path.mkdir()
+        (path / "latest").symlink_to("gone")
+    rc, out, err = _compare(capsys, path)
+    assert rc == 1 and out == ""
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and expected.format(tmp=tmp_path) in err, err

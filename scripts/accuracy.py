@@ -19,7 +19,6 @@ data.validation=0.1` tunes on a validation split carved from the training set (t
 so); without it the runs report the test set.
 """
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -27,8 +26,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
-from scripts.results_io import (job_command, job_name, job_summary, read_csv, results_folder, run_captured,
-                                run_folder, summary_row, write_csv, write_manifest, write_text)
+from scripts.results_io import (done_rows, earlier_runs, job_command, job_name, job_summary, results_folder,
+                                run_captured, run_folder, summary_row, write_csv, write_manifest, write_text)
 
 SSGD = "configs/demo_digits_ssgd.yaml"
 SSD = "configs/demo_digits_ssd.yaml"
@@ -241,29 +240,6 @@ def paired_ahead_behind(rows, variants=VARIANTS):
         lines.append(f"- {label} vs behind, {len(seeds)} seeds: ahead wins {wins}, ties {len(seeds) - wins - losses}, "
                      f"loses {losses}; difference {statistics.mean(diffs):+.2f} ± {sd:.2f} points (mean ± sd)")
     return "\n".join(lines)
-
-
-def done_rows(path):
-    """The successful rows of an earlier runs.csv (numbers back as numbers), for --keep-done."""
-    rows = [r for r in read_csv(path) if r["rc"] == "0"]
-    for r in rows:
-        for k, v in r.items():
-            try:
-                r[k] = int(v) if k in ("rc", "seed", "steps") else float(v)
-            except (TypeError, ValueError):
-                pass
-    return rows
-
-
-def earlier_runs(out):
-    """The invocations that made the jobs --keep-done keeps (from the folder's manifest, before this
-    invocation replaces it): command, commit and date of each, oldest first."""
-    try:
-        with open(os.path.join(out, "manifest.json")) as f:
-            old = json.load(f)
-    except (OSError, ValueError):
-        return []
-    return old.get("earlier", []) + [{k: old.get(k) for k in ("command", "commit", "date")}]
 
 
 def main():

@@ -1,30 +1,93 @@
 """SSGD, SSD-SGD and SSD-SGD + top-k 1% side by side on your data, with the shipped configs.
 
     python scripts/reproduce.py --suite cifar10 --data ROOT [--hostfile FILE] [--epochs N]
-        [--seeds 0 1 2] [--set KEY=VALUE ...] [--out results/reproduce_cifar10]
+        [--seeds 0 1 2] [--set KEY=VALUE ...] [--out results/reproduce_cifar10] [--keep-done]
 
 Runs configs/<suite>_*_{ssgd,ssd,ssd_topk}.yaml one job at a time (seeds interleaved), each with
 data.root=ROOT; with --hostfile on your cluster over ssh, without it on this machine. --epochs shortens
 every variant alike (a check that the path works, not the recipe's result). Writes to --out:
 runs.csv (a row per job), table.md (final accuracy, speed and traffic per variant), accuracy.png (test
 accuracy per epoch), logs/<job>.log, runs/ (each job's run folder) and manifest.json (command,
-configs, commit, machine, date). Refuses an --out that already holds results.
+configs, commit, machine, date). Refuses an --out that already holds results, unless --keep-done: then
+the jobs finished there are kept (run folders, logs, rows) and only the others run, a job with a
+checkpoint from an interrupted attempt resuming it. The config overrides of every job are checked before
+anything starts. SIGTERM or SIGINT ends the running job (its process group) and the script (exit 128+N).
 """
 import argparse
 import os
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
-from scripts.results_io import (MANIFEST, job_command, job_name, run_folder, summary_row, write_csv, write_manifest,
-                                write_text)
-from ssdsgd.metrics import ACC_TAG, read_metrics, read_summary
+from scripts.results_io import (MANIFEST, done_rows, earlier_runs, job_command, job_name, job_overrides, run_folder,
+                                summary_row, write_csv, write_manifest, write_text)
+from ssdsgd.checkpoint import latest as latest_checkpoint
+from ssdsgd.config import ConfigError, load_config
+from ssdsgd.metrics import ACC_TAG, SUMMARY_FILE, read_metrics, read_summary
 
 SUITES = {"cifar10": "cifar10_resnet20", "imagenet": "imagenet_resnet50", "fmnist": "fmnist_resnet20"}
 VARIANTS = [("SSGD", "ssgd"), ("SSD-SGD", "ssd"), ("SSD-SGD + top-k 1%", "ssd_topk")]
+STOP_GRACE = 60.0      # seconds from SIGTERM to SIGKILL of a stopped job: ssdsgd-run's cleanup of ssh hosts takes ~25
+
+
+class Stopper:
+    """SIGTERM or SIGINT to this script (timeout, a batch scheduler, Ctrl-C) ends the running job, then the
+    suite. The job runs in its own session, so that its whole process group can be ended and nothing of it
+    outlives this script; a terminal's Ctrl-C then reaches only this script, which forwards it as SIGTERM
+    (ssdsgd-run ends its roles and releases its locks). SIGKILL follows after STOP_GRACE, or at once at a
+    second signal."""
+
+    def __init__(self):
+        self.signum = None
+        self._proc = self._timer = None
+
+    def install(self):
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, self._on_signal)
+
+    def watch(self, proc):
+        """The job to end on a stop (None: none is running); a stop that came before it ends it at once."""
+        if self._timer:
+            self._timer.cancel()
+        self._proc, self._timer = proc, None
+        if proc is not None and self.signum is not None:
+            self._end(signal.SIGTERM)
+
+    def _on_signal(self, signum, frame):
+        again = self.signum is not None
+        self.signum = self.signum or signum
+        if self._proc is not None:
+            self._end(signal.SIGKILL if again else signal.SIGTERM)
+
+    def _end(self, signum):
+        _signal_group(self._proc, signum)
+        if signum == signal.SIGTERM and self._timer is None:
+            self._timer = threading.Timer(STOP_GRACE, _signal_group, (self._proc, signal.SIGKILL))
+            self._timer.daemon = True
+            self._timer.start()
+
+
+def end_job(proc):
+    """SIGTERM to the job's process group, SIGKILL if it still runs after STOP_GRACE."""
+    _signal_group(proc, signal.SIGTERM)
+    try:
+        proc.wait(timeout=STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
+
+
+def _signal_group(proc, signum):
+    if proc.poll() is None:           # not reaped: its pid is still its process group's id
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
 
 
 def configs(suite):
@@ -44,21 +107,60 @@ def common_sets(args, out):
     return sets + args.set
 
 
-def run_job(label, config, seed, sets, out):
-    """One job, its output shown and kept in logs/<job>.log; returns its row."""
+def job_sets(name, seed, sets, out):
+    """A job's own overrides (seed, checkpoint folder), then the suite's."""
+    return [f"seed={seed}", f"checkpoint.dir={os.path.join(out, 'checkpoints', name)}", *sets]
+
+
+def job_config(label, config, seed, sets, out):
+    """The config as the job will load it (ConfigError if it cannot)."""
     name = job_name(label, seed)
-    cmd = job_command(config, name, os.path.join(out, "runs"),
-                      [f"seed={seed}", f"checkpoint.dir={os.path.join(out, 'checkpoints', name)}", *sets])
-    log_path = os.path.join(out, "logs", name + ".log")
+    return load_config(config, job_overrides(name, os.path.join(out, "runs"), job_sets(name, seed, sets, out)))
+
+
+def config_problem(jobs, sets, out):
+    """The first job whose config does not load with its overrides, in one line; None if all do. Checked
+    before any job starts: a typo in --set would otherwise fail every job in turn."""
+    for label, config, seed in jobs:
+        try:
+            job_config(label, config, seed, sets, out)
+        except ConfigError as err:
+            return f"{label}, seed {seed} ({os.path.relpath(config, ROOT)}): {err}"
+    return None
+
+
+def fresh_log(out, name):
+    """logs/<job>.log, or <job>.2.log, ... : a rerun (--keep-done) keeps the log of the attempt before."""
+    path, n = os.path.join(out, "logs", name + ".log"), 1
+    while os.path.exists(path):
+        n += 1
+        path = os.path.join(out, "logs", f"{name}.{n}.log")
+    return path
+
+
+def run_job(label, config, seed, sets, out, stopper):
+    """One job, its output shown and kept in its log; returns its row. A checkpoint in its checkpoint.dir
+    (an interrupted earlier attempt) is resumed, in the attempt's run folder."""
+    name = job_name(label, seed)
+    cmd = job_command(config, name, os.path.join(out, "runs"), job_sets(name, seed, sets, out))
+    cmd += ["--resume"] if latest_checkpoint(job_config(label, config, seed, sets, out).checkpoint.dir) else []
+    log_path = fresh_log(out, name)
     lines = []
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1")))
-        for line in proc.stdout:
-            print("   ", line, end="", flush=True)
-            log.write(line)
-            lines.append(line)
-        proc.wait()
+                                env=dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1")),
+                                start_new_session=True)
+        stopper.watch(proc)
+        try:
+            for line in proc.stdout:
+                print("   ", line, end="", flush=True)
+                log.write(line)
+                lines.append(line)
+            proc.wait()
+        finally:
+            stopper.watch(None)
+            if proc.poll() is None:        # this script failed mid-job: the job must not outlive it
+                end_job(proc)
     folder = run_folder("".join(lines), os.path.join(out, "runs"), name)
     row = {"variant": label, "seed": seed, "rc": proc.returncode, "run_dir": os.path.relpath(folder, out),
            "log": os.path.relpath(log_path, out)}
@@ -120,7 +222,8 @@ def plot(rows, out):
     return path
 
 
-def main(argv=None):
+def parse_args(argv):
+    """The arguments, and the absolute --out; exits 2 with one line on a mistake."""
     ap = argparse.ArgumentParser(prog="scripts/reproduce.py", description=__doc__.splitlines()[0])
     ap.add_argument("--suite", choices=sorted(SUITES), required=True)
     ap.add_argument("--data", help="data.root for every job (fmnist: default the configs' own)")
@@ -129,6 +232,8 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every job")
     ap.add_argument("--out", help="results folder (default results/reproduce_<suite>)")
+    ap.add_argument("--keep-done", action="store_true",
+                    help="continue in an --out that holds results: keep its finished jobs, run the others")
     args = ap.parse_args(argv)
     if args.suite != "fmnist" and not args.data:
         ap.error(f"--data: the folder holding your {args.suite} data is required")
@@ -137,27 +242,64 @@ def main(argv=None):
     if args.hostfile and not os.path.isfile(args.hostfile):
         ap.error(f"--hostfile: {args.hostfile} does not exist")
     out = os.path.abspath(args.out or os.path.join(ROOT, "results", f"reproduce_{args.suite}"))
-    if os.path.exists(os.path.join(out, MANIFEST)):
-        ap.error(f"--out: {out} already holds results ({MANIFEST}); choose another folder")
-    os.makedirs(os.path.join(out, "logs"), exist_ok=True)
-    variants = configs(args.suite)
-    write_manifest(out, [c for _, c in variants], finished=False)
-    sets = common_sets(args, out)
-    jobs = [(label, config, seed) for seed in args.seeds for label, config in variants]
-    rows, t0 = [], time.monotonic()
+    if os.path.exists(os.path.join(out, MANIFEST)) and not args.keep_done:
+        ap.error(f"--out: {out} already holds results ({MANIFEST}); --keep-done keeps its finished jobs and runs "
+                 f"the rest, or choose another folder")
+    return args, out
+
+
+def kept_rows(out):
+    """--keep-done: the rows of out's runs.csv whose job finished (exit 0, summary.json in its run folder)."""
+    path = os.path.join(out, "runs.csv")
+    rows = done_rows(path) if os.path.exists(path) else []
+    return [r for r in rows if r.get("final_acc") not in (None, "")
+            and os.path.exists(os.path.join(out, r.get("run_dir") or "-", SUMMARY_FILE))]
+
+
+def run_jobs(jobs, rows, sets, out, stopper):
+    """Run the jobs one at a time, runs.csv rewritten after each; stops early on a signal."""
+    t0 = time.monotonic()
     for i, (label, config, seed) in enumerate(jobs):
+        if stopper.signum:
+            return
         print(f"[{i + 1}/{len(jobs)}] {label}, seed {seed}: {os.path.relpath(config, ROOT)}", flush=True)
-        rows.append(run_job(label, config, seed, sets, out))
+        rows.append(run_job(label, config, seed, sets, out, stopper))
         write_csv(os.path.join(out, "runs.csv"), rows)          # after every job: a partial result survives
         done, elapsed = i + 1, time.monotonic() - t0
         state = "ok" if rows[-1]["rc"] == 0 else f"FAILED (exit {rows[-1]['rc']}, see {rows[-1]['log']})"
         print(f"[{done}/{len(jobs)}] {state}; {elapsed / 60:.1f} min so far, about "
               f"{elapsed / done * (len(jobs) - done) / 60:.1f} min to go", flush=True)
+
+
+def main(argv=None):
+    args, out = parse_args(argv)
+    stopper = Stopper()
+    stopper.install()
+    variants = configs(args.suite)
+    sets = common_sets(args, out)
+    jobs = [(label, config, seed) for seed in args.seeds for label, config in variants]
+    problem = config_problem(jobs, sets, out)
+    if problem:                                   # before anything is written to --out
+        print(f"reproduce.py: config error in {problem}", file=sys.stderr)
+        return 2
+    rows = kept_rows(out) if args.keep_done else []
+    done = {(r["variant"], r["seed"]) for r in rows}
+    pending = [j for j in jobs if (j[0], j[2]) not in done]
+    if args.keep_done:
+        print(f"--keep-done: {len(rows)} finished job(s) kept, {len(pending)} to run", flush=True)
+    earlier = earlier_runs(out) if args.keep_done else []
+    os.makedirs(os.path.join(out, "logs"), exist_ok=True)
+    write_manifest(out, [c for _, c in variants], finished=False, earlier=earlier)
+    run_jobs(pending, rows, sets, out, stopper)
+    if stopper.signum:
+        print(f"reproduce.py: stopped by {signal.Signals(stopper.signum).name}; the running job was ended. "
+              f"Finished jobs are kept in {out}: --keep-done runs the rest", file=sys.stderr)
+        return 128 + stopper.signum
     text = table(rows)
     write_text(os.path.join(out, "table.md"), text)
     plot(rows, out)
     write_manifest(out, [c for _, c in variants], finished=True, jobs=len(rows),
-                   failed=sum(r["rc"] != 0 for r in rows), sets=sets)
+                   failed=sum(r["rc"] != 0 for r in rows), sets=sets, earlier=earlier)
     print(text)
     print(f"results: {out}")
     return 0 if all(r["rc"] == 0 for r in rows) else 1

@@ -26,12 +26,17 @@ def job_name(label, seed):
     return re.sub(r"[^A-Za-z0-9]+", "_", f"{label} s{seed}").strip("_")
 
 
+def job_overrides(name, log_dir, sets=()):
+    """The config overrides job_command gives a job, in its order (load_config(config, these) is the
+    job's config)."""
+    return [f"log.dir={log_dir}", f"name={name}", *sets]
+
+
 def job_command(config, name, log_dir, sets=()):
     """`python -m ssdsgd` of one job called `name`; its run folder is a new one under log_dir/name
     (run_folder tells which)."""
-    cmd = [sys.executable, "-m", "ssdsgd", "--config", config, "--set", f"log.dir={log_dir}",
-           "--set", f"name={name}"]
-    for text in sets:
+    cmd = [sys.executable, "-m", "ssdsgd", "--config", config]
+    for text in job_overrides(name, log_dir, sets):
         cmd += ["--set", text]
     return cmd
 
@@ -161,6 +166,29 @@ def write_manifest(out, configs, **extra):
     with open(os.path.join(out, MANIFEST), "w") as f:
         json.dump(manifest, f, indent=2)
     return manifest
+
+
+def done_rows(path):
+    """The successful rows of an earlier runs.csv (numbers back as numbers), for --keep-done."""
+    rows = [r for r in read_csv(path) if r["rc"] == "0"]
+    for r in rows:
+        for k, v in r.items():
+            try:
+                r[k] = int(v) if k in ("rc", "seed", "steps") else float(v)
+            except (TypeError, ValueError):
+                pass
+    return rows
+
+
+def earlier_runs(out):
+    """The invocations that made the jobs --keep-done keeps (from the folder's manifest, before this
+    invocation replaces it): command, commit and date of each, oldest first."""
+    try:
+        with open(os.path.join(out, MANIFEST)) as f:
+            old = json.load(f)
+    except (OSError, ValueError):
+        return []
+    return old.get("earlier", []) + [{k: old.get(k) for k in ("command", "commit", "date")}]
 
 
 def write_text(path, text):

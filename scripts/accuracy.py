@@ -1,15 +1,20 @@
-"""Accuracy and traffic of the algorithms and their ablations, over several seeds: on the digits demo
-(`--suite digits`) or on Fashion-MNIST with ResNet-20 (`--suite fmnist`); `--suite defaults` runs a
-config that leaves every setting at the schema's default beside the one that writes them out;
-`--suite selection` the shipped Fashion-MNIST top-k config with exact and with sampled selection;
-`--suite scale` SSGD, SSD-SGD and SSD-SGD + top-k 1% (exact and compressed downlink) at 8, 4 and 2 workers
-with the 2-worker configs' global batch, `--suite scale_fixed_batch` SSGD, SSD-SGD and SSD-SGD + top-k
-1% at 8 and 4 workers with the configs' per-worker batch and the linear learning-rate rule; `--suite
-budget` the shipped top-k settings and candidate changes to them against SSGD, for other budgets and
-training subsets.
+"""Final accuracy and traffic of each variant of a suite (algorithms, ablations, settings), over seeds.
+
+The suites (--suite):
+  digits             the digits demo's algorithms and ablations (the default)
+  fmnist             Fashion-MNIST with ResNet-20: the shipped settings, and one change at a time away
+  defaults           a config that leaves every setting at the schema's default beside the one that
+                     writes them out
+  selection          the shipped Fashion-MNIST top-k config with exact and with sampled selection
+  scale              SSGD, SSD-SGD and SSD-SGD + top-k 1% (exact and compressed downlink) at 8, 4 and 2
+                     workers with the 2-worker configs' global batch
+  scale_fixed_batch  SSGD, SSD-SGD and SSD-SGD + top-k 1% at 8 and 4 workers with the configs' per-worker
+                     batch and the linear learning-rate rule
+  budget             the shipped top-k settings and candidate changes to them against SSGD, for other
+                     budgets and training subsets
 
     python scripts/accuracy.py [--suite digits] [--seeds 0 1 2] [--variants LABEL ...]
-        [--set KEY=VALUE ...] [--out results/accuracy_digits]
+        [--set KEY=VALUE ...] [--out results/accuracy_digits] [--keep-done]
 
 Every variant runs through the real launcher (1 scheduler, 1 server, 2 workers unless the variant
 says otherwise), one job at a time, seeds interleaved, with the time to go printed after each job.
@@ -243,8 +248,9 @@ def paired_ahead_behind(rows, variants=VARIANTS):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--suite", choices=sorted(SUITES), default="digits")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)   # the suites, as written
+    ap.add_argument("--suite", choices=sorted(SUITES), default="digits", help="the variants to run (default digits)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--variants", nargs="+", help="labels to run (default: all of the suite's)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

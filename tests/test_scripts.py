@@ -118,3 +118,13 @@ def test_compare_says_in_one_line_what_it_expected(tmp_path, capsys, case, expec
     rc, out, err = _compare(capsys, path)
     assert rc == 1 and out == ""
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and expected.format(tmp=tmp_path) in err, err
+
+
+def test_accuracy_help_describes_every_suite():
+    from scripts import accuracy
+    proc = run_script("accuracy.py", "--help")
+    assert proc.returncode == 0
+    description = proc.stdout.split("\n\n")[1]
+    assert "digits demo" not in description and "suite" in description
+    for suite in accuracy.SUITES:
+        assert f"\n  {suite} " in proc.stdout, suite

@@ -1,11 +1,13 @@
 """Real multi-process jobs on loopback: 1 scheduler + servers + 2 workers, through the launcher."""
 import os
 import re
+import subprocess
 import time
 
 import numpy as np
 import pytest
-from jobs import ROOT, processes_with, run_job
+from jobs import ROOT, end_group, processes_with, run_job
+from scripts.results_io import job_command
 
 from ssdsgd.compression.fusion import largest_deviation
 
@@ -51,6 +53,36 @@ def test_crashing_worker_fails_the_job_fast_and_cleanly(tmp_path):
     assert elapsed < 60
     assert not os.path.exists(os.path.join(job.run_dir, "summary.json"))
     assert processes_with(job.marker) == []
+
+
+@pytest.mark.timeout(200)
+def test_closed_stdout_lets_the_job_run_to_its_end(tmp_path):
+    """`ssdsgd-run ... | head -1`: the launcher's reader of a role's output died with BrokenPipeError, the
+    role blocked on its full pipe, and the job ended at the stall timeout blaming a worker. Now the
+    output is drained to the end and the job finishes as it would have."""
+    log_dir = str(tmp_path / "runs")
+    sets = ["train.epochs=1", "cluster.stall_timeout=120", "cluster.server_timeout=60"]
+    with open(tmp_path / "stderr", "w+") as err:
+        proc = subprocess.Popen(job_command(os.path.join(ROOT, SSGD), "head", log_dir, sets), cwd=ROOT,
+                                env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=err,
+                                text=True, start_new_session=True)
+        try:
+            t0 = time.time()
+            first = proc.stdout.readline()
+            proc.stdout.close()                       # what `| head -1` does after its line
+            rc = proc.wait(timeout=150)
+            elapsed = time.time() - t0
+        finally:
+            end_group(proc)
+        err.seek(0)
+        stderr = err.read()
+    assert first.startswith("run folder: ")
+    assert rc == 0, stderr
+    assert elapsed < 90, stderr                       # well before the 120 s stall timeout
+    assert "Traceback" not in stderr and "made no progress" not in stderr
+    assert "launch: standard output was closed; the job goes on without showing its output" in stderr
+    assert os.path.exists(os.path.join(first[len("run folder: "):].strip(), "summary.json"))
+    assert processes_with(log_dir) == []
 
 
 def _mlp_accuracy(params, images, labels):

@@ -19,6 +19,7 @@ PR_SET_PDEATHSIG = 1   # <linux/prctl.h>
 # Resolved once here: the preexec_fn runs between fork and exec and must do as little as possible.
 _prctl = ctypes.CDLL(None, use_errno=True).prctl
 _print_lock = threading.Lock()
+_stdout_lost = False   # our stdout was closed: role output is dropped
 
 
 def _die_with_parent(parent_pid):
@@ -59,6 +60,35 @@ def group_states(pgid):
         if len(fields) > 2 and fields[2] == str(pgid):
             states.add(fields[0])
     return states
+
+
+def _show(text):
+    """Write a role's line to our stdout; once that is gone (`ssdsgd-run | head`, a closed terminal), drop
+    this and every later line: the job goes on, its failures still reach stderr."""
+    with _print_lock:  # one write per line, so lines of different roles never interleave
+        if _stdout_lost:
+            return
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except (OSError, ValueError):  # EPIPE, EIO; ValueError: sys.stdout was closed
+            _stdout_gone()
+
+
+def _stdout_gone():
+    """Point fd 1 at /dev/null, so that later writes (and the flush at exit) succeed silently; say so once."""
+    global _stdout_lost
+    if _stdout_lost:
+        return
+    _stdout_lost = True
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)   # fd 1, not sys.stdout.fileno(): sys.stdout may be closed
+    os.close(devnull)
+    try:
+        print('launch: standard output was closed; the job goes on without showing its output', file=sys.stderr,
+              flush=True)
+    except (OSError, ValueError):
+        pass  # stderr went with it (`2>&1 | head`)
 
 
 class Child:
@@ -116,15 +146,15 @@ class Child:
         return True
 
     def _pump(self):
+        # Reads to the end whatever becomes of our stdout: a role whose output pipe fills blocks, and the
+        # job would stall with a worker blamed for it.
         with self.popen.stdout as pipe:
             for raw in pipe:
                 line = raw.decode(errors='replace').rstrip('\r\n')
                 if line.startswith(MARK) and self._marker(line):
                     continue
                 self.tail.append(line)
-                with _print_lock:  # one write per line, so lines of different roles never interleave
-                    sys.stdout.write(f'[{self.label()}] {line}\n')
-                    sys.stdout.flush()
+                _show(f'[{self.label()}] {line}\n')
 
     def exit_code(self):
         """How the role ended: None while running; for ssh the remote role's own code or signal."""

@@ -268,3 +268,16 @@ def test_the_hook_chains_the_sitecustomize_it_hides(tmp_path, chained, message):
         assert proc.stderr == f'Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{message}\n'
     else:
         assert proc.stderr == ''
+
+
+def test_a_role_line_stdout_cannot_encode_is_shown_with_replacements(monkeypatch):
+    """A line our stdout's encoding cannot take (PYTHONIOENCODING=ascii) killed the reader of that role's
+    output, and the role then blocked on its full pipe."""
+    import io
+
+    from ssdsgd.launch import children
+    out = io.TextIOWrapper(io.BytesIO(), encoding='ascii')
+    monkeypatch.setattr(sys, 'stdout', out)
+    children._show('[worker 0] h\u00e9llo\n')
+    assert out.buffer.getvalue() == b'[worker 0] h?llo\n'
+    assert not children._stdout_lost

@@ -69,10 +69,18 @@ def _show(text):
         if _stdout_lost:
             return
         try:
-            sys.stdout.write(text)
-            sys.stdout.flush()
+            _write(text)
         except (OSError, ValueError):  # EPIPE, EIO; ValueError: sys.stdout was closed
             _stdout_gone()
+
+
+def _write(text):
+    try:
+        sys.stdout.write(text)
+    except UnicodeEncodeError:  # a stdout that cannot encode the role's text (PYTHONIOENCODING=ascii)
+        encoding = sys.stdout.encoding
+        sys.stdout.write(text.encode(encoding, 'replace').decode(encoding))
+    sys.stdout.flush()
 
 
 def _stdout_gone():

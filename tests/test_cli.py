@@ -68,6 +68,30 @@ def test_dry_run_reports_what_the_launcher_would_refuse_as_a_warning(tmp_path, c
                  f"log.dir={tmp_path}/runs"])
     out, err = capsys.readouterr()
     assert code == 0, out + err
-    assert out.splitlines()[-2:] == ["# planned processes", f"# warning: a run would stop here: bad option 'cores=2' "
-                                     f"in hostfile {hostfile} (known: slots=N, interface=IF, python=PATH)"]
+    assert out.splitlines()[-1] == (f"# warning: a run would stop here: cluster.hostfile: bad option 'cores=2' in "
+                                    f"hostfile {hostfile} (known: slots=N, interface=IF, python=PATH)")
     assert "launch:" not in err
+
+
+@pytest.mark.parametrize("hosts, interface, error", [
+    ("node1 slot=2\n", "lo", "cluster.hostfile: bad option 'slot=2' in hostfile {hostfile} (known: slots=N, "
+                             "interface=IF, python=PATH)"),
+    ("node1\n", "nosuchif0", "cluster.interface: network interface 'nosuchif0' does not exist or has no IPv4 "
+                             "address"),
+    ("node1\n", "", "cluster.interface: required when cluster.launcher is ssh (the network interface the hosts "
+                    "reach this machine on)"),
+], ids=["hostfile-option", "unknown-interface", "no-interface"])
+def test_a_refused_host_file_or_interface_leaves_no_run_folder(tmp_path, hosts, interface, error):
+    """Before: the run folder was made (and `latest` moved to it) before the launcher read the host file and
+    the interface, so a refused job left an empty folder that hid the last good run."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(hosts)
+    home = tmp_path / "runs" / "x"
+    (home / "20260101-000000").mkdir(parents=True)      # an earlier run, as folders.py leaves it
+    os.symlink("20260101-000000", home / "latest")
+    proc = run("--config", "configs/demo_digits_ssgd.yaml", "--set", f"log.dir={tmp_path / 'runs'}", "name=x",
+               "cluster.launcher=ssh", f"cluster.hostfile={hostfile}", f"cluster.interface={interface}")
+    assert proc.returncode == 2, proc.stdout
+    assert proc.stdout == f"error: {error.format(hostfile=hostfile)}\n"
+    assert sorted(os.listdir(home)) == ["20260101-000000", "latest"]
+    assert os.readlink(home / "latest") == "20260101-000000"

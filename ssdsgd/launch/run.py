@@ -39,6 +39,28 @@ def preflight(cfg, read_data=True):
             path = getattr(cfg.cluster, key)
             if path and not os.path.isfile(path) and not (key == "hostfile" and is_host_list(path)):
                 return f"cluster.{key}: file {path} does not exist"
+        return ssh_problem(cfg.cluster)
+    return None
+
+
+def ssh_problem(cl):
+    """What the launcher would refuse in an ssh job's host file or interface, named by its key; None if
+    nothing. Checked here, before the run folder is made: a refused job must leave no empty run folder
+    behind, nor move `latest` to one."""
+    from ssdsgd.launch.hosts import read_hosts
+    from ssdsgd.launch.plan import interface_ip
+    from ssdsgd.launch.usage import UsageError
+    try:
+        read_hosts(cl.hostfile)
+    except UsageError as err:
+        return f"cluster.hostfile: {err}"
+    if not cl.interface:
+        return ("cluster.interface: required when cluster.launcher is ssh (the network interface the hosts "
+                "reach this machine on)")
+    try:
+        interface_ip(cl.interface)
+    except UsageError as err:
+        return f"cluster.interface: {err}"
     return None
 
 

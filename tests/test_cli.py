@@ -27,9 +27,10 @@ def test_dry_run_of_every_shipped_config_starts_nothing(tmp_path, capsys, config
     code = main(["--config", config, "--dry-run", "--set", f"log.dir={tmp_path / 'runs'}",
                  f"checkpoint.dir={tmp_path}/ck"])
     out = capsys.readouterr().out
-    assert code == 0, out[-2000:]
+    stops = "\n# error: a run would stop here: " in out     # e.g. data.root: the data is not shipped
+    assert code == (2 if stops else 0), out[-2000:]
     assert out.startswith(f"# effective config of {config}")
-    assert "# planned processes" in out or "# warning: a run would stop here" in out
+    assert "\n# planned processes\n" in out
     assert os.listdir(tmp_path) == []                   # no run folder, no checkpoint folder
 
 
@@ -57,9 +58,9 @@ def test_a_mistyped_override_lists_the_keys_of_its_section():
     assert len(proc.stdout.strip().splitlines()) == 1
 
 
-def test_dry_run_reports_what_the_launcher_would_refuse_as_a_warning(tmp_path, capsys):
-    """Before: the launcher printed `launch: bad host ...` and the dry run exited 2, though its `except
-    UsageError` (and docstring) meant a warning."""
+def test_dry_run_reports_what_the_launcher_would_refuse_and_exits_2(tmp_path, capsys):
+    """Before: a dry run printed what would stop the run as a warning and exited 0, so a script could not
+    check a config with it."""
     from ssdsgd.launch.run import main
     hostfile = tmp_path / "hosts"
     hostfile.write_text("h1 cores=2\n")
@@ -67,10 +68,22 @@ def test_dry_run_reports_what_the_launcher_would_refuse_as_a_warning(tmp_path, c
                  "cluster.launcher=ssh", f"cluster.hostfile={hostfile}", "cluster.interface=lo",
                  f"log.dir={tmp_path}/runs"])
     out, err = capsys.readouterr()
-    assert code == 0, out + err
-    assert out.splitlines()[-1] == (f"# warning: a run would stop here: cluster.hostfile: bad option 'cores=2' in "
-                                    f"hostfile {hostfile} (known: slots=N, interface=IF, python=PATH)")
+    assert code == 2, out + err
+    assert out.splitlines()[-2:] == ["# planned processes", f"# error: a run would stop here: cluster.hostfile: bad "
+                                     f"option 'cores=2' in hostfile {hostfile} (known: slots=N, interface=IF, "
+                                     f"python=PATH)"]
     assert "launch:" not in err
+    assert os.listdir(tmp_path) == ["hosts"]
+
+
+def test_dry_run_prints_the_plan_then_a_missing_data_root_and_exits_2(tmp_path):
+    proc = run("--config", "configs/cifar10_resnet20_ssgd.yaml", "--dry-run", "--set", f"data.root={tmp_path}/no",
+               f"log.dir={tmp_path}/runs")
+    assert proc.returncode == 2, proc.stdout
+    assert "\nworker 0 on localhost: " in proc.stdout
+    assert proc.stdout.endswith(f"\n# error: a run would stop here: data.root: {tmp_path}/no does not exist (put "
+                                f"the cifar10 files in that folder; nothing is downloaded)\n")
+    assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize("hosts, interface, error", [

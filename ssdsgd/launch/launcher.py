@@ -88,7 +88,7 @@ def run_job(command, num_workers, num_servers=None, *, launcher='local', hostfil
     num_servers defaults to num_workers (as in MXNet's launcher). ssh_options: extra ssh arguments
     (e.g. ['-F', config, '-i', key, '-l', user, '-o', 'Opt=v']); role_env: {role: {K: V}} added for
     that role only ('scheduler', 'server', 'worker'). raise_usage: raise a UsageError instead of printing it
-    and returning 2 (ssdsgd-run --dry-run reports it as a warning). Call from the main thread:
+    and returning 2 (ssdsgd-run --dry-run prints it after the plan). Call from the main thread:
     SIGINT/SIGTERM handling and PR_SET_PDEATHSIG (which fires when the forking *thread* exits) both
     assume it.
     """

@@ -75,28 +75,29 @@ def take_folders(cfg, args):
 
 def _own_options(ap):
     ap.add_argument("--dry-run", action="store_true",
-                    help="print the effective config and the planned processes, start nothing")
+                    help="print the effective config and the planned processes, start nothing; exit 2 if the run "
+                         "would stop on an error (printed last), as the run itself would")
 
 
 def dry_run(cfg, args):
-    """The config as the job would run it and the launcher's plan; what preflight or the launcher would
-    refuse (a malformed host file, a missing interface) is printed as a warning and the exit code is 0 (the
-    data or host file may live only where the job will run)."""
+    """The config as the job would run it and the launcher's plan, then what preflight or the launcher would
+    refuse (a missing data.root, a malformed host file, an unknown interface): exit 2 then, so that a script
+    can check a config with it. The data is not read (only data.root checked)."""
     import yaml
 
     from ssdsgd.launch.usage import UsageError
     print(f"# effective config of {args.config}" + "".join(f" --set {s}" for s in args.set))
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
     problem = preflight(cfg, read_data=False)
-    if problem:
-        print(f"# warning: a run would stop here: {problem}")
-        return 0
     print("# planned processes")
     try:
-        return _launch(cfg, args, args.resume, "<run folder>", dry_run=True)
+        code = _launch(cfg, args, args.resume, "<run folder>", dry_run=True)
     except UsageError as err:
-        print(f"# warning: a run would stop here: {err}")
-        return 0
+        code, problem = 2, problem or str(err)   # preflight's word first: it names the key
+    if problem:
+        print(f"# error: a run would stop here: {problem}")
+        return 2
+    return code
 
 
 def main(argv=None):

@@ -100,8 +100,8 @@ def common_sets(args, out):
         sets.append(f"data.root={os.path.abspath(args.data)}")
     if args.hostfile:
         sets += ["cluster.launcher=ssh", f"cluster.hostfile={os.path.abspath(args.hostfile)}"]
-    else:
-        sets.append("cluster.launcher=local")
+    else:   # the ImageNet configs name a host file and interface, which the local launcher refuses
+        sets += ["cluster.launcher=local", "cluster.hostfile=null", "cluster.interface=null"]
     if args.epochs:
         sets.append(f"train.epochs={args.epochs}")
     return sets + args.set

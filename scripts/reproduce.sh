@@ -30,7 +30,7 @@ cluster=()
 if [ $# -ge 3 ]; then
   cluster=(--set cluster.launcher=ssh --set "cluster.hostfile=$(readlink -f "$2")" --set "cluster.interface=$3")
 else
-  cluster=(--set cluster.launcher=local --set cluster.hostfile=null)
+  cluster=(--set cluster.launcher=local --set cluster.hostfile=null --set cluster.interface=null)
 fi
 runs=()
 for cfg in $configs; do

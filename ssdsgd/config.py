@@ -154,6 +154,16 @@ def ssd_warmup_steps(algorithm, steps_per_epoch):
     return steps_per_epoch if algorithm.warmup_iters is None else algorithm.warmup_iters
 
 
+def _check_local_cluster(cl):
+    """cluster.hostfile and cluster.interface only mean something to the ssh launcher; with the local one
+    (the default) every role would run on this machine without a word, as if the hosts were used."""
+    keys = [f"cluster.{k}" for k in ("hostfile", "interface") if cl[k]]
+    if cl["launcher"] == "local" and keys:
+        raise ConfigError(f"{' and '.join(keys)}: set, but cluster.launcher is local, which runs every role on this "
+                          f"machine: set cluster.launcher: ssh, or remove {' and '.join(keys)} (--set "
+                          f"{' '.join(k + '=null' for k in keys)})")
+
+
 def _check_consistency(c):
     alg, comp = c["algorithm"], c["compression"]
     if alg["max_staleness"] is not None and alg["max_staleness"] < alg["delay"]:
@@ -177,6 +187,7 @@ def _check_consistency(c):
     cl = c["cluster"]
     if cl["launcher"] == "ssh" and not cl["hostfile"]:
         raise ConfigError("cluster.hostfile: required when cluster.launcher is ssh")
+    _check_local_cluster(cl)
     if cl["server_timeout"] and cl["server_timeout"] < MIN_SERVER_TIMEOUT:
         raise ConfigError(f"cluster.server_timeout: at least {MIN_SERVER_TIMEOUT:g} s (the liveness file is touched "
                           f"every second; a shorter timeout fails live jobs); 0 or null turns it off; got "

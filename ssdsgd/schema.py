@@ -122,7 +122,9 @@ SCHEMA = {
         "servers": Field(int, 1, min=1, max=64),
         "launcher": Field(str, "local", choices=("local", "ssh")),
         "hostfile": Field(str, None, nullable=True),
-        "interface": Field(str, None, nullable=True, doc="network interface for ssh runs"),
+        "interface": Field(str, None, nullable=True,
+                           doc="ssh launcher: the network interface the hosts reach this machine on; an error with "
+                               "local"),
         "timeout": Field(float, 3600.0, gt=0, doc="global job timeout, seconds"),
         "stall_timeout": Field(float, 300.0, nullable=True, min=0,
                                doc="a worker silent this long fails the job; null or 0: never"),

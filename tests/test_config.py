@@ -348,6 +348,20 @@ def test_ssh_without_hostfile():
     assert config_error(SSGD, ["cluster.launcher=ssh"]).startswith("cluster.hostfile")
 
 
+def test_host_file_or_interface_with_the_local_launcher_is_refused():
+    """Before: the local launcher (the default) ran every role on this machine and ignored both without a word."""
+    assert config_error(SSGD, ["cluster.hostfile=hosts", "cluster.interface=eth0"]) == (
+        "cluster.hostfile and cluster.interface: set, but cluster.launcher is local, which runs every role on this "
+        "machine: set cluster.launcher: ssh, or remove cluster.hostfile and cluster.interface (--set "
+        "cluster.hostfile=null cluster.interface=null)")
+    assert config_error(SSGD, ["cluster.interface=eth0"]).startswith("cluster.interface: set, but cluster.launcher "
+                                                                     "is local")
+    imagenet = os.path.join(REPO, "configs", "imagenet_resnet50_ssd.yaml")    # ssh, with both: the way to go local
+    local = load_config(imagenet, ["cluster.launcher=local", "cluster.hostfile=null", "cluster.interface=null"])
+    assert local.cluster.launcher == "local"
+    assert load_config(SSGD, ["cluster.launcher=ssh", "cluster.hostfile=h", "cluster.interface=eth0"]).cluster.hostfile
+
+
 def test_fp16_values_without_compression():
     assert config_error(SSGD, ["compression.fp16_values=true"]).startswith("compression.fp16_values")
 

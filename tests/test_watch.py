@@ -28,13 +28,23 @@ def read_scalars(folder):
     return scalars
 
 
+def test_eta_adds_the_epoch_ends_left_at_their_mean_time_once_one_is_known():
+    from ssdsgd.worker.loop import eta_seconds
+    assert eta_seconds(10.0, 10, 30, 0.0, 0, 3) == (30.0, False)        # 1 s a step; evaluation time unknown
+    assert eta_seconds(10.0, 10, 30, 4.0, 2, 3) == (36.0, True)         # + 3 ends at 2 s each
+    assert eta_seconds(10.0, 10, 0, 4.0, 2, 0) == (0.0, True)
+    assert eta_seconds(0.0, 0, 30, 0.0, 0, 3) == (0.0, False)
+
+
 @pytest.mark.timeout(120)
 def test_progress_eta_and_tensorboard_scalars(tmp_path):
     job = run_job(tmp_path, "configs/demo_digits_ssgd.yaml", "train.epochs=2", "log.every_steps=11")
     assert job.rc == 0, job.output[-3000:]
-    lines = re.findall(r"step (\d+)/44 .* (\d+)% (\d+:\d\d:\d\d) elapsed, ETA (\d+:\d\d:\d\d)", job.output)
-    assert [(int(s), int(p)) for s, p, _, _ in lines] == [(11, 25), (22, 50), (33, 75), (44, 100)]
-    assert lines[-1][3] == "0:00:00"
+    lines = re.findall(r"step (\d+)/44 .* (\d+)% (\d+:\d\d:\d\d) elapsed, ETA (\d+:\d\d:\d\d)( \+ evaluations)?",
+                       job.output)
+    assert [(int(s), int(p)) for s, p, _, _, _ in lines] == [(11, 25), (22, 50), (33, 75), (44, 100)]
+    # Before the first epoch's end its evaluation time is unknown, and the ETA says so; then it is in.
+    assert [later for *_, later in lines] == [" + evaluations", " + evaluations", "", ""]
     scalars = read_scalars(os.path.join(job.run_dir, "tensorboard"))
     records = job.metrics()
     losses = [(r["step"], r["loss"]) for r in records if "loss" in r]

@@ -48,6 +48,7 @@ def run_worker(cfg, resume=False, overwrite=False):
         counters.load(run.saved_counters)
         counters.drop_evals_from(run.start_epoch)
     run.t_start = t_start
+    run.epoch_ends, run.epoch_end_seconds = 0, 0.0      # this attempt's evaluations and checkpoints
     epochs_run = run.start_epoch
     for epoch in range(run.start_epoch, cfg.train.epochs):
         if step >= total_steps:
@@ -69,7 +70,13 @@ def run_worker(cfg, resume=False, overwrite=False):
         epoch_seconds = time.perf_counter() - t_epoch
         counters.train_seconds += epoch_seconds
         epochs_run = epoch + 1
+        t_end = time.perf_counter()
         _end_epoch(run, counters, epoch, step, epoch_seconds)
+        # Evaluation and checkpoint time: out of the next line's images/s, and timed apart for the ETA.
+        spent = time.perf_counter() - t_end
+        counters.window["t"] += spent
+        run.epoch_ends += 1
+        run.epoch_end_seconds += spent
     run.client.finish()
     run.faults.at_finish(step - run.step)
     _finish_run(run, counters, step, epochs_run, t_start)
@@ -110,7 +117,7 @@ def _log_steps(run, counters, epoch, step, loss, rec):
         print(f"epoch {epoch} step {step}/{run.total_steps} loss {mean_loss:.4f} "
               f"{ips:.1f} img/s push {human_bytes(w['push'] / w['n'])}/step "
               f"pull {human_bytes(w['pull'] / w['n'])}/step "
-              f"staleness {rec.staleness}, {_progress(run, step, now)}", flush=True)
+              f"staleness {rec.staleness}, {_progress(run, epoch, step, now)}", flush=True)
     counters.new_window(now)
 
 
@@ -119,12 +126,25 @@ def _clock(seconds):
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def _progress(run, step, now):
-    """'41% 0:02:10 elapsed, ETA 0:03:07': this attempt's pace so far (its evaluations included)
-    applied to the steps left."""
-    done, elapsed = step - run.step, now - run.t_start
-    eta = elapsed / done * (run.total_steps - step) if done else 0.0
-    return f"{100 * step // max(1, run.total_steps)}% {_clock(elapsed)} elapsed, ETA {_clock(eta)}"
+def _progress(run, epoch, step, now):
+    """'41% 0:02:10 elapsed, ETA 0:03:07': this attempt's pace of training applied to the steps left,
+    plus its mean time per epoch end (evaluation, checkpoint) for the epoch ends left; before the
+    first epoch end that time is not known, and the ETA says it leaves evaluations out."""
+    elapsed = now - run.t_start
+    ends_left = -(-run.total_steps // run.steps_per_epoch) - epoch        # this epoch's end included
+    eta, known = eta_seconds(elapsed - run.epoch_end_seconds, step - run.step, run.total_steps - step,
+                             run.epoch_end_seconds, run.epoch_ends, ends_left)
+    later = "" if known else " + evaluations"
+    return f"{100 * step // max(1, run.total_steps)}% {_clock(elapsed)} elapsed, ETA {_clock(eta)}{later}"
+
+
+def eta_seconds(train_seconds, steps_done, steps_left, end_seconds, ends_done, ends_left):
+    """(seconds left, whether the epoch ends are in it): training at its pace so far, plus the epoch
+    ends left at their mean time so far (left out while none has happened)."""
+    train = train_seconds / steps_done * steps_left if steps_done else 0.0
+    if not ends_done:
+        return train, ends_left <= 0
+    return train + end_seconds / ends_done * max(0, ends_left), True
 
 
 def _end_epoch(run, counters, epoch, step, epoch_seconds):

@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import zipfile
 
 import numpy as np
@@ -133,6 +134,23 @@ def latest(root):
     done = [d for d in sorted(os.listdir(root))
             if d.startswith("epoch-") and os.path.exists(os.path.join(root, d, MANIFEST))]
     return os.path.join(root, done[-1]) if done else None
+
+
+def prune(root, keep):
+    """Delete the checkpoint folders under root older than the `keep` newest complete ones (keep 0:
+    none): complete or not, only folders named epoch-<E> with E below the oldest one kept, so what a
+    resume would take is never touched. Returns the folders deleted."""
+    if not keep or not root or not os.path.isdir(root):
+        return []
+    epochs = sorted((int(m.group(1)), d) for d in os.listdir(root) if (m := re.fullmatch(r"epoch-(\d+)", d)))
+    complete = [e for e, d in epochs if os.path.exists(os.path.join(root, d, MANIFEST))]
+    if len(complete) <= keep:
+        return []
+    oldest_kept = complete[-keep]
+    removed = [os.path.join(root, d) for e, d in epochs if e < oldest_kept]
+    for folder in removed:
+        shutil.rmtree(folder)
+    return removed
 
 
 def _is_int(v):

@@ -15,7 +15,7 @@ RESUME_MAY_CHANGE = (
     "cluster.ssh_options", "cluster.port", "cluster.max_restarts", "cluster.restart_backoff",
     "data.root", "data.preprocess_threads",
     "train.max_steps", "train.eval_every_epochs", "train.eval_workers",
-    "checkpoint.dir", "checkpoint.every_epochs",
+    "checkpoint.dir", "checkpoint.every_epochs", "checkpoint.keep",
     "log.dir", "log.every_steps", "log.tensorboard",
 )
 RESUME_MUST_MATCH = (

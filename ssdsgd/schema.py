@@ -288,6 +288,11 @@ SCHEMA = {
     "checkpoint": {
         "dir": Field(str, None, nullable=True),
         "every_epochs": Field(int, 0, min=0),
+        "keep": Field(int, 0, min=0,
+                      doc="how many of the newest checkpoints to keep: once a checkpoint is complete the older "
+                          "ones beyond this many are deleted (each worker saves its own part, so they grow with the "
+                          "model and the workers); "
+                          "0: keep every one"),
     },
     "log": {
         "dir": Field(str, "runs"),

@@ -275,3 +275,18 @@ def test_resumed_cost_model_run_keeps_its_plan_whatever_the_link_measures(tmp_pa
         m2 = json.load(f)
     assert m4["plan"] == m2["plan"]
     assert processes_with(b.marker) == []
+
+
+def test_prune_keeps_the_newest_complete_checkpoints_and_deletes_only_older_epoch_folders(tmp_path):
+    from ssdsgd.checkpoint import MANIFEST, prune
+    for e, complete in [(1, True), (2, False), (3, True), (4, True), (5, False)]:
+        (tmp_path / f"epoch-{e:04d}").mkdir()
+        if complete:
+            (tmp_path / f"epoch-{e:04d}" / MANIFEST).write_text("{}")
+    (tmp_path / "notes").mkdir()                                 # not a checkpoint: never touched
+    assert prune(str(tmp_path), 0) == [] and prune(str(tmp_path), 3) == []
+    removed = prune(str(tmp_path), 2)
+    assert [os.path.basename(r) for r in removed] == ["epoch-0001", "epoch-0002"]
+    # The two newest complete ones stay, and so does the newer incomplete one (a save under way).
+    assert sorted(os.listdir(tmp_path)) == ["epoch-0003", "epoch-0004", "epoch-0005", "notes"]
+    assert [os.path.basename(r) for r in prune(str(tmp_path), 1)] == ["epoch-0003"]

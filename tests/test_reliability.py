@@ -1,4 +1,5 @@
 """Faults, checkpoints and bad input on real jobs: clean failure, exact resume, refused commands."""
+import glob
 import json
 import os
 import re
@@ -101,9 +102,12 @@ def test_resume_after_epoch_2_matches_uninterrupted_run(tmp_path, uninterrupted)
 def test_resume_after_a_stop_in_mid_epoch_trains_the_rest_of_that_epoch(tmp_path, uninterrupted):
     """train.max_steps: 30 stops run A 8 steps into epoch 1 (22 steps an epoch); its checkpoint,
     epoch-0002, holds those 30 steps. B resumes inside epoch 1, not after it, and ends where C ends."""
-    a, b, c = stopped_resumed_and_uninterrupted(tmp_path, SSD_TOPK, *STRICT_4, stop_steps=30,
-                                                uninterrupted=uninterrupted)
+    a, b, c = stopped_resumed_and_uninterrupted(tmp_path, SSD_TOPK, *STRICT_4, "checkpoint.keep=2",
+                                                stop_steps=30, uninterrupted=uninterrupted)
     assert "30 steps done; epoch 1 goes on after its first 8 of 22 steps" in b.output, b.output[-3000:]
+    # checkpoint.keep: 2 (which a resume may change, like the rest of checkpoint): the newest two stay.
+    assert sorted(glob.glob("epoch-*", root_dir=os.path.join(str(tmp_path), "ck"))) == ["epoch-0003", "epoch-0004"]
+    assert "checkpoint deleted: " in b.output and "epoch-0002 (checkpoint.keep: 2)" in b.output
     with open(os.path.join(b.run_dir, "manifest.resume-step30.json")) as f:
         assert json.load(f)["resumed_from"].endswith("epoch-0002")     # the resume's own record
     assert b.summary()["steps"] == c.summary()["steps"] == 88

@@ -212,6 +212,8 @@ def _save_checkpoint(run, counters, epochs_done, step):
     if rank == 0:
         ckpt.write_manifest(directory, cfg, epochs_done, step, client.plan_record(), run.out_dir)
         print(f"checkpoint saved: {directory}", flush=True)
+        for old in ckpt.prune(cfg.checkpoint.dir, cfg.checkpoint.keep):
+            print(f"checkpoint deleted: {old} (checkpoint.keep: {cfg.checkpoint.keep})", flush=True)
 
 
 def _finite(loss, params):

@@ -164,6 +164,18 @@ def _check_local_cluster(cl):
                           f"{' '.join(k + '=null' for k in keys)})")
 
 
+def _check_unused(c):
+    """Settings that would do nothing with the rest of the config: refused rather than ignored (only
+    those whose non-default value shows they were set)."""
+    ck, sched = c["checkpoint"], c["train"]["lr_schedule"]
+    if ck["every_epochs"] and not ck["dir"]:
+        raise ConfigError(f"checkpoint.every_epochs: {ck['every_epochs']}, but checkpoint.dir is not set, so no "
+                          f"checkpoint would be written: set checkpoint.dir")
+    if sched["milestones"] and sched["type"] != "step":
+        raise ConfigError(f"train.lr_schedule.milestones: only the step schedule uses them, and "
+                          f"train.lr_schedule.type is {sched['type']}: set type: step, or remove the milestones")
+
+
 def _check_consistency(c):
     alg, comp = c["algorithm"], c["compression"]
     if alg["max_staleness"] is not None and alg["max_staleness"] < alg["delay"]:
@@ -184,6 +196,7 @@ def _check_consistency(c):
         raise ConfigError(f"compression.type: {comp['type']} needs the round-based server "
                           "(algorithm.type ssd or ssgd); asgd supports none or 2bit")
     _check_compression(c, sparsifier)
+    _check_unused(c)
     cl = c["cluster"]
     if cl["launcher"] == "ssh" and not cl["hostfile"]:
         raise ConfigError("cluster.hostfile: required when cluster.launcher is ssh")

@@ -249,7 +249,8 @@ def test_range_boundaries_accepted(override, key, value):
 # ---------------------------------------------------------------- overrides
 
 def test_overrides_take_effect_with_types():
-    cfg = load_config(SSGD, ["train.epochs=3", "train.lr_schedule.milestones=[2,4]", "train.lr=0.05",
+    cfg = load_config(SSGD, ["train.epochs=3", "train.lr_schedule.type=step", "train.lr_schedule.milestones=[2,4]",
+                             "train.lr=0.05",
                              "train.momentum=0", "algorithm.strict=true", "name=short"])
     assert cfg.train.epochs == 3 and type(cfg.train.epochs) is int
     assert cfg.train.lr_schedule.milestones == [2, 4]
@@ -260,7 +261,6 @@ def test_overrides_take_effect_with_types():
     assert cfg.name == "short"
     # untouched values stay as in the file
     assert cfg.train.batch_size == 32
-    assert cfg.train.lr_schedule.type == "cosine"
 
 
 def test_later_override_wins():
@@ -656,3 +656,13 @@ def test_eval_workers_all_is_refused_where_the_counts_cannot_be_summed():
     msg = config_error(SSGD, ["train.eval_workers=all", "algorithm.type=asgd"])
     assert msg.startswith("train.eval_workers: all") and "asgd" in msg
     assert config_error(SSGD, ["train.eval_workers=some"]).startswith("train.eval_workers")
+
+
+@pytest.mark.parametrize("sets,start", [
+    (["checkpoint.every_epochs=2"], "checkpoint.every_epochs: 2, but checkpoint.dir is not set"),
+    (["train.lr_schedule.type=cosine", "train.lr_schedule.milestones=[5]"],
+     "train.lr_schedule.milestones: only the step schedule uses them"),
+])
+def test_a_setting_that_would_do_nothing_is_refused(sets, start):
+    assert config_error(SSGD, sets).startswith(start)
+    assert load_config(SSGD, sets[:-1] if len(sets) > 1 else ["checkpoint.every_epochs=0"])   # without it: fine

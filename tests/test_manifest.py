@@ -278,15 +278,27 @@ def test_resumed_cost_model_run_keeps_its_plan_whatever_the_link_measures(tmp_pa
 
 
 def test_prune_keeps_the_newest_complete_checkpoints_and_deletes_only_older_epoch_folders(tmp_path):
+    import json
+
     from ssdsgd.checkpoint import MANIFEST, prune
-    for e, complete in [(1, True), (2, False), (3, True), (4, True), (5, False)]:
+
+    def make(e, step=None):
         (tmp_path / f"epoch-{e:04d}").mkdir()
-        if complete:
-            (tmp_path / f"epoch-{e:04d}" / MANIFEST).write_text("{}")
+        if step is not None:
+            (tmp_path / f"epoch-{e:04d}" / MANIFEST).write_text(json.dumps({"step": step}))
+
+    for e, complete in [(1, True), (2, False), (3, True), (4, True), (5, False)]:
+        make(e, 10 * e if complete else None)                    # 10 steps an epoch
     (tmp_path / "notes").mkdir()                                 # not a checkpoint: never touched
-    assert prune(str(tmp_path), 0) == [] and prune(str(tmp_path), 3) == []
-    removed = prune(str(tmp_path), 2)
+    assert prune(str(tmp_path), 0, 10) == [] and prune(str(tmp_path), 3, 10) == []
+    removed = prune(str(tmp_path), 2, 10)
     assert [os.path.basename(r) for r in removed] == ["epoch-0001", "epoch-0002"]
     # The two newest complete ones stay, and so does the newer incomplete one (a save under way).
     assert sorted(os.listdir(tmp_path)) == ["epoch-0003", "epoch-0004", "epoch-0005", "notes"]
-    assert [os.path.basename(r) for r in prune(str(tmp_path), 1)] == ["epoch-0003"]
+    assert [os.path.basename(r) for r in prune(str(tmp_path), 1, 10)] == ["epoch-0003"]
+    # A mid-epoch stop's checkpoint (step 53 of epoch 6) does not push out the last whole one: its
+    # resume saves epoch 6 again, replacing it, and epoch 4 is what stays if that save fails.
+    make(6, 53)
+    assert prune(str(tmp_path), 1, 10) == [] and os.path.isdir(tmp_path / "epoch-0004")
+    make(7, 70)
+    assert [os.path.basename(r) for r in prune(str(tmp_path), 1, 10)] == ["epoch-0004", "epoch-0005", "epoch-0006"]

@@ -224,6 +224,34 @@ def test_a_role_dying_after_the_last_checkpoint_is_restarted_without_losing_the_
     assert processes_with(job.marker) == []
 
 
+@pytest.mark.timeout(300)
+def test_stock_sgd_stopped_in_mid_epoch_resumes_inside_it_and_a_restart_with_nothing_left_keeps_the_result(
+        tmp_path):
+    """Stock dist_sync (MXNet's own server state in the checkpoint), 3 epochs of 22 steps. A stop at step 30
+    resumed to the end ends as the uninterrupted run does; and a run whose worker fails after the step-30
+    checkpoint, before the summary, restarts with nothing left to train and keeps the stop's evaluation."""
+    sets = ["train.epochs=3", "checkpoint.every_epochs=1"]
+    a, b, c = stopped_resumed_and_uninterrupted(tmp_path, SSGD, *sets, stop_steps=30)
+    assert "epoch 1 goes on after its first 8 of 22 steps" in b.output
+    sb, sc = b.summary(), c.summary()
+    for key in ("steps", "epochs", "test_acc_history", "final_test_acc"):
+        assert sb[key] == sc[key], key
+    wb, wc = (load_params(s["checkpoint"]) for s in (sb, sc))
+    for k in wc:
+        np.testing.assert_allclose(wb[k], wc[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    failed = run_job(tmp_path, SSGD, *sets, f"checkpoint.dir={tmp_path}/ck_f", "train.max_steps=30",
+                     "cluster.max_restarts=1", name="F", env={"SSDSGD_TEST_FAULT": "finish:1:0"})
+    assert failed.rc == 0, failed.output[-3000:]
+    assert "resuming from" in failed.output and "goes on after" not in failed.output   # nothing left to train
+    with open(os.path.join(a.run_dir, "summary.step30.json")) as f:
+        stopped = json.load(f)                     # A's own result, kept when B took the run further
+    sf = failed.summary()
+    for key in ("steps", "epochs", "test_acc_history", "final_test_acc"):
+        assert sf[key] == stopped[key], key
+    assert sf["epochs"] == 2 and [h["epoch"] for h in sf["test_acc_history"]] == [0, 1]
+    assert processes_with(failed.marker) == []
+
+
 @pytest.mark.timeout(240)
 def test_reruns_never_touch_a_finished_run(tmp_path):
     """A rerun of the same name that fails at its first step, and one that differs only by seed, each get a

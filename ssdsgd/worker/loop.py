@@ -8,7 +8,6 @@ and updates the local weights and returns a StepRecord, which Counters sums. Set
 start.py's, evaluating evaluate.py's, counting and summarising counters.py's.
 """
 import json
-import itertools
 import os
 import shutil
 import time
@@ -53,11 +52,15 @@ def run_worker(cfg, resume=False, overwrite=False):
     for epoch in range(run.start_epoch, cfg.train.epochs):
         if step >= total_steps:
             break
-        t_epoch = time.perf_counter()
+        batches = run.data.train.epoch(epoch)
         # Batches of this epoch trained before a resume (a run stopped by train.max_steps in mid-epoch):
-        # drawn and dropped, so that the rest come in the uninterrupted run's order with its augmentation.
-        done = step - epoch * run.steps_per_epoch
-        for data_batch, label in itertools.islice(run.data.train.epoch(epoch), max(0, done), None):
+        # drawn and dropped, so that the rest come in the uninterrupted run's order with its augmentation;
+        # before the epoch's clock, and alive for the stall check (ImageNet decodes each one).
+        for _ in range(step - epoch * run.steps_per_epoch):
+            next(batches)
+            _touch(heartbeat)
+        t_epoch = time.perf_counter()
+        for data_batch, label in batches:
             if step >= total_steps:
                 break
             loss, rec, times = _train_step(run, counters, step, data_batch, label)
@@ -212,7 +215,7 @@ def _save_checkpoint(run, counters, epochs_done, step):
     if rank == 0:
         ckpt.write_manifest(directory, cfg, epochs_done, step, client.plan_record(), run.out_dir)
         print(f"checkpoint saved: {directory}", flush=True)
-        for old in ckpt.prune(cfg.checkpoint.dir, cfg.checkpoint.keep):
+        for old in ckpt.prune(cfg.checkpoint.dir, cfg.checkpoint.keep, run.steps_per_epoch):
             print(f"checkpoint deleted: {old} (checkpoint.keep: {cfg.checkpoint.keep})", flush=True)
 
 

@@ -49,7 +49,8 @@ def start_run(cfg, resume, overwrite):
     resume_dir, manifest = point if resume else (None, None)
     start_epoch, step, saved, saved_counters = 0, 0, None, None
     if resume:
-        start_epoch, step, saved, saved_counters = _load_checkpoint(point, rank, net, params, steps_per_epoch)
+        start_epoch, step, saved, saved_counters = _load_checkpoint(point, rank, net, params, steps_per_epoch,
+                                                                    total_steps)
     # A resumed run appends to its metrics, dropping what a failed attempt logged after the checkpoint.
     log = MetricsLog(out_dir, rank, keep_until_step=step if resume else None,
                      tensorboard=cfg.log.tensorboard and rank == 0)
@@ -69,7 +70,7 @@ def start_run(cfg, resume, overwrite):
     return run, held
 
 
-def _load_checkpoint(point, rank, net, params, steps_per_epoch):
+def _load_checkpoint(point, rank, net, params, steps_per_epoch, total_steps):
     """This worker's part of the checkpoint to resume from (point: its folder and manifest, verified):
     the weights and BatchNorm statistics loaded into net; (epochs done, steps done, (arrays, meta) for
     the client, the saved counters)."""
@@ -81,11 +82,14 @@ def _load_checkpoint(point, rank, net, params, steps_per_epoch):
     epochs_done, step = manifest["epochs_done"], manifest["step"]
     saved_counters = meta.pop("counters")
     # train.max_steps can stop a run inside an epoch; its checkpoint (named for that epoch) then holds
-    # part of it, and the resume trains the rest of that epoch (run_worker skips the batches done).
-    start_epoch = epochs_done if step == epochs_done * steps_per_epoch else epochs_done - 1
+    # part of it, and a resume that trains further goes on inside that epoch (run_worker skips the
+    # batches done). One with nothing left to train (a restart after the stop's checkpoint) ends as
+    # the stopped run did, with its evaluation.
+    partial = step < epochs_done * steps_per_epoch and step < total_steps
+    start_epoch = epochs_done - 1 if partial else epochs_done
     if rank == 0:
         within = step - start_epoch * steps_per_epoch
-        part = f"; epoch {start_epoch} goes on after its first {within} of {steps_per_epoch} steps" if within else ""
+        part = f"; epoch {start_epoch} goes on after its first {within} of {steps_per_epoch} steps" if partial else ""
         print(f"resuming from {resume_dir}: {start_epoch} epochs, {step} steps done{part}", flush=True)
     return start_epoch, step, (arrays, meta), saved_counters
 

@@ -13,12 +13,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the check
 def git(*args):
     """git's output in this checkout ('' when it printed nothing), or None when git could not say (no
     git, or the package is installed outside a checkout)."""
+    # --no-optional-locks: `status` must not rewrite the index (under the job's umask 077 that would
+    # make a shared checkout's index private) nor hold its lock while the user commits.
     try:
-        proc = subprocess.run(["git", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                              text=True, timeout=30)
+        proc = subprocess.run(["git", "--no-optional-locks", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
     return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def in_checkout():
+    """Is this package's folder the top of a git checkout? (Installed into some other repository's
+    tree, a venv in a project say, git would answer for that repository.)"""
+    top = git("rev-parse", "--show-toplevel")
+    return bool(top) and os.path.realpath(top) == os.path.realpath(ROOT)
 
 
 def status_command(out=None):
@@ -52,7 +61,9 @@ def machine():
 def record(command, out=None, **extra):
     """{command, cwd, commit, uncommitted_changes, machine, date, extra keys}; `out`: the folder the
     record goes into, left out of the uncommitted changes."""
-    status = git(*status_command(out))
-    return {"command": list(command), "cwd": os.getcwd(), "commit": git("rev-parse", "HEAD") or None,
+    ours = in_checkout()
+    status = git(*status_command(out)) if ours else None
+    commit = (git("rev-parse", "HEAD") or None) if ours else None
+    return {"command": list(command), "cwd": os.getcwd(), "commit": commit,
             "uncommitted_changes": bool(status) if status is not None else None,
             "machine": machine(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}

@@ -273,3 +273,18 @@ def test_full_disk_before_the_job_starts_is_one_line(tmp_path, small_disk):
     assert "No space left on device" in job.output and job.output.startswith("error: "), job.output
     assert "Traceback" not in job.output and "[worker" not in job.output
     assert len(job.output.strip().splitlines()) == 1
+
+
+def test_a_second_record_of_the_same_resume_gets_a_name_of_its_own(tmp_path):
+    from ssdsgd.worker.start import _unused_name
+    assert _unused_name(str(tmp_path), "manifest.resume-step30", ".json") == "manifest.resume-step30.json"
+    (tmp_path / "manifest.resume-step30.json").write_text("{}")
+    assert _unused_name(str(tmp_path), "manifest.resume-step30", ".json") == "manifest.resume-step30.2.json"
+    (tmp_path / "manifest.resume-step30.2.json").write_text("{}")
+    assert _unused_name(str(tmp_path), "manifest.resume-step30", ".json") == "manifest.resume-step30.3.json"
+
+
+def test_provenance_answers_for_this_checkout_only():
+    assert provenance.in_checkout()                           # the tests run from a clone
+    made = provenance.record(["x"])
+    assert made["commit"] == provenance.git("rev-parse", "HEAD") and made["command"] == ["x"]

@@ -273,3 +273,12 @@ def test_a_short_job_with_each_selection(tmp_path, selection):
     assert s["steps"] == 6 and s["compression"] == "topk"
     losses = [r["loss"] for r in job.metrics() if "loss" in r]
     assert losses and all(np.isfinite(losses))
+
+
+def test_the_sampled_search_counts_a_nan_above_every_number_as_the_partition_does():
+    rng = np.random.default_rng(8)
+    a = np.abs(rng.standard_normal(200_000).astype(np.float32))
+    a[rng.choice(a.size, 30, replace=False)] = np.nan
+    for k in (3000, 12_000, 40_000):
+        np.testing.assert_array_equal(top_magnitudes(a, k, np.random.default_rng(k)), top_magnitudes(a, k))
+        assert np.isnan(a[top_magnitudes(a, k, np.random.default_rng(k))]).sum() == 30

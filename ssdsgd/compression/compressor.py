@@ -79,7 +79,9 @@ def sampled_candidates(a, k, rng, sample=None):
     hits = m * k / n
     r = min(m, int(hits + SAMPLE_MARGIN * hits ** 0.5) + 1)
     threshold = np.partition(drawn, m - r)[m - r]    # the r-th largest of the sample
-    found = np.flatnonzero(a >= threshold)
+    found = np.less(a, threshold)
+    np.logical_not(found, out=found)                 # at or above it, NaN included (as top_magnitudes)
+    found = np.flatnonzero(found)
     return found if found.size >= k else None
 
 

@@ -70,6 +70,8 @@ def _show(text):
             return
         try:
             _write(text)
+        except BlockingIOError:        # a non-blocking stdout that is full: this line is lost, not the rest
+            pass
         except (OSError, ValueError):  # EPIPE, EIO; ValueError: sys.stdout was closed
             _stdout_gone()
 

@@ -32,7 +32,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
 from scripts.results_io import (done_rows, earlier_runs, job_command, job_name, job_summary, results_folder,
-                                run_captured, run_folder, summary_row, write_csv, write_manifest, write_text)
+                                run_captured, run_folder, settings_problem, summary_row, write_csv, write_manifest,
+                                write_text)
 
 SSGD = "configs/demo_digits_ssgd.yaml"
 SSD = "configs/demo_digits_ssd.yaml"
@@ -269,8 +270,11 @@ def main():
         sys.exit(f"accuracy.py: {csv_path} exists; --keep-done keeps its finished jobs and runs the rest, "
                  f"or choose another --out")
     used = sorted({os.path.join(ROOT, variants[label][0]) for label in args.variants or variants})
+    problem = settings_problem(out, args.set) if args.keep_done else None
+    if problem:                                   # kept rows would not be comparable with new ones
+        sys.exit(f"accuracy.py: {problem}")
     earlier = earlier_runs(out) if args.keep_done else []
-    write_manifest(out, used, finished=False, earlier=earlier)
+    write_manifest(out, used, finished=False, settings=args.set, earlier=earlier)
     rows = done_rows(csv_path) if os.path.exists(csv_path) else []
     done = {(r["variant"], r["seed"]) for r in rows}
     jobs = [(s, v) for s in args.seeds for v in args.variants or list(variants) if (v, s) not in done]
@@ -290,7 +294,8 @@ def main():
     if pairs:
         text += "\n\n" + pairs
     write_text(os.path.join(out, "table.md"), text)
-    write_manifest(out, used, finished=True, jobs=len(rows), failed=sum(r["rc"] != 0 for r in rows), earlier=earlier)
+    write_manifest(out, used, finished=True, jobs=len(rows), failed=sum(r["rc"] != 0 for r in rows),
+                   settings=args.set, earlier=earlier)
     print(text)
     return 0 if all(r["rc"] == 0 for r in rows) else 1
 

@@ -25,7 +25,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
 from scripts.results_io import (MANIFEST, done_rows, earlier_runs, job_command, job_name, job_overrides, run_folder,
-                                summary_row, write_csv, write_manifest, write_text)
+                                settings_problem, summary_row, write_csv, write_manifest, write_text)
 from ssdsgd.checkpoint import latest as latest_checkpoint
 from ssdsgd.config import ConfigError, load_config
 from ssdsgd.metrics import ACC_TAG, SUMMARY_FILE, read_metrics, read_summary
@@ -282,6 +282,10 @@ def main(argv=None):
     if problem:                                   # before anything is written to --out
         print(f"reproduce.py: config error in {problem}", file=sys.stderr)
         return 2
+    problem = settings_problem(out, sets) if args.keep_done else None
+    if problem:                                   # kept rows would not be comparable with new ones
+        print(f"reproduce.py: {problem}", file=sys.stderr)
+        return 2
     rows = kept_rows(out) if args.keep_done else []
     done = {(r["variant"], r["seed"]) for r in rows}
     pending = [j for j in jobs if (j[0], j[2]) not in done]
@@ -289,7 +293,7 @@ def main(argv=None):
         print(f"--keep-done: {len(rows)} finished job(s) kept, {len(pending)} to run", flush=True)
     earlier = earlier_runs(out) if args.keep_done else []
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
-    write_manifest(out, [c for _, c in variants], finished=False, earlier=earlier)
+    write_manifest(out, [c for _, c in variants], finished=False, settings=sets, earlier=earlier)
     run_jobs(pending, rows, sets, out, stopper)
     if stopper.signum:
         print(f"reproduce.py: stopped by {signal.Signals(stopper.signum).name}; the running job was ended. "
@@ -299,7 +303,7 @@ def main(argv=None):
     write_text(os.path.join(out, "table.md"), text)
     plot(rows, out)
     write_manifest(out, [c for _, c in variants], finished=True, jobs=len(rows),
-                   failed=sum(r["rc"] != 0 for r in rows), sets=sets, earlier=earlier)
+                   failed=sum(r["rc"] != 0 for r in rows), settings=sets, earlier=earlier)
     print(text)
     print(f"results: {out}")
     return 0 if all(r["rc"] == 0 for r in rows) else 1

@@ -191,6 +191,21 @@ def earlier_runs(out):
     return old.get("earlier", []) + [{k: old.get(k) for k in ("command", "commit", "date")}]
 
 
+def settings_problem(out, settings):
+    """--keep-done: why out's finished jobs cannot be kept beside jobs run with `settings` (a JSON-able
+    value: the options every job gets), or None. The folder's manifest records the settings its jobs
+    were made with; a folder written before it did is taken as it is."""
+    try:
+        with open(os.path.join(out, MANIFEST)) as f:
+            old = json.load(f).get("settings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if old is None or old == settings:
+        return None
+    return (f"--keep-done: the finished jobs in {out} were made with {old}, this run's would be made with "
+            f"{settings}: give the same options, or choose another --out")
+
+
 def write_text(path, text):
     with open(path, "w") as f:
         f.write(text + "\n")

@@ -128,3 +128,15 @@ def test_accuracy_help_describes_every_suite():
     assert "digits demo" not in description and "suite" in description
     for suite in accuracy.SUITES:
         assert f"\n  {suite} " in proc.stdout, suite
+
+
+def test_keep_done_refuses_to_mix_jobs_made_with_other_settings(tmp_path):
+    from scripts.results_io import settings_problem
+    assert settings_problem(str(tmp_path), ["train.epochs=2"]) is None            # nothing written yet
+    (tmp_path / "manifest.json").write_text(json.dumps({"command": ["x"]}))
+    assert settings_problem(str(tmp_path), ["train.epochs=2"]) is None            # an older folder: taken as it is
+    (tmp_path / "manifest.json").write_text(json.dumps({"settings": ["train.epochs=2"]}))
+    assert settings_problem(str(tmp_path), ["train.epochs=2"]) is None
+    problem = settings_problem(str(tmp_path), ["train.epochs=3"])
+    assert problem.startswith(f"--keep-done: the finished jobs in {tmp_path} were made with ['train.epochs=2']")
+    assert "choose another --out" in problem

@@ -1,6 +1,6 @@
 """SSGD, SSD-SGD and SSD-SGD + top-k 1% side by side on your data, with the shipped configs.
 
-    python scripts/reproduce.py --suite cifar10 --data ROOT [--hostfile FILE] [--epochs N]
+    python scripts/reproduce.py --suite cifar10 --data ROOT [--hostfile FILE --interface IF] [--epochs N]
         [--seeds 0 1 2] [--set KEY=VALUE ...] [--out results/reproduce_cifar10] [--keep-done]
 
 Runs configs/<suite>_*_{ssgd,ssd,ssd_topk}.yaml one job at a time (seeds interleaved), each with
@@ -100,6 +100,7 @@ def common_sets(args, out):
         sets.append(f"data.root={os.path.abspath(args.data)}")
     if args.hostfile:
         sets += ["cluster.launcher=ssh", f"cluster.hostfile={os.path.abspath(args.hostfile)}"]
+        sets += [f"cluster.interface={args.interface}"] if args.interface else []
     else:   # the ImageNet configs name a host file and interface, which the local launcher refuses
         sets += ["cluster.launcher=local", "cluster.hostfile=null", "cluster.interface=null"]
     if args.epochs:
@@ -228,6 +229,8 @@ def parse_args(argv):
     ap.add_argument("--suite", choices=sorted(SUITES), required=True)
     ap.add_argument("--data", help="data.root for every job (fmnist: default the configs' own)")
     ap.add_argument("--hostfile", help="run on these hosts over ssh (default: this machine)")
+    ap.add_argument("--interface", help="with --hostfile: the network interface the hosts share, e.g. eth0 "
+                                        "(default: the config's; the ImageNet configs name eth0)")
     ap.add_argument("--epochs", type=int, help="train every variant this many epochs (default: the configs')")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every job")
@@ -241,6 +244,11 @@ def parse_args(argv):
         ap.error(f"--data: {args.data} is not a folder")
     if args.hostfile and not os.path.isfile(args.hostfile):
         ap.error(f"--hostfile: {args.hostfile} does not exist")
+    if args.interface and not args.hostfile:
+        ap.error("--interface: only with --hostfile (this machine's jobs need none)")
+    if args.hostfile and not args.interface and args.suite != "imagenet":
+        ap.error(f"--interface: required with --hostfile for the {args.suite} configs, which name none "
+                 f"(the network interface the hosts share, e.g. eth0)")
     out = os.path.abspath(args.out or os.path.join(ROOT, "results", f"reproduce_{args.suite}"))
     if os.path.exists(os.path.join(out, MANIFEST)) and not args.keep_done:
         ap.error(f"--out: {out} already holds results ({MANIFEST}); --keep-done keeps its finished jobs and runs "

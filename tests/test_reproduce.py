@@ -178,3 +178,17 @@ def test_a_rerun_job_resumes_its_checkpoint_and_keeps_the_earlier_log(tmp_path, 
     assert row["log"] == os.path.join("logs", "SSGD_s0.2.log") and row["rc"] == 0
     assert "job args ['--resume']" in (out / row["log"]).read_text()
     assert (out / "logs" / "SSGD_s0.log").read_text() == "the first attempt\n"
+
+
+def test_hosts_without_an_interface_are_refused_where_the_configs_name_none(tmp_path, capsys):
+    from scripts.reproduce import common_sets, parse_args
+    hosts = tmp_path / "hosts"
+    hosts.write_text("h1\nh2\n")
+    with pytest.raises(SystemExit) as stop:
+        parse_args(["--suite", "fmnist", "--hostfile", str(hosts), "--out", str(tmp_path / "o")])
+    assert stop.value.code == 2 and "--interface: required with --hostfile" in capsys.readouterr().err
+    args, out = parse_args(["--suite", "fmnist", "--hostfile", str(hosts), "--interface", "eth1",
+                            "--out", str(tmp_path / "o")])
+    assert "cluster.interface=eth1" in common_sets(args, out)
+    with pytest.raises(SystemExit):
+        parse_args(["--suite", "fmnist", "--interface", "eth1", "--out", str(tmp_path / "o")])

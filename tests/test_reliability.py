@@ -233,6 +233,8 @@ def test_stock_sgd_stopped_in_mid_epoch_resumes_inside_it_and_a_restart_with_not
     sets = ["train.epochs=3", "checkpoint.every_epochs=1"]
     a, b, c = stopped_resumed_and_uninterrupted(tmp_path, SSGD, *sets, stop_steps=30)
     assert "epoch 1 goes on after its first 8 of 22 steps" in b.output
+    evals = [(r["step"], r.get("partial_epoch", False)) for r in b.metrics() if "test_acc" in r]
+    assert evals == [(22, False), (30, True), (44, False), (66, False)]     # the stop's own evaluation, marked
     sb, sc = b.summary(), c.summary()
     for key in ("steps", "epochs", "test_acc_history", "final_test_acc"):
         assert sb[key] == sc[key], key

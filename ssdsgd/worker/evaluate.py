@@ -51,8 +51,10 @@ def evaluate_if_due(run, counters, epoch, step, epoch_seconds):
     # still that long where every worker evaluates or waits for rank 0 (eval_workers: all, or a
     # synchronous variant); see scripts/time_to_accuracy.py.
     eval_seconds = time.perf_counter() - t_eval
+    # partial_epoch: a train.max_steps stop inside the epoch; a resume evaluates the whole epoch again.
+    partial = {"partial_epoch": True} if step < (epoch + 1) * run.steps_per_epoch else {}
     run.log.write(epoch=epoch, step=step, epoch_seconds=epoch_seconds, eval_seconds=eval_seconds,
-                  **{f"{counters.tag}_acc": acc})
+                  **{f"{counters.tag}_acc": acc}, **partial)
     print(f"epoch {epoch} {run.data.eval_set} accuracy {acc:.4f} (epoch {epoch_seconds:.1f} s, "
           f"evaluation {eval_seconds:.1f} s)", flush=True)
 

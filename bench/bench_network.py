@@ -62,7 +62,8 @@ import yaml
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
 from bench import netns, vcluster
-from scripts.results_io import COMPUTE_BOUND, rate_name, read_csv, read_jsonl, stop_on_sigterm, write_manifest
+from scripts.results_io import (COMPUTE_BOUND, rate_name, read_csv, read_jsonl, stop_group, stop_on_sigterm,
+                                write_manifest)
 from ssdsgd.metrics import SUMMARY_FILE, metrics_file
 
 DEFAULT_CONFIG = "configs/bench_cifar_resnet20.yaml"
@@ -430,18 +431,7 @@ def _qdisc_drops(ns):
 
 def _stop_job(proc, grace=15.0):
     """SIGTERM the job's process group (the launcher then stops its roles), SIGKILL after `grace`."""
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    stop_group(proc, grace)
 
 
 def _wait_for_job(proc, sampler, deadline):

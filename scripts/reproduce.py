@@ -25,7 +25,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
 from scripts.results_io import (MANIFEST, done_rows, earlier_runs, job_command, job_name, job_overrides, run_folder,
-                                settings_problem, summary_row, write_csv, write_manifest, write_text)
+                                settings_problem, signal_group, stop_group, summary_row, write_csv,
+                                write_manifest, write_text)
 from ssdsgd.checkpoint import latest as latest_checkpoint
 from ssdsgd.config import ConfigError, load_config
 from ssdsgd.metrics import ACC_TAG, SUMMARY_FILE, read_metrics, read_summary
@@ -65,29 +66,11 @@ class Stopper:
             self._end(signal.SIGKILL if again else signal.SIGTERM)
 
     def _end(self, signum):
-        _signal_group(self._proc, signum)
+        signal_group(self._proc, signum)
         if signum == signal.SIGTERM and self._timer is None:
-            self._timer = threading.Timer(STOP_GRACE, _signal_group, (self._proc, signal.SIGKILL))
+            self._timer = threading.Timer(STOP_GRACE, signal_group, (self._proc, signal.SIGKILL))
             self._timer.daemon = True
             self._timer.start()
-
-
-def end_job(proc):
-    """SIGTERM to the job's process group, SIGKILL if it still runs after STOP_GRACE."""
-    _signal_group(proc, signal.SIGTERM)
-    try:
-        proc.wait(timeout=STOP_GRACE)
-    except subprocess.TimeoutExpired:
-        _signal_group(proc, signal.SIGKILL)
-        proc.wait()
-
-
-def _signal_group(proc, signum):
-    if proc.poll() is None:           # not reaped: its pid is still its process group's id
-        try:
-            os.killpg(proc.pid, signum)
-        except ProcessLookupError:
-            pass
 
 
 def configs(suite):
@@ -161,7 +144,7 @@ def run_job(label, config, seed, sets, out, stopper):
         finally:
             stopper.watch(None)
             if proc.poll() is None:        # this script failed mid-job: the job must not outlive it
-                end_job(proc)
+                stop_group(proc, STOP_GRACE)
     folder = run_folder("".join(lines), os.path.join(out, "runs"), name)
     row = {"variant": label, "seed": seed, "rc": proc.returncode, "run_dir": os.path.relpath(folder, out),
            "log": os.path.relpath(log_path, out)}

@@ -92,6 +92,27 @@ def run_captured(cmd, **kwargs):
                           env=dict(os.environ, OMP_NUM_THREADS="1"), **kwargs)
 
 
+def signal_group(proc, signum):
+    """Send signum to the process group a job command was started in (start_new_session), while the
+    job is not yet reaped (its pid is then still the group's id)."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def stop_group(proc, grace):
+    """End a job started in its own process group: SIGTERM (our launcher then stops its roles), SIGKILL
+    if it still runs after `grace` seconds; waits for it."""
+    signal_group(proc, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        signal_group(proc, signal.SIGKILL)
+        proc.wait()
+
+
 def job_summary(proc, run_dir):
     """The summary of a finished job, or None (and the end of its output on stderr) if it failed."""
     if proc.returncode != 0:

@@ -32,7 +32,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import zipfile
 
 import numpy as np
@@ -134,37 +133,6 @@ def latest(root):
     done = [d for d in sorted(os.listdir(root))
             if d.startswith("epoch-") and os.path.exists(os.path.join(root, d, MANIFEST))]
     return os.path.join(root, done[-1]) if done else None
-
-
-def prune(root, keep, steps_per_epoch):
-    """Delete the checkpoint folders under root older than the `keep` newest complete ones (keep 0:
-    none), and older than the newest one of whole epochs: a train.max_steps stop in mid-epoch saves a
-    partial one, which its resume saves again at the epoch's end, replacing it, and the whole one
-    before it is what is left if that save fails. Only folders named epoch-<E> below the oldest one
-    kept are touched, so what a resume would take is never deleted. Returns the folders deleted."""
-    if not keep or not root or not os.path.isdir(root):
-        return []
-    epochs = sorted((int(m.group(1)), d) for d in os.listdir(root) if (m := re.fullmatch(r"epoch-(\d+)", d)))
-    complete = [(e, d) for e, d in epochs if os.path.exists(os.path.join(root, d, MANIFEST))]
-    if len(complete) <= keep:
-        return []
-    oldest_kept = complete[-keep][0]
-    whole = [e for e, d in complete if _step_of(os.path.join(root, d)) == e * steps_per_epoch]
-    if whole:
-        oldest_kept = min(oldest_kept, whole[-1])
-    removed = [os.path.join(root, d) for e, d in epochs if e < oldest_kept]
-    for folder in removed:
-        shutil.rmtree(folder)
-    return removed
-
-
-def _step_of(directory):
-    """The step a checkpoint folder's manifest records, or None if it cannot be read."""
-    try:
-        with open(os.path.join(directory, MANIFEST)) as f:
-            return json.load(f).get("step")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def _is_int(v):

@@ -171,9 +171,6 @@ def _check_unused(c):
     if ck["every_epochs"] and not ck["dir"]:
         raise ConfigError(f"checkpoint.every_epochs: {ck['every_epochs']}, but checkpoint.dir is not set, so no "
                           f"checkpoint would be written: set checkpoint.dir, or checkpoint.every_epochs: 0")
-    if ck["keep"] and not (ck["dir"] and ck["every_epochs"]):
-        raise ConfigError(f"checkpoint.keep: {ck['keep']}, but no checkpoint is written (checkpoint.dir and "
-                          f"checkpoint.every_epochs are needed): set both, or checkpoint.keep: 0")
     if sched["milestones"] and sched["type"] != "step":
         raise ConfigError(f"train.lr_schedule.milestones: only the step schedule uses them, and "
                           f"train.lr_schedule.type is {sched['type']}: set type: step, or remove the milestones")

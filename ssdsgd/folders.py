@@ -14,6 +14,7 @@ Standard library only: the front end must not import mxnet.
 import fcntl
 import json
 import os
+import re
 import shutil
 import socket
 import time
@@ -295,3 +296,32 @@ def release(held):
             f.close()
         except OSError:
             pass
+
+
+def prune_checkpoints(root, keep, steps_per_epoch):
+    """Delete the epoch-<E> folders under root below the `keep` newest complete checkpoints (keep 0:
+    none) and below the newest one of whole epochs (a max_steps stop's partial one is replaced when
+    its resume ends that epoch; the whole one stays if that save fails). Returns those deleted."""
+    from ssdsgd.checkpoint import MANIFEST
+    if not keep or not root or not os.path.isdir(root):
+        return []
+    epochs = sorted((int(m.group(1)), d) for d in os.listdir(root) if (m := re.fullmatch(r"epoch-(\d+)", d)))
+    manifests = [(e, os.path.join(root, d, MANIFEST)) for e, d in epochs]
+    complete = [(e, path) for e, path in manifests if os.path.exists(path)]
+    if len(complete) <= keep:
+        return []
+    whole = [e for e, path in complete if _load_json(path).get("step") == e * steps_per_epoch]
+    oldest_kept = min([complete[-keep][0]] + whole[-1:])
+    removed = [os.path.join(root, d) for e, d in epochs if e < oldest_kept]
+    for folder in removed:
+        shutil.rmtree(folder)
+    return removed
+
+
+def _load_json(path):
+    try:
+        with open(path) as f:
+            d = json.load(f)
+        return d if isinstance(d, dict) else {}
+    except (OSError, ValueError):
+        return {}

@@ -660,7 +660,6 @@ def test_eval_workers_all_is_refused_where_the_counts_cannot_be_summed():
 
 @pytest.mark.parametrize("sets,start", [
     (["checkpoint.every_epochs=2"], "checkpoint.every_epochs: 2, but checkpoint.dir is not set"),
-    (["checkpoint.dir=ck", "checkpoint.keep=2"], "checkpoint.keep: 2, but no checkpoint is written"),
     (["train.lr_schedule.type=cosine", "train.lr_schedule.milestones=[5]"],
      "train.lr_schedule.milestones: only the step schedule uses them"),
 ])

@@ -140,7 +140,7 @@ def test_end_epoch_evaluates_through_the_runs_eval_net(monkeypatch):
     monkeypatch.setattr(evaluate, "evaluate_global", fake_evaluate)
     net, graph = object(), object()
     run = SimpleNamespace(cfg=cfg, kv=SimpleNamespace(rank=0, num_workers=2), tally=None, net=net, eval_net=graph,
-                          total_steps=10,
+                          total_steps=10, steps_per_epoch=10,
                           params=[], client=None, data=SimpleNamespace(test=None, eval_set="test"),
                           log=SimpleNamespace(write=lambda **kw: None))
     counters = Counters(0, "test", 0.0)

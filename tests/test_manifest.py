@@ -280,7 +280,8 @@ def test_resumed_cost_model_run_keeps_its_plan_whatever_the_link_measures(tmp_pa
 def test_prune_keeps_the_newest_complete_checkpoints_and_deletes_only_older_epoch_folders(tmp_path):
     import json
 
-    from ssdsgd.checkpoint import MANIFEST, prune
+    from ssdsgd.checkpoint import MANIFEST
+    from ssdsgd.folders import prune_checkpoints as prune
 
     def make(e, step=None):
         (tmp_path / f"epoch-{e:04d}").mkdir()

@@ -194,6 +194,7 @@ def _save_checkpoint(run, counters, epochs_done, step):
     import mxnet as mx
 
     from ssdsgd import checkpoint as ckpt
+    from ssdsgd import folders
     from ssdsgd.ps import commands
     cfg, kv, rank, net, params, client = run.cfg, run.kv, run.kv.rank, run.net, run.params, run.client
     directory = ckpt.epoch_dir(cfg.checkpoint.dir, epochs_done)
@@ -215,7 +216,7 @@ def _save_checkpoint(run, counters, epochs_done, step):
     if rank == 0:
         ckpt.write_manifest(directory, cfg, epochs_done, step, client.plan_record(), run.out_dir)
         print(f"checkpoint saved: {directory}", flush=True)
-        for old in ckpt.prune(cfg.checkpoint.dir, cfg.checkpoint.keep, run.steps_per_epoch):
+        for old in folders.prune_checkpoints(cfg.checkpoint.dir, cfg.checkpoint.keep, run.steps_per_epoch):
             print(f"checkpoint deleted: {old} (checkpoint.keep: {cfg.checkpoint.keep})", flush=True)
 
 

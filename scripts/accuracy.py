@@ -32,8 +32,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
 from scripts.results_io import (done_rows, earlier_runs, job_command, job_name, job_summary, results_folder,
-                                run_captured, run_folder, settings_problem, summary_row, write_csv, write_manifest,
-                                write_text)
+                                run_captured, run_folder, settings_problem, summary_row, survive_closed_stdout,
+                                write_csv, write_manifest, write_text)
 
 SSGD = "configs/demo_digits_ssgd.yaml"
 SSD = "configs/demo_digits_ssd.yaml"
@@ -260,6 +260,7 @@ def main():
     ap.add_argument("--keep-done", action="store_true",
                     help="keep the finished jobs of --out's runs.csv and run only the others")
     args = ap.parse_args()
+    survive_closed_stdout()
     variants = SUITES[args.suite]
     unknown = [v for v in args.variants or [] if v not in variants]
     if unknown:

@@ -10,7 +10,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
-from scripts.results_io import printed_run_folder
+from scripts.results_io import printed_run_folder, survive_closed_stdout
 from ssdsgd.metrics import SUMMARY_FILE, comparison_table, read_summary
 
 CONFIGS = ["configs/demo_digits_ssgd.yaml", "configs/demo_digits_ssd.yaml", "configs/demo_digits_ssd_topk.yaml"]
@@ -54,6 +54,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="Other arguments (for example "
                                      "--set train.epochs=2) are passed to every job's ssdsgd-run.")
     _, passed = parser.parse_known_args(argv)
+    survive_closed_stdout()
     summaries = []
     for config in CONFIGS:
         print(f"=== {config}", flush=True)

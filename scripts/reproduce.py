@@ -25,8 +25,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
 from scripts.results_io import (MANIFEST, done_rows, earlier_runs, job_command, job_name, job_overrides, run_folder,
-                                settings_problem, signal_group, stop_group, summary_row, write_csv,
-                                write_manifest, write_text)
+                                settings_problem, signal_group, stop_group, summary_row, survive_closed_stdout,
+                                write_csv, write_manifest, write_text)
 from ssdsgd.checkpoint import latest as latest_checkpoint
 from ssdsgd.config import ConfigError, load_config
 from ssdsgd.metrics import ACC_TAG, SUMMARY_FILE, read_metrics, read_summary
@@ -264,6 +264,7 @@ def run_jobs(jobs, rows, sets, out, stopper):
 
 def main(argv=None):
     args, out = parse_args(argv)
+    survive_closed_stdout()
     stopper = Stopper()
     stopper.install()
     variants = configs(args.suite)

@@ -232,6 +232,42 @@ def write_text(path, text):
         f.write(text + "\n")
 
 
+class _StdoutThatMayClose:
+    """sys.stdout that survives its reader going away (`script | head`): the first write that finds the
+    pipe closed points fd 1 at /dev/null, and the script goes on (its job, and its results, with it)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._to_devnull()
+            return len(text)
+
+    def flush(self):
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._to_devnull()
+
+    def _to_devnull(self):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def survive_closed_stdout():
+    """For the scripts that run jobs: a closed stdout must not end the script halfway (its `finally`
+    would stop the job it is running, and no table would be written)."""
+    if not isinstance(sys.stdout, _StdoutThatMayClose):
+        sys.stdout = _StdoutThatMayClose(sys.stdout)
+
+
 def _stop(signum, frame):
     raise KeyboardInterrupt
 

@@ -140,3 +140,21 @@ def test_keep_done_refuses_to_mix_jobs_made_with_other_settings(tmp_path):
     problem = settings_problem(str(tmp_path), ["train.epochs=3"])
     assert problem.startswith(f"--keep-done: the finished jobs in {tmp_path} were made with ['train.epochs=2']")
     assert "choose another --out" in problem
+
+
+def test_a_script_whose_stdout_is_closed_goes_on_to_its_end(tmp_path):
+    """`scripts/demo.py | head`: the reader goes away after one line; the script must still finish (its
+    jobs and its results with it), not die at its next print."""
+    done = tmp_path / "done"
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "from scripts.results_io import survive_closed_stdout\n"
+            "survive_closed_stdout()\n"
+            "for i in range(20000):\n"
+            "    print('line', i, flush=True)\n"
+            "open(%r, 'w').close()\n") % (ROOT, str(done))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().startswith(b"line 0")
+    proc.stdout.close()                                   # what `| head -1` does
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and done.exists(), err.decode()[-2000:]
+    assert b"BrokenPipeError" not in err

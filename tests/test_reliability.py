@@ -534,11 +534,13 @@ def test_empty_config_file_is_refused(tmp_path, text):
 @pytest.mark.timeout(60)
 def test_port_in_use_is_refused(tmp_path):
     sock = _busy_port()
+    port = sock.getsockname()[1]
     try:
-        job = run_job(tmp_path, SSGD, f"cluster.port={sock.getsockname()[1]}", name="port")
+        job = run_job(tmp_path, SSGD, f"cluster.port={port}", name="port")
     finally:
         sock.close()
-    assert job.rc == 2 and "already in use" in job.output
+    assert job.rc == 2 and f"error: cluster.port: port {port} is already in use" in job.output
+    assert not os.path.exists(os.path.join(tmp_path, "runs", "port"))      # refused before a run folder
 
 
 @pytest.mark.timeout(120)

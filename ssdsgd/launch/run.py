@@ -39,7 +39,23 @@ def preflight(cfg, read_data=True):
             path = getattr(cfg.cluster, key)
             if path and not os.path.isfile(path) and not (key == "hostfile" and is_host_list(path)):
                 return f"cluster.{key}: file {path} does not exist"
-        return ssh_problem(cfg.cluster)
+        problem = ssh_problem(cfg.cluster)
+        if problem:
+            return problem
+    return port_problem(cfg.cluster)
+
+
+def port_problem(cl):
+    """cluster.port taken on this machine, where the scheduler listens: named before the run folder is
+    made (the launcher checks it again when it starts the scheduler)."""
+    if not cl.port:
+        return None
+    from ssdsgd.launch.plan import interface_ip, pick_port
+    from ssdsgd.launch.usage import UsageError
+    try:
+        pick_port("127.0.0.1" if cl.launcher == "local" else interface_ip(cl.interface), cl.port)
+    except UsageError as err:
+        return f"cluster.port: {err}"
     return None
 
 

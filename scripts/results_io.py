@@ -102,6 +102,15 @@ def signal_group(proc, signum):
             pass
 
 
+def die_with_parent():
+    """preexec_fn of a job a script starts: Linux sends the job SIGTERM when the script dies, even by
+    SIGKILL or a SIGTERM the script does not handle, so no job outlives the script that ran it (the
+    job's launcher then stops its roles)."""
+    import ctypes
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+
+
 def stop_group(proc, grace):
     """End a job started in its own process group: SIGTERM (our launcher then stops its roles), SIGKILL
     if it still runs after `grace` seconds; waits for it."""

@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from jobs import ROOT, processes_with
@@ -158,3 +159,34 @@ def test_a_script_whose_stdout_is_closed_goes_on_to_its_end(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0 and done.exists(), err.decode()[-2000:]
     assert b"BrokenPipeError" not in err
+
+
+@pytest.mark.timeout(60)
+def test_a_job_dies_with_the_script_that_started_it_even_by_sigkill(tmp_path):
+    """demo.py and reproduce.py start their jobs with die_with_parent: a script killed outright (SIGKILL
+    cannot be handled) must not leave its job running."""
+    code = ("import subprocess, sys, time; sys.path.insert(0, %r)\n"
+            "from scripts.results_io import die_with_parent\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+            " preexec_fn=die_with_parent)\n"
+            "print(child.pid, flush=True)\n"
+            "time.sleep(60)\n") % ROOT
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and _state(child) not in ("gone", "Z"):
+        time.sleep(0.05)
+    outlived = _state(child) not in ("gone", "Z")
+    if outlived:
+        os.kill(child, 9)                                 # leave nothing behind, then fail
+    assert not outlived, "the job outlived its script"
+
+
+def _state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"

@@ -87,9 +87,10 @@ def resolve_run_dir(path):
 
 
 def run_captured(cmd, **kwargs):
-    """Run a job command from the repository root with OMP_NUM_THREADS=1, its output captured."""
+    """Run a job command from the repository root with OMP_NUM_THREADS=1, its output captured; the job
+    dies with the script (die_with_parent)."""
     return subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"), **kwargs)
+                          env=dict(os.environ, OMP_NUM_THREADS="1"), preexec_fn=die_with_parent, **kwargs)
 
 
 def signal_group(proc, signum):

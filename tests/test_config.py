@@ -38,19 +38,34 @@ def test_configs_are_shipped():
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
-def test_every_shipped_config_loads(path):
+def test_every_shipped_config_loads(path, tmp_path):
     with open(path) as f:
         raw = yaml.safe_load(f)
     cfg = load_config(path)
-    # Every value written in the file is kept as written (a null is the default, which may resolve to
-    # a value that follows other keys, as the local rate follows the workers).
+    # Every value written in the file is kept as written; a null is what leaving the key out gives
+    # (the default, which may follow other keys, as the local rate follows the workers).
+    def without(section_path, key):
+        trimmed = yaml.safe_load(yaml.safe_dump(raw))
+        node = trimmed
+        for part in section_path:
+            node = node[part]
+        del node[key]
+        other = tmp_path / os.path.basename(path)            # the same file name: the same run name
+        other.write_text(yaml.safe_dump(trimmed))
+        return load_config(str(other))
+
     def walk(section, view, prefix):
         for key, value in section.items():
             if isinstance(value, dict):
-                walk(value, getattr(view, key), f"{prefix}{key}.")
+                walk(value, getattr(view, key), prefix + [key])
             elif value is not None:
-                assert getattr(view, key) == value, f"{prefix}{key}"
-    walk(raw, cfg, "")
+                assert getattr(view, key) == value, ".".join(prefix + [key])
+            else:
+                unset = without(prefix, key)
+                for part in prefix:
+                    unset = getattr(unset, part)
+                assert getattr(view, key) == getattr(unset, key), ".".join(prefix + [key])
+    walk(raw, cfg, [])
     assert cfg.name == os.path.splitext(os.path.basename(path))[0]
     assert cfg.algorithm.max_staleness == cfg.algorithm.delay
 

@@ -48,6 +48,12 @@ def interface_ip(name):
     return address
 
 
+def scheduler_address(launcher, interface):
+    """The address the scheduler listens on, on this machine: loopback for a local job, the address on
+    `interface` (the network the hosts reach this machine on) for an ssh one."""
+    return '127.0.0.1' if launcher == 'local' else interface_ip(interface)
+
+
 def pick_port(host, port):
     """Check that `port` is free on `host`, or pick a free one when port is None."""
     with socket.socket() as s:
@@ -128,14 +134,14 @@ def plan(command, num_workers, num_servers, launcher, hostfile, env, port, inter
               [*env, *(k for r in (env_by_role or {}).values() for k in r)])
     if launcher == 'local':
         interface = interface or 'lo'
-        root_uri = '127.0.0.1'
+        root_uri = scheduler_address(launcher, interface)
     elif launcher == 'ssh':
         if not hostfile:
             raise UsageError('--launcher ssh needs -H HOSTFILE')
         hosts = read_hosts(hostfile)
         if not interface:
             raise UsageError('--launcher ssh needs --interface (the network the hosts reach this machine on)')
-        root_uri = interface_ip(interface)
+        root_uri = scheduler_address(launcher, interface)
     else:
         raise UsageError(f'unknown launcher {launcher!r}')
     job_env = _job_env(env, launcher, root_uri, port, interface, num_workers, num_servers)

@@ -50,10 +50,10 @@ def port_problem(cl):
     made (the launcher checks it again when it starts the scheduler)."""
     if not cl.port:
         return None
-    from ssdsgd.launch.plan import interface_ip, pick_port
+    from ssdsgd.launch.plan import pick_port, scheduler_address
     from ssdsgd.launch.usage import UsageError
     try:
-        pick_port("127.0.0.1" if cl.launcher == "local" else interface_ip(cl.interface), cl.port)
+        pick_port(scheduler_address(cl.launcher, cl.interface), cl.port)
     except UsageError as err:
         return f"cluster.port: {err}"
     return None

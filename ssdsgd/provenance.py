@@ -23,11 +23,13 @@ def git(*args):
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 
-def in_checkout():
-    """Is this package's folder the top of a git checkout? (Installed into some other repository's
-    tree, a venv in a project say, git would answer for that repository.)"""
-    top = git("rev-parse", "--show-toplevel")
-    return bool(top) and os.path.realpath(top) == os.path.realpath(ROOT)
+def commit():
+    """The commit checked out in this package's own checkout, or None: not in one, or installed into
+    some other repository's tree (a venv in a project, say), for which git would answer instead."""
+    top_and_head = (git("rev-parse", "--show-toplevel", "HEAD") or "").splitlines()
+    if len(top_and_head) != 2 or os.path.realpath(top_and_head[0]) != os.path.realpath(ROOT):
+        return None
+    return top_and_head[1]
 
 
 def status_command(out=None):
@@ -61,9 +63,8 @@ def machine():
 def record(command, out=None, **extra):
     """{command, cwd, commit, uncommitted_changes, machine, date, extra keys}; `out`: the folder the
     record goes into, left out of the uncommitted changes."""
-    ours = in_checkout()
-    status = git(*status_command(out)) if ours else None
-    commit = (git("rev-parse", "HEAD") or None) if ours else None
-    return {"command": list(command), "cwd": os.getcwd(), "commit": commit,
+    head = commit()
+    status = git(*status_command(out)) if head else None
+    return {"command": list(command), "cwd": os.getcwd(), "commit": head,
             "uncommitted_changes": bool(status) if status is not None else None,
             "machine": machine(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}

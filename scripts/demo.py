@@ -10,7 +10,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
-from scripts.results_io import die_with_parent, printed_run_folder, survive_closed_stdout
+from scripts.results_io import dies_with_script, printed_run_folder, survive_closed_stdout
 from ssdsgd.metrics import SUMMARY_FILE, comparison_table, read_summary
 
 CONFIGS = ["configs/demo_digits_ssgd.yaml", "configs/demo_digits_ssd.yaml", "configs/demo_digits_ssd_topk.yaml"]
@@ -26,7 +26,7 @@ class JobFailed(Exception):
 
 def run_shown(cmd):
     """Run a job in this checkout, its output shown as it comes and kept: (exit code, output)."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, preexec_fn=dies_with_script())
     lines = []
     for line in proc.stdout:
         print(line, end="", flush=True)

@@ -24,7 +24,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
-from scripts.results_io import (MANIFEST, die_with_parent, done_rows, earlier_runs, job_command, job_name,
+from scripts.results_io import (MANIFEST, dies_with_script, done_rows, earlier_runs, job_command, job_name,
                                 job_overrides, run_folder, settings_problem, signal_group, stop_group, summary_row,
                                 survive_closed_stdout, write_csv, write_manifest, write_text)
 from ssdsgd.checkpoint import latest as latest_checkpoint
@@ -133,7 +133,7 @@ def run_job(label, config, seed, sets, out, stopper):
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1")),
-                                start_new_session=True, preexec_fn=die_with_parent)
+                                start_new_session=True, preexec_fn=dies_with_script())
         stopper.watch(proc)
         try:
             for line in proc.stdout:

@@ -9,7 +9,8 @@ import subprocess
 import sys
 
 from ssdsgd import provenance
-from ssdsgd.metrics import ACC_TAG, final_acc, read_summary
+from ssdsgd.launch.children import die_with_parent, stdout_to_devnull
+from ssdsgd.metrics import ACC_TAG, CONFIG_FILE, SUMMARY_FILE, final_acc, metrics_file, read_summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -72,7 +73,7 @@ def resolve_run_dir(path):
     was expected."""
     if not os.path.isdir(path):
         raise ValueError(f"{path} {'is not a folder' if os.path.exists(path) else 'does not exist'}")
-    if any(os.path.exists(os.path.join(path, f)) for f in ("summary.json", "config.yaml", "metrics.jsonl")):
+    if any(os.path.exists(os.path.join(path, f)) for f in (SUMMARY_FILE, CONFIG_FILE, metrics_file())):
         return path                       # a run folder, finished or not
     latest = os.path.join(path, "latest")
     if os.path.lexists(latest):
@@ -88,9 +89,9 @@ def resolve_run_dir(path):
 
 def run_captured(cmd, **kwargs):
     """Run a job command from the repository root with OMP_NUM_THREADS=1, its output captured; the job
-    dies with the script (die_with_parent)."""
+    dies with the script (dies_with_script)."""
     return subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"), preexec_fn=die_with_parent, **kwargs)
+                          env=dict(os.environ, OMP_NUM_THREADS="1"), preexec_fn=dies_with_script(), **kwargs)
 
 
 def signal_group(proc, signum):
@@ -103,13 +104,10 @@ def signal_group(proc, signum):
             pass
 
 
-def die_with_parent():
-    """preexec_fn of a job a script starts: Linux sends the job SIGTERM when the script dies, even by
-    SIGKILL or a SIGTERM the script does not handle, so no job outlives the script that ran it (the
-    job's launcher then stops its roles)."""
-    import ctypes
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+def dies_with_script():
+    """preexec_fn of a job a script starts: the job gets SIGTERM when the script dies, even by SIGKILL or a
+    SIGTERM the script does not handle, so no job outlives the script that ran it."""
+    return die_with_parent(os.getpid(), signal.SIGTERM)
 
 
 def stop_group(proc, grace):
@@ -211,13 +209,21 @@ def done_rows(path):
     return rows
 
 
-def earlier_runs(out):
-    """The invocations that made the jobs --keep-done keeps (from the folder's manifest, before this
-    invocation replaces it): command, commit and date of each, oldest first."""
+def _read_manifest(out):
+    """out's manifest.json as a dict, or None when there is none or it cannot be read as one."""
     try:
         with open(os.path.join(out, MANIFEST)) as f:
             old = json.load(f)
     except (OSError, ValueError):
+        return None
+    return old if isinstance(old, dict) else None
+
+
+def earlier_runs(out):
+    """The invocations that made the jobs --keep-done keeps (from the folder's manifest, before this
+    invocation replaces it): command, commit and date of each, oldest first."""
+    old = _read_manifest(out)
+    if old is None:
         return []
     return old.get("earlier", []) + [{k: old.get(k) for k in ("command", "commit", "date")}]
 
@@ -226,11 +232,7 @@ def settings_problem(out, settings):
     """--keep-done: why out's finished jobs cannot be kept beside jobs run with `settings` (a JSON-able
     value: the options every job gets), or None. The folder's manifest records the settings its jobs
     were made with; a folder written before it did is taken as it is."""
-    try:
-        with open(os.path.join(out, MANIFEST)) as f:
-            old = json.load(f).get("settings")
-    except (OSError, ValueError, AttributeError):
-        return None
+    old = (_read_manifest(out) or {}).get("settings")
     if old is None or old == settings:
         return None
     return (f"--keep-done: the finished jobs in {out} were made with {old}, this run's would be made with "
@@ -263,9 +265,7 @@ class _StdoutThatMayClose:
             self._to_devnull()
 
     def _to_devnull(self):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, self._stream.fileno())
-        os.close(devnull)
+        stdout_to_devnull()
 
     def __getattr__(self, name):
         return getattr(self._stream, name)

@@ -163,12 +163,12 @@ def test_a_script_whose_stdout_is_closed_goes_on_to_its_end(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_a_job_dies_with_the_script_that_started_it_even_by_sigkill(tmp_path):
-    """demo.py and reproduce.py start their jobs with die_with_parent: a script killed outright (SIGKILL
+    """demo.py and reproduce.py start their jobs with dies_with_script: a script killed outright (SIGKILL
     cannot be handled) must not leave its job running."""
     code = ("import subprocess, sys, time; sys.path.insert(0, %r)\n"
-            "from scripts.results_io import die_with_parent\n"
+            "from scripts.results_io import dies_with_script\n"
             "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
-            " preexec_fn=die_with_parent)\n"
+            " preexec_fn=dies_with_script())\n"
             "print(child.pid, flush=True)\n"
             "time.sleep(60)\n") % ROOT
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

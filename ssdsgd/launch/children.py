@@ -22,12 +22,15 @@ _print_lock = threading.Lock()
 _stdout_lost = False   # our stdout was closed: role output is dropped
 
 
-def _die_with_parent(parent_pid):
+def die_with_parent(parent_pid, signum=signal.SIGKILL):
+    """A preexec_fn for a child of parent_pid: Linux sends the child signum when its parent dies, even by
+    SIGKILL. The launcher's roles get SIGKILL; a script's job gets SIGTERM, so that its launcher stops its
+    roles in turn."""
     def preexec():
         # A SIGKILLed launcher takes its children along; not what they started (a `bash -c` line's commands):
         # the signal is not inherited, and no cleanup of ours runs to end their process groups.
-        _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
-        if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+        _prctl(PR_SET_PDEATHSIG, int(signum))
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
             os._exit(1)
     return preexec
 
@@ -85,15 +88,20 @@ def _write(text):
     sys.stdout.flush()
 
 
+def stdout_to_devnull():
+    """Point fd 1 at /dev/null: once our reader is gone, later writes (and the flush at exit) succeed."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)   # fd 1, not sys.stdout.fileno(): sys.stdout may be closed
+    os.close(devnull)
+
+
 def _stdout_gone():
     """Point fd 1 at /dev/null, so that later writes (and the flush at exit) succeed silently; say so once."""
     global _stdout_lost
     if _stdout_lost:
         return
     _stdout_lost = True
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)   # fd 1, not sys.stdout.fileno(): sys.stdout may be closed
-    os.close(devnull)
+    stdout_to_devnull()
     try:
         print('launch: standard output was closed; the job goes on without showing its output', file=sys.stderr,
               flush=True)
@@ -123,7 +131,7 @@ class Child:
             stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True,  # own process group: cleanup also reaches grandchildren
-            preexec_fn=_die_with_parent(os.getpid()))
+            preexec_fn=die_with_parent(os.getpid()))
         if spec.stdin:
             # The pipe stays open: remote.py ends the role when it closes (when this ssh client dies).
             try:

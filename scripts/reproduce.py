@@ -28,6 +28,7 @@ from scripts.results_io import (MANIFEST, dies_with_script, done_rows, earlier_r
                                 job_overrides, run_folder, settings_problem, signal_group, stop_group, summary_row,
                                 survive_closed_stdout, write_csv, write_manifest, write_text)
 from ssdsgd.checkpoint import latest as latest_checkpoint
+from ssdsgd.folders import unused_name
 from ssdsgd.config import ConfigError, load_config
 from ssdsgd.metrics import ACC_TAG, SUMMARY_FILE, read_metrics, read_summary
 
@@ -115,11 +116,7 @@ def config_problem(jobs, sets, out):
 
 def fresh_log(out, name):
     """logs/<job>.log, or <job>.2.log, ... : a rerun (--keep-done) keeps the log of the attempt before."""
-    path, n = os.path.join(out, "logs", name + ".log"), 1
-    while os.path.exists(path):
-        n += 1
-        path = os.path.join(out, "logs", f"{name}.{n}.log")
-    return path
+    return os.path.join(out, "logs", unused_name(os.path.join(out, "logs"), name, ".log"))
 
 
 def run_job(label, config, seed, sets, out, stopper):

@@ -325,3 +325,12 @@ def _load_json(path):
         return d if isinstance(d, dict) else {}
     except (OSError, ValueError):
         return {}
+
+
+def unused_name(folder, stem, ext):
+    """stem + ext, or stem.2 + ext, stem.3 + ext, ...: the first not in folder, so that a file of an
+    earlier attempt (a resume's record, a job's log) is kept, not replaced."""
+    n = 1
+    while os.path.exists(os.path.join(folder, stem + (f".{n}" if n > 1 else "") + ext)):
+        n += 1
+    return stem + (f".{n}" if n > 1 else "") + ext

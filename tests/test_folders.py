@@ -276,7 +276,7 @@ def test_full_disk_before_the_job_starts_is_one_line(tmp_path, small_disk):
 
 
 def test_a_second_record_of_the_same_resume_gets_a_name_of_its_own(tmp_path):
-    from ssdsgd.worker.start import _unused_name
+    from ssdsgd.folders import unused_name as _unused_name
     assert _unused_name(str(tmp_path), "manifest.resume-step30", ".json") == "manifest.resume-step30.json"
     (tmp_path / "manifest.resume-step30.json").write_text("{}")
     assert _unused_name(str(tmp_path), "manifest.resume-step30", ".json") == "manifest.resume-step30.2.json"

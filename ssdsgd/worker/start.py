@@ -122,19 +122,10 @@ def _prepare_run_folder(cfg, kv, resume, overwrite):
         name, made = CONFIG_FILE, RUN_MANIFEST_FILE
         if resume:
             name = f"config.resume-step{point[1]['step']}.yaml"
-            made = _unused_name(out_dir, f"manifest.resume-step{point[1]['step']}", ".json")
+            made = folders.unused_name(out_dir, f"manifest.resume-step{point[1]['step']}", ".json")
         dump_config(cfg, os.path.join(out_dir, name))
         _write_run_record(os.path.join(out_dir, made), name, point[0] if resume else None)
     return held, out_dir, point
-
-
-def _unused_name(folder, stem, ext):
-    """stem + ext, or stem.2 + ext, stem.3 + ext, ...: the first not in folder (a second restart from
-    the same checkpoint keeps the first one's record)."""
-    n = 1
-    while os.path.exists(os.path.join(folder, stem + (f".{n}" if n > 1 else "") + ext)):
-        n += 1
-    return stem + (f".{n}" if n > 1 else "") + ext
 
 
 def _write_run_record(path, config_file, resumed_from):

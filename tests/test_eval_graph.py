@@ -147,3 +147,26 @@ def test_end_epoch_evaluates_through_the_runs_eval_net(monkeypatch):
     loop._end_epoch(run, counters, cfg.train.epochs - 1, 10, 1.0)
     assert seen == {"net": net, "eval_net": graph, "steps_done": 10}
     assert counters.final_acc == 0.75
+
+
+def test_images_per_second_after_an_epoch_end_leaves_out_its_evaluation(monkeypatch):
+    """The first log line after an epoch's end divides the images since the last line by the training time
+    alone: 20 s of evaluation and checkpoint in between do not make the speed dip."""
+    from types import SimpleNamespace
+
+    from ssdsgd.algorithms.base import StepRecord
+    from ssdsgd.worker import loop
+    from ssdsgd.worker.counters import Counters, StepTimes
+    written = []
+    counters = Counters(0, "test", 100.0)
+    for step in range(4):
+        counters.add_step(step, StepRecord(8, 8), 32, StepTimes(0.5, 0.5))
+    counters.leave_out_of_window(20.0)                     # the epoch end, as the loop times it
+    loss = SimpleNamespace(mean=lambda: SimpleNamespace(asscalar=lambda: 1.0))
+    run = SimpleNamespace(kv=SimpleNamespace(rank=1), schedule=lambda step: 0.1,
+                          client=SimpleNamespace(residual_norm=lambda: None),
+                          log=SimpleNamespace(write=lambda **kw: written.append(kw)))
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: 124.0)   # 4 s of training, 20 s of epoch end
+    loop._log_steps(run, counters, 0, 4, loss, StepRecord(8, 8))
+    assert written[0]["images_per_sec"] == 128 / 4.0
+    assert counters.window["t"] == 124.0 and counters.window["n"] == 0

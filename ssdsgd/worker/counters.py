@@ -62,6 +62,10 @@ class Counters:
         """Start the counts of the steps up to the next log line, at time t."""
         self.window = {"t": t, "images": 0, "push": 0, "pull": 0, "n": 0, "compute": 0.0, "client": 0.0}
 
+    def leave_out_of_window(self, seconds):
+        """Time spent on other work (an evaluation, a checkpoint) does not count in the window's images/s."""
+        self.window["t"] += seconds
+
     def add_step(self, step, rec, images, times):
         """Count step `step`, whose StepRecord is rec and StepTimes `times`."""
         self.compute_seconds += times.compute

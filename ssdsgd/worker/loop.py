@@ -77,7 +77,7 @@ def run_worker(cfg, resume=False, overwrite=False):
         _end_epoch(run, counters, epoch, step, epoch_seconds)
         # Evaluation and checkpoint time: out of the next line's images/s, and timed apart for the ETA.
         spent = time.perf_counter() - t_end
-        counters.window["t"] += spent
+        counters.leave_out_of_window(spent)
         run.epoch_ends += 1
         run.epoch_end_seconds += spent
     run.client.finish()

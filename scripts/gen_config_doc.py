@@ -170,7 +170,10 @@ def render():
         "command line with `--set section.key=value` (the value is YAML: "
         "`--set train.lr_schedule.milestones=[80,120]`). "
         "An unknown key, a wrong type or a value outside its range stops the job before any process starts "
-        "(exit 2, naming the key). A default of `null` or `auto` is resolved when the config is loaded (the "
+        "(exit 2, naming the key). A key given a value that the rest of the config leaves without effect "
+        "(`algorithm.delay` when `algorithm.type` is ssgd, `compression.density` without a sparsifier) is named "
+        "in a `note:` line as the job starts (and in `--dry-run`'s output), and ignored. "
+        "A default of `null` or `auto` is resolved when the config is loaded (the "
         "description says to what), and the run folder's `config.yaml` holds the resolved values. "
         "\"On `--resume`\": whether a resumed run may use a different value than its checkpoint "
         "(`ssdsgd/checkpoint.py`); a key that must match and differs is refused, naming it.",

@@ -53,8 +53,11 @@ def _yaml_load(text):
 class Config:
     """Read-only attribute view of a validated config dict: cfg.train.lr."""
 
-    def __init__(self, data):
+    def __init__(self, data, ignored=()):
         object.__setattr__(self, "_data", data)
+        # One line per setting that the rest of the config leaves without effect (load_config's
+        # _ignored_settings): the front end prints them, so that nothing is ignored silently.
+        object.__setattr__(self, "ignored", tuple(ignored))
 
     def __getattr__(self, key):
         try:
@@ -176,6 +179,63 @@ def _check_unused(c):
                           f"train.lr_schedule.type is {sched['type']}: set type: step, or remove the milestones")
 
 
+def _ignored_settings(given, c):
+    """'key = value has no effect: why' for each setting given a value other than its default (in
+    `given`, the config before _resolve_auto) that the rest of the resolved config `c` leaves unused.
+    Noted, not refused: comparing SSGD with SSD-SGD is `--set algorithm.type=ssgd` on an SSD-SGD config,
+    whose delay-stage settings then stand idle."""
+    defaults = _defaults(SCHEMA)
+
+    def was_set(*path):
+        value, default = given, defaults
+        for key in path:
+            value, default = value[key], default[key]
+        return value != default
+
+    alg, comp, ck = c["algorithm"], c["compression"], c["checkpoint"]
+    unused = {}                                            # key path -> why
+    if alg["type"] != "ssd":
+        why = f"algorithm.type is {alg['type']}; only SSD-SGD (ssd) has a delay stage"
+        unused.update({("algorithm", k): why for k in ("warmup_iters", "delay", "max_staleness", "strict", "momentum")})
+        unused.update({("algorithm", "local", k): why for k in SCHEMA["algorithm"]["local"]})
+    else:
+        if alg["local"]["optimizer"] != "glu":
+            unused[("algorithm", "local", "c")] = f"only glu uses it, and algorithm.local.optimizer is " \
+                                                  f"{alg['local']['optimizer']}"
+        if alg["local"]["lr"]:
+            unused[("algorithm", "local", "lr_scale")] = "algorithm.local.lr is set, and sets the local rate"
+    sparsifier = is_sparsifier(comp["type"])
+    stock = client_kind(Config(c)) == STOCK
+    if not sparsifier:
+        why = f"compression.type is {comp['type']}; only the sparsifiers ({_sparsifier_names()}) use it"
+        unused.update({("compression", k): why for k in (
+            "density", "error_feedback", "momentum_correction", "momentum_masking", "min_dense_bytes", "fusion",
+            "allocation", "allocate_every", "downlink_check_every")})
+    elif comp["allocation"] != "gradient":
+        unused[("compression", "allocate_every")] = f"only allocation: gradient re-allocates, and " \
+                                                    f"compression.allocation is {comp['allocation']}"
+    if stock:
+        why = f"MXNet's stock KVStore runs algorithm.type {alg['type']} with compression.type {comp['type']}; " \
+              f"only the round-based server plans buffers"
+        unused.update({("compression", k): why for k in ("buffers", "buffer_bytes")})
+    elif comp["buffers"] != "fixed":
+        unused[("compression", "buffer_bytes")] = f"only buffers: fixed uses it, and compression.buffers is " \
+                                                  f"{comp['buffers']}"
+    if comp["type"] != NATIVE_2BIT:
+        unused[("compression", "threshold")] = f"only compression.type 2bit uses it (type is {comp['type']})"
+    if not (ck["dir"] and ck["every_epochs"]):
+        unused[("checkpoint", "keep")] = "no checkpoint is written (checkpoint.dir and checkpoint.every_epochs " \
+                                         "are not both set)"
+    lines = []
+    for path, why in unused.items():
+        if was_set(*path):
+            value = given
+            for key in path:
+                value = value[key]
+            lines.append(f"{'.'.join(path)} = {value!r} has no effect: {why}")
+    return lines
+
+
 def _check_consistency(c):
     alg, comp = c["algorithm"], c["compression"]
     if alg["max_staleness"] is not None and alg["max_staleness"] < alg["delay"]:
@@ -277,12 +337,14 @@ def load_config(path, overrides=()):
     for text in overrides:
         apply_override(raw, *parse_override(text))
     data = _validate(SCHEMA, raw)
+    given = copy.deepcopy(data)
     _resolve_auto(data)
     _check_consistency(data)
+    ignored = _ignored_settings(given, data)
     if data["name"] is None:
         data["name"] = os.path.splitext(os.path.basename(path))[0]
     _check_run_name(data["name"])
-    return Config(data)
+    return Config(data, ignored)
 
 
 def _check_run_name(name):

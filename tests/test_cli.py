@@ -42,8 +42,17 @@ def test_dry_run_shows_the_plan_and_every_override(tmp_path):
                f"log.dir={tmp_path}")
     assert proc.returncode == 0, proc.stdout
     assert "\nseed: 7\n" in proc.stdout and "  epochs: 3\n" in proc.stdout
+    assert "\n# note: " not in proc.stdout
     for role in ("scheduler", "server 0", "worker 0", "worker 1"):
         assert f"\n{role} on localhost: " in proc.stdout
+
+
+def test_dry_run_notes_a_setting_the_rest_of_the_config_leaves_idle(tmp_path):
+    proc = run("--config", "configs/demo_digits_ssgd.yaml", "--dry-run", "--set", "compression.density=0.05",
+               f"log.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stdout
+    assert "\n# note: compression.density = 0.05 has no effect: compression.type is none; only the sparsifiers " \
+           "(" in proc.stdout
 
 
 def test_a_section_given_twice_is_named(tmp_path):

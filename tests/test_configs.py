@@ -30,6 +30,39 @@ def test_every_config_loads_names_its_source_and_states_its_global_batch(path):
                                                  cfg.train.batch_size]
 
 
+# Its algorithm.delay and warmup_iters serve the SSD-SGD variants bench/bench_network.py makes of it.
+BASE_FOR_VARIANTS = {"configs/bench_cifar_resnet20.yaml"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[os.path.relpath(c, ROOT) for c in CONFIGS])
+def test_a_shipped_config_run_as_it_is_sets_nothing_idle(path):
+    ignored = load_config(path).ignored
+    if os.path.relpath(path, ROOT) in BASE_FOR_VARIANTS:
+        assert ignored and all(line.startswith("algorithm.") for line in ignored)
+    else:
+        assert ignored == ()
+
+
+def test_settings_the_rest_of_the_config_leaves_idle_are_named():
+    """Noted, not refused: an SSD-SGD + top-k config run as SSGD keeps its delay-stage settings."""
+    topk = os.path.join(ROOT, "configs", "fmnist_resnet20_ssd_topk.yaml")
+    flipped = load_config(topk, ["algorithm.type=ssgd", "algorithm.delay=5", "checkpoint.keep=2"])
+    assert flipped.ignored == (
+        "algorithm.delay = 5 has no effect: algorithm.type is ssgd; only SSD-SGD (ssd) has a delay stage",
+        "algorithm.momentum = 0.9 has no effect: algorithm.type is ssgd; only SSD-SGD (ssd) has a delay stage",
+        "checkpoint.keep = 2 has no effect: no checkpoint is written (checkpoint.dir and checkpoint.every_epochs "
+        "are not both set)")
+    ssd = os.path.join(ROOT, "configs", "fmnist_resnet20_ssd.yaml")
+    dense = load_config(ssd, ["compression.density=0.05", "compression.allocation=size", "algorithm.local.c=0.3",
+                              "compression.buffers=fixed", "compression.buffer_bytes=65536"])
+    assert [line.split(" = ")[0] for line in dense.ignored] == [
+        "algorithm.local.c", "compression.density", "compression.allocation"]   # buffers: SSD-SGD's rounds use them
+    stock = load_config(ssd, ["algorithm.type=asgd", "compression.type=2bit", "compression.buffers=fixed"])
+    assert "compression.buffers = 'fixed' has no effect: MXNet's stock KVStore runs algorithm.type asgd with " \
+           "compression.type 2bit; only the round-based server plans buffers" in stock.ignored
+    assert not [line for line in stock.ignored if line.startswith("compression.threshold")]
+
+
 def _effective(cfg):
     """The algorithm and compression sections as they run (a null momentum is train.momentum)."""
     d = cfg.to_dict()

@@ -104,6 +104,8 @@ def dry_run(cfg, args):
     from ssdsgd.launch.usage import UsageError
     print(f"# effective config of {args.config}" + "".join(f" --set {s}" for s in args.set))
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
+    for note in cfg.ignored:
+        print(f"# note: {note}")
     problem = preflight(cfg, read_data=False)
     print("# planned processes")
     try:

@@ -35,7 +35,7 @@ def start_run(cfg, resume, overwrite):
     held, out_dir, point = _prepare_run_folder(cfg, kv, resume, overwrite)
     data = data_from_config(cfg, rank, nworkers)
     if rank == 0:
-        for note in data.notes:
+        for note in (*cfg.ignored, *data.notes):
             print(f"note: {note}", flush=True)
     steps_per_epoch = data.train.steps_per_epoch
     total_steps = cfg.train.epochs * steps_per_epoch

@@ -211,9 +211,13 @@ def _ignored_settings(given, c):
         unused.update({("compression", k): why for k in (
             "density", "error_feedback", "momentum_correction", "momentum_masking", "min_dense_bytes", "fusion",
             "allocation", "allocate_every", "downlink_check_every")})
-    elif comp["allocation"] != "gradient":
-        unused[("compression", "allocate_every")] = f"only allocation: gradient re-allocates, and " \
-                                                    f"compression.allocation is {comp['allocation']}"
+    else:
+        if comp["allocation"] != "gradient":
+            unused[("compression", "allocate_every")] = f"only allocation: gradient re-allocates, and " \
+                                                        f"compression.allocation is {comp['allocation']}"
+        if comp["downlink"] not in RING_DOWNLINKS:
+            unused[("compression", "downlink_check_every")] = f"only the sparse and compressed downlinks are " \
+                                                              f"checked, and compression.downlink is {comp['downlink']}"
     if stock:
         why = f"MXNet's stock KVStore runs algorithm.type {alg['type']} with compression.type {comp['type']}; " \
               f"only the round-based server plans buffers"

@@ -61,6 +61,9 @@ def test_settings_the_rest_of_the_config_leaves_idle_are_named():
     assert "compression.buffers = 'fixed' has no effect: MXNet's stock KVStore runs algorithm.type asgd with " \
            "compression.type 2bit; only the round-based server plans buffers" in stock.ignored
     assert not [line for line in stock.ignored if line.startswith("compression.threshold")]
+    dense_downlink = load_config(topk, ["compression.downlink=dense", "compression.downlink_check_every=5"])
+    assert dense_downlink.ignored == ("compression.downlink_check_every = 5 has no effect: only the sparse and "
+                                      "compressed downlinks are checked, and compression.downlink is dense",)
 
 
 def _effective(cfg):

@@ -160,13 +160,19 @@ def summary_table(summary):
 
 
 def comparison_table(summaries):
-    """Side-by-side rows of several runs' summary.json dicts (the demo's and benchmarks' output)."""
-    head = f"{'run':<28} {'algorithm':<9} {'compr.':<7} {'final acc':>9} {'img/s':>9} " \
+    """Side-by-side rows of several runs' summary.json dicts (the demo's and benchmarks' output). The
+    accuracy column names the set evaluated (test or val); where runs evaluated different sets, each value
+    says which, so that a validation accuracy is never read as a test one."""
+    accs = [final_acc(s) for s in summaries]
+    sets = {ACC_TAG[eval_set] for _, eval_set in accs}
+    acc_head = f"{sets.pop()} acc" if len(sets) == 1 else "final acc"
+    head = f"{'run':<28} {'algorithm':<9} {'compr.':<7} {acc_head:>11} {'img/s':>9} " \
            f"{'push/step':>11} {'pull/step':>11} {'staleness':>9}"
     lines = [head, "-" * len(head)]
-    for s in summaries:
+    for s, (acc, eval_set) in zip(summaries, accs):
         bps = s["bytes_per_step"]
-        lines.append(f"{s['name']:<28} {s['algorithm']:<9} {s['compression']:<7} {final_acc(s)[0]:>9.4f} "
+        shown = f"{acc:.4f}" if acc_head != "final acc" else f"{acc:.4f} {ACC_TAG[eval_set]}"
+        lines.append(f"{s['name']:<28} {s['algorithm']:<9} {s['compression']:<7} {shown:>11} "
                      f"{s['images_per_sec']:>9.1f} {human_bytes(bps['push']):>11} {human_bytes(bps['pull']):>11} "
                      f"{str(s['max_staleness']):>9}")
     return "\n".join(lines)

@@ -97,6 +97,21 @@ def test_compare_takes_run_folders_and_a_names_folder_stands_for_its_latest_run(
     assert accs == ["0.5000", "0.2500", "0.8750"]
 
 
+def test_compare_never_shows_a_validation_accuracy_as_a_test_one(tmp_path, capsys):
+    tested = _run(tmp_path / "tested", "20260101-000000", 0.25)
+    validated = tmp_path / "validated" / "20260101-000000"
+    validated.mkdir(parents=True)
+    (validated / "summary.json").write_text(json.dumps(dict(_summary("validated", 0.0), eval_set="validation",
+                                                            final_val_acc=0.75)))
+    rc, out, _ = _compare(capsys, tested)
+    assert rc == 0 and out.splitlines()[0].split()[3:5] == ["test", "acc"]
+    rc, out, _ = _compare(capsys, validated)
+    assert rc == 0 and out.splitlines()[0].split()[3:5] == ["val", "acc"]
+    rc, out, _ = _compare(capsys, tested, validated)
+    assert rc == 0 and out.splitlines()[0].split()[3:5] == ["final", "acc"]
+    assert [line.split()[3:5] for line in out.splitlines()[2:]] == [["0.2500", "test"], ["0.7500", "val"]]
+
+
 @pytest.mark.parametrize("case, expected", [
     ("missing", "does not exist"),
     ("empty", "is neither a run folder (no summary.json, config.yaml or metrics.jsonl) nor a folder of runs"),

@@ -15,6 +15,7 @@ ROLE_NAME_ENV = "SSDSGD_ROLE_NAME"           # 'worker 1', 'server 0', ... for m
 HOST_INTERFACE_ENV = "SSDSGD_HOST_INTERFACE"  # ssh launcher: the host file's interface= (ssdsgd.launch.remote)
 LOCKED_ENV = "SSDSGD_FOLDERS_LOCKED"         # set by ssdsgd.launch.run: the front end holds the folder locks
 RUN_DIR_ENV = "SSDSGD_RUN_DIR"               # set by ssdsgd.launch.run: the run folder every worker writes to
+COMMAND_ENV = "SSDSGD_COMMAND"               # set by ssdsgd.launch.run: the command the user ran (JSON list)
 # lines a role prints for the launcher (ssdsgd/launch/launcher.py reads them and does not show them)
 MARK = '@ssdsgd '      # a line `@ssdsgd <key> <value>...` is for the launcher; remote.py spells it too
 RANK_MARK = 'rank'     # `MARK + 'rank N'`: printed once a role knows its KVStore rank

@@ -122,7 +122,9 @@ def test_second_job_gets_its_own_run_folder_and_a_held_checkpoint_dir_is_refused
     # The run folder records how it was made, every --set included.
     with open(os.path.join(second.run_dir, "manifest.json")) as f:
         made = json.load(f)
-    assert any("train.max_steps=3" in part for part in made["command"]), made["command"]
+    # The user's command, which can be run again as it stands; each role's beside it.
+    assert made["command"][:3] == ["python", "-m", "ssdsgd"] and "train.max_steps=3" in made["command"], made
+    assert made["role_command"][1:3] == ["-m", "ssdsgd.train"] and "train.max_steps=3" in made["role_command"]
     assert made["config"] == "config.yaml" and made["resumed_from"] is None
     assert made["commit"] == provenance.git("rev-parse", "HEAD")
     assert made["machine"]["cores"] == os.cpu_count() and made["date"].startswith(time.strftime("%Y-"))

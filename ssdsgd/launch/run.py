@@ -118,8 +118,17 @@ def dry_run(cfg, args):
     return code
 
 
+def user_command(argv):
+    """The command the user typed, as the run folder's manifest records it: `ssdsgd-run ...` or
+    `python -m ssdsgd ...` (the roles' own command, python -m ssdsgd.train, cannot be run by hand)."""
+    head = ["ssdsgd-run"] if os.path.basename(sys.argv[0]) == "ssdsgd-run" else ["python", "-m", "ssdsgd"]
+    return head + list(argv)
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv, prog="ssdsgd-run", description=__doc__.splitlines()[0], extra=_own_options)
+    args.command = user_command(argv)
     cfg = config_from_args(args)
     if cfg is None:
         return 2
@@ -222,7 +231,9 @@ def _run_with_restarts(cfg, args, run_dir):
 
 
 def _launch(cfg, args, resume, run_dir, dry_run=False):
-    from ssdsgd.env import LOCKED_ENV, RUN_DIR_ENV
+    import json
+
+    from ssdsgd.env import COMMAND_ENV, LOCKED_ENV, RUN_DIR_ENV
     from ssdsgd.launch.launcher import run_job
     from ssdsgd.launch.ssh import ssh_options
     cl = cfg.cluster
@@ -231,7 +242,8 @@ def _launch(cfg, args, resume, run_dir, dry_run=False):
         command += ["--set", text]
     if resume:
         command.append("--resume")
-    env = {LOCKED_ENV: "1", RUN_DIR_ENV: os.path.abspath(run_dir)}     # the roles do not take the locks again
+    env = {LOCKED_ENV: "1", RUN_DIR_ENV: os.path.abspath(run_dir),     # the roles do not take the locks again
+           COMMAND_ENV: json.dumps(args.command)}
     return run_job(command, cl.workers, cl.servers, launcher=cl.launcher, hostfile=cl.hostfile,
                    env=env, timeout=cl.timeout, dry_run=dry_run, interface=cl.interface,
                    stall_timeout=cl.stall_timeout or None, server_timeout=cl.server_timeout or None,

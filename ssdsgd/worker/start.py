@@ -129,14 +129,20 @@ def _prepare_run_folder(cfg, kv, resume, overwrite):
 
 
 def _write_run_record(path, config_file, resumed_from):
-    """How this run (or this resume of it) was made: the workers' command (config file and every
-    --set), the commit, the machine and the date; config_file: the validated config beside it."""
+    """How this run (or this resume of it) was made: the user's command (config file and every --set;
+    ssdsgd-run passes it down) and each role's, the commit, the machine and the date; config_file: the
+    validated config beside it. Under another launcher the user's command is not known here: the roles'
+    command stands for it."""
+    import json
     import sys
 
     from ssdsgd import provenance
+    from ssdsgd.env import COMMAND_ENV
     from ssdsgd.metrics import write_json_atomic
-    command = [os.path.basename(sys.executable), "-m", "ssdsgd.train", *sys.argv[1:]]
-    write_json_atomic(path, provenance.record(command, config=config_file, resumed_from=resumed_from))
+    role_command = [os.path.basename(sys.executable), "-m", "ssdsgd.train", *sys.argv[1:]]
+    command = json.loads(os.environ[COMMAND_ENV]) if os.environ.get(COMMAND_ENV) else role_command
+    write_json_atomic(path, provenance.record(command, role_command=role_command, config=config_file,
+                                              resumed_from=resumed_from))
 
 
 def _print_start(run, steps_per_epoch):

@@ -233,12 +233,10 @@ def prepare(cfg, resume, overwrite, what, log=print):
     has nothing left to train, FolderError or CheckpointError if the job cannot start. On refusal
     nothing is left behind: folders this call created are removed."""
     from ssdsgd.checkpoint import resume_point
-    if resume and overwrite:
-        raise FolderError("--resume and --overwrite contradict each other: --resume continues the "
-                          "checkpoints in checkpoint.dir, --overwrite deletes them")
+    problem = _options_problem(cfg, resume, overwrite)
+    if problem:
+        raise FolderError(problem)
     root = cfg.checkpoint.dir
-    if root and os.path.exists(root) and not os.path.isdir(root):
-        raise FolderError(f"checkpoint.dir: {root} is a file, not a folder")
     held, created, run_dir = [], [], None
     try:
         if root:
@@ -269,14 +267,27 @@ def prepare(cfg, resume, overwrite, what, log=print):
     return held, run_dir
 
 
+def _options_problem(cfg, resume, overwrite):
+    if resume and overwrite:
+        return ("--resume and --overwrite contradict each other: --resume continues the checkpoints in "
+                "checkpoint.dir, --overwrite deletes them")
+    root = cfg.checkpoint.dir
+    if root and os.path.exists(root) and not os.path.isdir(root):
+        return f"checkpoint.dir: {root} is a file, not a folder"
+    return None
+
+
+def _held_checkpoints_problem(root, existing):
+    return (f"checkpoint.dir {root} already holds checkpoints ({', '.join(existing)}) of an earlier run; "
+            f"use --resume to continue that run, or --overwrite to delete them and start afresh")
+
+
 def _check_checkpoints(root, resume, overwrite, log):
     remove_leftovers(root, log)
     existing = checkpoint_folders(root)
     if existing and not resume:
         if not overwrite:
-            raise FolderError(
-                f"checkpoint.dir {root} already holds checkpoints ({', '.join(existing)}) of an earlier run; "
-                f"use --resume to continue that run, or --overwrite to delete them and start afresh")
+            raise FolderError(_held_checkpoints_problem(root, existing))
         for d in existing:
             shutil.rmtree(os.path.join(root, d))
         log(f"--overwrite: removed the old checkpoints in {root} ({', '.join(existing)})")
@@ -334,3 +345,21 @@ def unused_name(folder, stem, ext):
     while os.path.exists(os.path.join(folder, stem + (f".{n}" if n > 1 else "") + ext)):
         n += 1
     return stem + (f".{n}" if n > 1 else "") + ext
+
+
+def start_problem(cfg, resume, overwrite):
+    """What prepare() would refuse about checkpoint.dir and --resume, found without taking a lock or
+    changing a file (for --dry-run): a message, or None. (A lock held by a running job is not checked.)"""
+    from ssdsgd.checkpoint import CheckpointError, resume_point
+    problem = _options_problem(cfg, resume, overwrite)
+    root = cfg.checkpoint.dir
+    if problem or not (root or resume):
+        return problem
+    if not resume and not overwrite and os.path.isdir(root) and checkpoint_folders(root):
+        return _held_checkpoints_problem(root, checkpoint_folders(root))
+    if resume:
+        try:
+            resume_point(cfg)
+        except CheckpointError as err:
+            return str(err)
+    return None

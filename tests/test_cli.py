@@ -55,6 +55,20 @@ def test_dry_run_notes_a_setting_the_rest_of_the_config_leaves_idle(tmp_path):
            "(" in proc.stdout
 
 
+def test_dry_run_reads_the_data_as_the_run_would(tmp_path, capsys):
+    """A data.root without a complete CIFAR-10 copy: the run stops before starting any process, and so
+    does --dry-run, with the same line."""
+    from ssdsgd.launch.run import main
+    (tmp_path / "empty").mkdir()
+    code = main(["--config", "configs/cifar10_resnet20_ssd_topk.yaml", "--dry-run", "--set",
+                 f"data.root={tmp_path / 'empty'}", "cluster.launcher=local", "cluster.hostfile=null",
+                 "cluster.interface=null", f"log.dir={tmp_path / 'runs'}", f"checkpoint.dir={tmp_path / 'ck'}"])
+    out = capsys.readouterr().out
+    assert code == 2
+    assert "\n# error: a run would stop here: cifar10: no complete CIFAR-10 copy found in " in out, out[-2000:]
+    assert sorted(os.listdir(tmp_path)) == ["empty"]
+
+
 def test_a_section_given_twice_is_named(tmp_path):
     path = tmp_path / "twice.yaml"
     path.write_text("train:\n  epochs: 2\nalgorithm:\n  type: ssd\ntrain:\n  lr: 0.1\n")

@@ -14,6 +14,7 @@ import pytest
 from jobs import ROOT, processes_with, run_job, start_job, wait_for_progress
 
 from ssdsgd import provenance
+from ssdsgd.folders import checkpoint_folders
 
 SSGD = "configs/demo_digits_ssgd.yaml"
 SSD_TOPK = "configs/demo_digits_ssd_topk.yaml"
@@ -195,6 +196,16 @@ def test_fresh_run_into_a_checkpoint_folder_needs_resume_or_overwrite(tmp_path):
     assert _assert_private(a.run_dir, ck) >= 12
     assert stat.S_IMODE(os.stat(os.path.join(tmp_path, "runs")).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(os.path.join(tmp_path, "runs", "A")).st_mode) == 0o700
+    # --dry-run says what these starts would refuse, and changes nothing.
+    fresh = run_job(tmp_path, SSD_TOPK, *sets, name="B", args=["--dry-run"])
+    assert fresh.rc == 2 and f"\n# error: a run would stop here: checkpoint.dir {ck} already holds checkpoints " \
+                             f"(epoch-0001)" in fresh.output, fresh.output[-2000:]
+    changed = run_job(tmp_path, SSD_TOPK, *sets, "train.lr=0.2", name="A", args=["--resume", "--dry-run"])
+    assert changed.rc == 2 and "refusing to resume" in changed.output and "train.lr" in changed.output, \
+        changed.output[-2000:]
+    same = run_job(tmp_path, SSD_TOPK, *sets, name="A", args=["--resume", "--dry-run"])
+    assert same.rc == 0 and "# error" not in same.output, same.output[-2000:]
+    assert sorted(os.listdir(os.path.join(tmp_path, "runs"))) == ["A"] and checkpoint_folders(ck) == ["epoch-0001"]
     # What a killed earlier run might have left: a file the new run does not write.
     stale = os.path.join(ck, "epoch-0001", "server-buffer9.npz")
     with open(stale, "wb") as f:

@@ -96,17 +96,18 @@ def _own_options(ap):
 
 
 def dry_run(cfg, args):
-    """The config as the job would run it and the launcher's plan, then what preflight or the launcher would
-    refuse (a missing data.root, a malformed host file, an unknown interface): exit 2 then, so that a script
-    can check a config with it. The data is not read (only data.root checked)."""
+    """The config as the job would run it and the launcher's plan, then what the run would refuse before
+    its processes start (the data, the host file, the interface, checkpoint.dir and --resume): exit 2 then,
+    so that a script can check a config with it. Nothing is written, nothing is started."""
     import yaml
 
+    from ssdsgd.folders import start_problem
     from ssdsgd.launch.usage import UsageError
     print(f"# effective config of {args.config}" + "".join(f" --set {s}" for s in args.set))
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
     for note in cfg.ignored:
         print(f"# note: {note}")
-    problem = preflight(cfg, read_data=False)
+    problem = preflight(cfg) or start_problem(cfg, args.resume, args.overwrite)
     print("# planned processes")
     try:
         code = _launch(cfg, args, args.resume, "<run folder>", dry_run=True)

@@ -172,7 +172,7 @@ def render():
         "An unknown key, a wrong type or a value outside its range stops the job before any process starts "
         "(exit 2, naming the key). A key given a value that the rest of the config leaves without effect "
         "(`algorithm.delay` when `algorithm.type` is ssgd, `compression.density` without a sparsifier) is named "
-        "in a `note:` line as the job starts (and in `--dry-run`'s output), and ignored. "
+        "in a `note:` line as the job starts (and in `--dry-run`'s output), and ignored; a resume may change it. "
         "A default of `null` or `auto` is resolved when the config is loaded (the "
         "description says to what), and the run folder's `config.yaml` holds the resolved values. "
         "\"On `--resume`\": whether a resumed run may use a different value than its checkpoint "

@@ -40,7 +40,7 @@ from ssdsgd.compression.fusion import describe_sizes, plan_for_config
 from ssdsgd.config import ROUNDS, STOCK, client_kind
 from ssdsgd.errors import CheckpointError
 from ssdsgd.fingerprint import (  # noqa: F401  (read through checkpoint by the run folders and tests)
-    RESUME_MAY_CHANGE, RESUME_MUST_MATCH, differences, fingerprint, fingerprint_parts)
+    RESUME_MAY_CHANGE, RESUME_MUST_MATCH, differences, differing, fingerprint, fingerprint_parts)
 from ssdsgd.metrics import write_json_atomic
 
 MANIFEST = "manifest.json"
@@ -246,13 +246,11 @@ def verify(directory, cfg):
     problem = manifest_problem(manifest, cfg, int(match.group(1)) if match else None)
     if problem:
         raise CheckpointError(f"checkpoint manifest {path}: {problem}")
-    if manifest["fingerprint"] != fingerprint(cfg):
-        saved = manifest.get("config")
-        which = ""
-        if isinstance(saved, dict):
-            diff = differences(saved, fingerprint_parts(cfg))
-            if diff:
-                which = ": " + "; ".join(diff)
+    saved = manifest.get("config")
+    # Keys the config leaves idle (algorithm.delay under SSGD) may differ: they change no step.
+    if manifest["fingerprint"] != fingerprint(cfg) and not _only_idle_keys_differ(saved, cfg):
+        diff = differences(saved, fingerprint_parts(cfg)) if isinstance(saved, dict) else []
+        which = ": " + "; ".join(diff) if diff else ""
         raise CheckpointError(
             f"{directory} was written by a different configuration (model, data, algorithm, compression, "
             f"training hyper-parameters or cluster size differ{which}); refusing to resume from it")
@@ -355,6 +353,11 @@ def load_npz_meta(path):
     except Exception as err:
         raise CheckpointError(f"checkpoint file {path} cannot be read: {err}") from None
     return None, (json.loads(meta.tobytes().decode()) if meta is not None else None)
+
+
+def _only_idle_keys_differ(saved, cfg):
+    diff = differing(saved, fingerprint_parts(cfg)) if isinstance(saved, dict) else []
+    return bool(diff) and all(key in cfg.idle for key, _, _ in diff)
 
 
 def resume_point(cfg):

@@ -53,11 +53,14 @@ def _yaml_load(text):
 class Config:
     """Read-only attribute view of a validated config dict: cfg.train.lr."""
 
-    def __init__(self, data, ignored=()):
+    def __init__(self, data, idle=None):
         object.__setattr__(self, "_data", data)
-        # One line per setting that the rest of the config leaves without effect (load_config's
-        # _ignored_settings): the front end prints them, so that nothing is ignored silently.
-        object.__setattr__(self, "ignored", tuple(ignored))
+        # The keys the rest of the config leaves without effect (load_config's _idle_keys), dotted, and a
+        # line for each one given a value of its own (rank 0 and --dry-run print them, so that nothing is
+        # ignored silently). A resume may change an idle key: it changes nothing.
+        idle = idle or {}
+        object.__setattr__(self, "idle", frozenset(idle))
+        object.__setattr__(self, "ignored", tuple(line for line in idle.values() if line))
 
     def __getattr__(self, key):
         try:
@@ -179,18 +182,18 @@ def _check_unused(c):
                           f"train.lr_schedule.type is {sched['type']}: set type: step, or remove the milestones")
 
 
-def _ignored_settings(given, c):
-    """'key = value has no effect: why' for each setting given a value other than its default (in
-    `given`, the config before _resolve_auto) that the rest of the resolved config `c` leaves unused.
-    Noted, not refused: comparing SSGD with SSD-SGD is `--set algorithm.type=ssgd` on an SSD-SGD config,
-    whose delay-stage settings then stand idle."""
+def _idle_keys(given, c):
+    """{dotted key: None, or 'key = value has no effect: why' where it was given a value other than its
+    default} for the keys that the rest of the resolved config `c` leaves unused; `given`: the config
+    before _resolve_auto. Noted, not refused: comparing SSGD with SSD-SGD is `--set algorithm.type=ssgd`
+    on an SSD-SGD config, whose delay-stage settings then stand idle."""
     defaults = _defaults(SCHEMA)
 
-    def was_set(*path):
+    def value_given(path):
         value, default = given, defaults
         for key in path:
             value, default = value[key], default[key]
-        return value != default
+        return value, value != default
 
     alg, comp, ck = c["algorithm"], c["compression"], c["checkpoint"]
     unused = {}                                            # key path -> why
@@ -230,14 +233,11 @@ def _ignored_settings(given, c):
     if not (ck["dir"] and ck["every_epochs"]):
         unused[("checkpoint", "keep")] = "no checkpoint is written (checkpoint.dir and checkpoint.every_epochs " \
                                          "are not both set)"
-    lines = []
+    idle = {}
     for path, why in unused.items():
-        if was_set(*path):
-            value = given
-            for key in path:
-                value = value[key]
-            lines.append(f"{'.'.join(path)} = {value!r} has no effect: {why}")
-    return lines
+        value, was_set = value_given(path)
+        idle[".".join(path)] = f"{'.'.join(path)} = {value!r} has no effect: {why}" if was_set else None
+    return idle
 
 
 def _check_consistency(c):
@@ -344,11 +344,11 @@ def load_config(path, overrides=()):
     given = copy.deepcopy(data)
     _resolve_auto(data)
     _check_consistency(data)
-    ignored = _ignored_settings(given, data)
+    idle = _idle_keys(given, data)
     if data["name"] is None:
         data["name"] = os.path.splitext(os.path.basename(path))[0]
     _check_run_name(data["name"])
-    return Config(data, ignored)
+    return Config(data, idle)
 
 
 def _check_run_name(name):

@@ -52,13 +52,18 @@ def fingerprint(cfg):
     return hashlib.sha256(json.dumps(fingerprint_parts(cfg), sort_keys=True).encode()).hexdigest()
 
 
-def differences(saved, now, prefix=""):
-    """Dotted keys whose values differ between two nested dicts."""
+def differing(saved, now, prefix=""):
+    """[(dotted key, saved value, value now)] where two nested dicts differ."""
     out = []
     for key in sorted(set(saved) | set(now)):
         a, b = saved.get(key), now.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
-            out += differences(a, b, f"{prefix}{key}.")
+            out += differing(a, b, f"{prefix}{key}.")
         elif a != b:
-            out.append(f"{prefix}{key} ({a!r} in the checkpoint, {b!r} now)")
+            out.append((f"{prefix}{key}", a, b))
     return out
+
+
+def differences(saved, now):
+    """'key (saved in the checkpoint, value now)' for each dotted key whose values differ."""
+    return [f"{key} ({a!r} in the checkpoint, {b!r} now)" for key, a, b in differing(saved, now)]

@@ -301,3 +301,18 @@ def test_provenance_answers_for_this_checkout_only():
     assert provenance.commit() == provenance.git("rev-parse", "HEAD")     # the tests run from a clone
     made = provenance.record(["x"])
     assert made["commit"] == provenance.git("rev-parse", "HEAD") and made["command"] == ["x"]
+
+
+def test_a_resume_may_change_what_the_config_leaves_idle_and_nothing_else(tmp_path):
+    """An SSGD run's algorithm.delay and compression.density change no step: a resume may change them
+    (and is told they do nothing); a change of train.lr is still refused."""
+    ck = os.path.join(str(tmp_path), "ck")
+    sets = ["train.epochs=2", f"checkpoint.dir={ck}", "checkpoint.every_epochs=1"]
+    first = run_job(tmp_path, SSGD, *sets, "train.max_steps=22", name="s")
+    assert first.rc == 0 and checkpoint_folders(ck) == ["epoch-0001"], first.output[-2000:]
+    lr = run_job(tmp_path, SSGD, *sets, "train.lr=0.2", name="s", args=["--resume"])
+    assert lr.rc == 2 and "refusing to resume" in lr.output and "train.lr (" in lr.output, lr.output[-2000:]
+    idle = run_job(tmp_path, SSGD, *sets, "algorithm.delay=3", "compression.density=0.2", name="s", args=["--resume"])
+    assert idle.rc == 0, idle.output[-2000:]
+    assert "resuming from" in idle.output and "note: algorithm.delay = 3 has no effect" in idle.output
+    assert idle.summary()["steps"] == 44 and processes_with(idle.marker) == []

@@ -230,6 +230,7 @@ def _idle_keys(given, c):
                                                   f"{comp['buffers']}"
     if comp["type"] != NATIVE_2BIT:
         unused[("compression", "threshold")] = f"only compression.type 2bit uses it (type is {comp['type']})"
+    _idle_data_and_schedule(c, unused)
     if not (ck["dir"] and ck["every_epochs"]):
         unused[("checkpoint", "keep")] = "no checkpoint is written (checkpoint.dir and checkpoint.every_epochs " \
                                          "are not both set)"
@@ -238,6 +239,34 @@ def _idle_keys(given, c):
         value, was_set = value_given(path)
         idle[".".join(path)] = f"{'.'.join(path)} = {value!r} has no effect: {why}" if was_set else None
     return idle
+
+
+def _idle_data_and_schedule(c, unused):
+    """The data and learning-rate schedule keys of _idle_keys (key path -> why)."""
+    d, sched = c["data"], c["train"]["lr_schedule"]
+    dataset = f"data.dataset is {d['dataset']}"
+    if d["dataset"] not in ROOTED_DATASETS:
+        unused[("data", "root")] = f"{dataset}, which is not read from a folder"
+    if d["dataset"] != "synthetic":
+        unused[("data", "synthetic_samples")] = f"only the synthetic dataset uses it, and {dataset}"
+    if d["dataset"] != "imagenet":
+        unused[("data", "preprocess_threads")] = f"only ImageNet's RecordIO reader uses it, and {dataset}"
+    if d["dataset"] in ("digits", "synthetic"):
+        unused[("data", "augment")] = f"{dataset}, which has no augmentation"
+    if not d["validation"]:
+        unused[("data", "validation_from")] = "data.validation is 0: no validation split is drawn"
+    kind = f"train.lr_schedule.type is {sched['type']}"
+    epochs = c["train"]["epochs"]
+    if sched["type"] != "step" or not any(m < epochs for m in sched["milestones"]):
+        why = f"the step schedule's milestones use it, and {kind}" if sched["type"] != "step" else \
+            f"no milestone falls before the end of the run (train.epochs {epochs})"
+        unused[("train", "lr_schedule", "factor")] = why
+        if sched["milestones"]:
+            unused[("train", "lr_schedule", "milestones")] = why
+    if sched["type"] != "poly":
+        unused[("train", "lr_schedule", "power")] = f"only the poly schedule uses it, and {kind}"
+    if sched["type"] not in ("cosine", "poly"):
+        unused[("train", "lr_schedule", "final_lr")] = f"only the cosine and poly schedules end at it, and {kind}"
 
 
 def _check_consistency(c):

@@ -61,6 +61,14 @@ def test_settings_the_rest_of_the_config_leaves_idle_are_named():
     assert "compression.buffers = 'fixed' has no effect: MXNet's stock KVStore runs algorithm.type asgd with " \
            "compression.type 2bit; only the round-based server plans buffers" in stock.ignored
     assert not [line for line in stock.ignored if line.startswith("compression.threshold")]
+    digits = load_config(os.path.join(ROOT, "configs", "demo_digits_ssgd.yaml"), [
+        "data.root=/nowhere", "data.preprocess_threads=4", "train.lr_schedule.type=step",
+        "train.lr_schedule.milestones=[500]", "train.lr_schedule.power=3"])
+    assert [line.split(" = ")[0] for line in digits.ignored] == [
+        "data.root", "data.preprocess_threads", "train.lr_schedule.milestones", "train.lr_schedule.power"]
+    assert "train.lr_schedule.milestones = [500] has no effect: no milestone falls before the end of the run " \
+           f"(train.epochs {digits.train.epochs})" in digits.ignored
+    assert "train.lr_schedule.factor" in digits.idle                  # idle too, though left at its default
     dense_downlink = load_config(topk, ["compression.downlink=dense", "compression.downlink_check_every=5"])
     assert dense_downlink.ignored == ("compression.downlink_check_every = 5 has no effect: only the sparse and "
                                       "compressed downlinks are checked, and compression.downlink is dense",)

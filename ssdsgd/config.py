@@ -13,9 +13,10 @@ import re
 import yaml
 
 from ssdsgd.compression.registry import NATIVE_2BIT, SPARSIFIERS, is_sparsifier
+from ssdsgd.idle import idle_keys, sparsifier_names
 from ssdsgd.schema import (  # noqa: F401  (the names the rest of the package reads through config)
     ALGORITHMS, CIFAR_FORMATS, DATASETS, IN_MEMORY_DATASETS, MIN_SERVER_TIMEOUT, ROOTED_DATASETS, SCHEMA,
-    RING_DOWNLINKS, VALIDATION_SOURCES, ConfigError, Field, ListField, StrListField)
+    RING_DOWNLINKS, VALIDATION_SOURCES, ConfigError, Field, ListField, StrListField, defaults)
 
 
 class _Loader(yaml.SafeLoader):
@@ -76,14 +77,10 @@ class Config:
         return copy.deepcopy(self._data)
 
 
-def _defaults(schema):
-    return {k: _defaults(v) if isinstance(v, dict) else copy.deepcopy(v.default) for k, v in schema.items()}
-
-
 def _validate(schema, user, path=""):
     if not isinstance(user, dict):
         raise ConfigError(f"{path or '<top level>'}: expected a mapping, got {user!r}")
-    out = _defaults(schema)
+    out = defaults(schema)
     for key, value in user.items():
         full = f"{path}.{key}" if path else str(key)
         if key not in schema:
@@ -92,11 +89,6 @@ def _validate(schema, user, path=""):
         spec = schema[key]
         out[key] = _validate(spec, value, full) if isinstance(spec, dict) else spec.check(full, value)
     return out
-
-
-def _sparsifier_names():
-    names = list(SPARSIFIERS)
-    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
 
 
 def _check_compression(c, sparsifier):
@@ -115,7 +107,7 @@ def _check_compression(c, sparsifier):
     }
     for key, (is_set, why) in sparse_only.items():
         if is_set and not sparsifier:
-            raise ConfigError(f"compression.{key}: {why}; set compression.type to {_sparsifier_names()} "
+            raise ConfigError(f"compression.{key}: {why}; set compression.type to {sparsifier_names()} "
                               f"(got {comp['type']})")
     if comp["allocation"] == "gradient" and (not sparsifier or comp["fusion"] != "ahead"):
         raise ConfigError("compression.allocation: gradient re-allocates the per-tensor quotas of "
@@ -180,93 +172,6 @@ def _check_unused(c):
     if sched["milestones"] and sched["type"] != "step":
         raise ConfigError(f"train.lr_schedule.milestones: only the step schedule uses them, and "
                           f"train.lr_schedule.type is {sched['type']}: set type: step, or remove the milestones")
-
-
-def _idle_keys(given, c):
-    """{dotted key: None, or 'key = value has no effect: why' where it was given a value other than its
-    default} for the keys that the rest of the resolved config `c` leaves unused; `given`: the config
-    before _resolve_auto. Noted, not refused: comparing SSGD with SSD-SGD is `--set algorithm.type=ssgd`
-    on an SSD-SGD config, whose delay-stage settings then stand idle."""
-    defaults = _defaults(SCHEMA)
-
-    def value_given(path):
-        value, default = given, defaults
-        for key in path:
-            value, default = value[key], default[key]
-        return value, value != default
-
-    alg, comp, ck = c["algorithm"], c["compression"], c["checkpoint"]
-    unused = {}                                            # key path -> why
-    if alg["type"] != "ssd":
-        why = f"algorithm.type is {alg['type']}; only SSD-SGD (ssd) has a delay stage"
-        unused.update({("algorithm", k): why for k in ("warmup_iters", "delay", "max_staleness", "strict", "momentum")})
-        unused.update({("algorithm", "local", k): why for k in SCHEMA["algorithm"]["local"]})
-    else:
-        if alg["local"]["optimizer"] != "glu":
-            unused[("algorithm", "local", "c")] = f"only glu uses it, and algorithm.local.optimizer is " \
-                                                  f"{alg['local']['optimizer']}"
-        if alg["local"]["lr"]:
-            unused[("algorithm", "local", "lr_scale")] = "algorithm.local.lr is set, and sets the local rate"
-    sparsifier = is_sparsifier(comp["type"])
-    stock = client_kind(Config(c)) == STOCK
-    if not sparsifier:
-        why = f"compression.type is {comp['type']}; only the sparsifiers ({_sparsifier_names()}) use it"
-        unused.update({("compression", k): why for k in (
-            "density", "error_feedback", "momentum_correction", "momentum_masking", "min_dense_bytes", "fusion",
-            "allocation", "allocate_every", "downlink_check_every")})
-    else:
-        if comp["allocation"] != "gradient":
-            unused[("compression", "allocate_every")] = f"only allocation: gradient re-allocates, and " \
-                                                        f"compression.allocation is {comp['allocation']}"
-        if comp["downlink"] not in RING_DOWNLINKS:
-            unused[("compression", "downlink_check_every")] = f"only the sparse and compressed downlinks are " \
-                                                              f"checked, and compression.downlink is {comp['downlink']}"
-    if stock:
-        why = f"MXNet's stock KVStore runs algorithm.type {alg['type']} with compression.type {comp['type']}; " \
-              f"only the round-based server plans buffers"
-        unused.update({("compression", k): why for k in ("buffers", "buffer_bytes")})
-    elif comp["buffers"] != "fixed":
-        unused[("compression", "buffer_bytes")] = f"only buffers: fixed uses it, and compression.buffers is " \
-                                                  f"{comp['buffers']}"
-    if comp["type"] != NATIVE_2BIT:
-        unused[("compression", "threshold")] = f"only compression.type 2bit uses it (type is {comp['type']})"
-    _idle_data_and_schedule(c, unused)
-    if not (ck["dir"] and ck["every_epochs"]):
-        unused[("checkpoint", "keep")] = "no checkpoint is written (checkpoint.dir and checkpoint.every_epochs " \
-                                         "are not both set)"
-    idle = {}
-    for path, why in unused.items():
-        value, was_set = value_given(path)
-        idle[".".join(path)] = f"{'.'.join(path)} = {value!r} has no effect: {why}" if was_set else None
-    return idle
-
-
-def _idle_data_and_schedule(c, unused):
-    """The data and learning-rate schedule keys of _idle_keys (key path -> why)."""
-    d, sched = c["data"], c["train"]["lr_schedule"]
-    dataset = f"data.dataset is {d['dataset']}"
-    if d["dataset"] not in ROOTED_DATASETS:
-        unused[("data", "root")] = f"{dataset}, which is not read from a folder"
-    if d["dataset"] != "synthetic":
-        unused[("data", "synthetic_samples")] = f"only the synthetic dataset uses it, and {dataset}"
-    if d["dataset"] != "imagenet":
-        unused[("data", "preprocess_threads")] = f"only ImageNet's RecordIO reader uses it, and {dataset}"
-    if d["dataset"] in ("digits", "synthetic"):
-        unused[("data", "augment")] = f"{dataset}, which has no augmentation"
-    if not d["validation"]:
-        unused[("data", "validation_from")] = "data.validation is 0: no validation split is drawn"
-    kind = f"train.lr_schedule.type is {sched['type']}"
-    epochs = c["train"]["epochs"]
-    if sched["type"] != "step" or not any(m < epochs for m in sched["milestones"]):
-        why = f"the step schedule's milestones use it, and {kind}" if sched["type"] != "step" else \
-            f"no milestone falls before the end of the run (train.epochs {epochs})"
-        unused[("train", "lr_schedule", "factor")] = why
-        if sched["milestones"]:
-            unused[("train", "lr_schedule", "milestones")] = why
-    if sched["type"] != "poly":
-        unused[("train", "lr_schedule", "power")] = f"only the poly schedule uses it, and {kind}"
-    if sched["type"] not in ("cosine", "poly"):
-        unused[("train", "lr_schedule", "final_lr")] = f"only the cosine and poly schedules end at it, and {kind}"
 
 
 def _check_consistency(c):
@@ -373,7 +278,7 @@ def load_config(path, overrides=()):
     given = copy.deepcopy(data)
     _resolve_auto(data)
     _check_consistency(data)
-    idle = _idle_keys(given, data)
+    idle = idle_keys(given, data, stock=client_kind(Config(data)) == STOCK)
     if data["name"] is None:
         data["name"] = os.path.splitext(os.path.basename(path))[0]
     _check_run_name(data["name"])

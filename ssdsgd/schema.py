@@ -2,6 +2,7 @@
 (SCHEMA), and the field types that check a value. Read by ssdsgd.config (loading, overrides, the checks
 across keys), by the checkpoint fingerprint and by scripts/gen_config_doc.py (docs/config.md).
 """
+import copy
 import math
 
 from ssdsgd.compression.registry import compression_types
@@ -302,3 +303,8 @@ SCHEMA = {
                                  "TensorBoard event files in the run folder's tensorboard/ (tensorboardX)"),
     },
 }
+
+
+def defaults(schema):
+    """The config every key left out gives: {key: default} for a schema or one of its sections."""
+    return {k: defaults(v) if isinstance(v, dict) else copy.deepcopy(v.default) for k, v in schema.items()}

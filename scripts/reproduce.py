@@ -162,14 +162,15 @@ def table(rows):
             lines.append(f"| {label} | failed ({failed} of {failed} jobs) | | | | | |")
             continue
         accs = [r["final_acc"] for r in rs]
-        sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
+        spread = f" ± {statistics.stdev(accs):.4f}" if len(accs) > 1 else " (one seed)"   # no sd of one value
         med = {k: statistics.median(r[k] for r in rs)
                for k in ("images_per_sec", "push_bytes_per_step", "pull_bytes_per_step", "wall_seconds")}
         note = f" ({failed} failed)" if failed else ""
-        lines.append(f"| {label}{note} | {statistics.mean(accs):.4f} ± {sd:.4f} | {' '.join(f'{a:.4f}' for a in accs)} "
+        lines.append(f"| {label}{note} | {statistics.mean(accs):.4f}{spread} | {' '.join(f'{a:.4f}' for a in accs)} "
                      f"| {med['images_per_sec']:.1f} | {med['push_bytes_per_step']:.0f} "
                      f"| {med['pull_bytes_per_step']:.0f} | {med['wall_seconds']:.0f} |")
-    return "\n".join(lines) + "\n\nMedians over seeds; images/s of all workers, from each job's summary.json."
+    return "\n".join(lines) + ("\n\nAccuracy: mean ± sd over seeds; images/s, bytes and wall seconds: medians over "
+                                "seeds; images/s of all workers, from each job's summary.json.")
 
 
 def plot(rows, out):

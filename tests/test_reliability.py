@@ -105,6 +105,7 @@ def test_resume_after_a_stop_in_mid_epoch_trains_the_rest_of_that_epoch(tmp_path
     a, b, c = stopped_resumed_and_uninterrupted(tmp_path, SSD_TOPK, *STRICT_4, "checkpoint.keep=2",
                                                 stop_steps=30, uninterrupted=uninterrupted)
     assert "30 steps done; epoch 1 goes on after its first 8 of 22 steps" in b.output, b.output[-3000:]
+    assert "epoch-0002 (epoch 2 in part: 8 of its 22 steps; a resume continues inside it)" in a.output
     # checkpoint.keep: 2 (which a resume may change, like the rest of checkpoint): the newest two stay.
     assert sorted(glob.glob("epoch-*", root_dir=os.path.join(str(tmp_path), "ck"))) == ["epoch-0003", "epoch-0004"]
     assert "checkpoint deleted: " in b.output and "epoch-0002 (checkpoint.keep: 2)" in b.output

@@ -215,7 +215,10 @@ def _save_checkpoint(run, counters, epochs_done, step):
     kv._barrier()
     if rank == 0:
         ckpt.write_manifest(directory, cfg, epochs_done, step, client.plan_record(), run.out_dir)
-        print(f"checkpoint saved: {directory}", flush=True)
+        whole = epochs_done * run.steps_per_epoch
+        part = "" if step >= whole else f" (epoch {epochs_done} in part: {step - whole + run.steps_per_epoch} of " \
+                                        f"its {run.steps_per_epoch} steps; a resume continues inside it)"
+        print(f"checkpoint saved: {directory}{part}", flush=True)
         for old in folders.prune_checkpoints(cfg.checkpoint.dir, cfg.checkpoint.keep, run.steps_per_epoch):
             print(f"checkpoint deleted: {old} (checkpoint.keep: {cfg.checkpoint.keep})", flush=True)
 

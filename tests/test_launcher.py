@@ -332,6 +332,40 @@ def test_bad_counts():
     assert run_job(['true'], 1, 0) == 2
 
 
+@pytest.mark.timeout(30)
+def test_ssh_options_with_the_local_launcher_are_refused(tmp_path):
+    """MXNet's launch.py defaults to ssh; ours to local, which ran every role of `-H hosts ...` on this machine
+    and exited 0. Now refused in one line naming the options, the way out and exit 2, nothing started."""
+    (tmp_path / 'hosts').write_text('node1\n')
+    result = subprocess.run([sys.executable, LAUNCH, '-n', '1', '-s', '1', '-H', 'hosts', '--interface', 'eth0',
+                             '--ssh-user', 'bob', '--dry-run', 'python', 'x.py'], capture_output=True, text=True,
+                            cwd=tmp_path, timeout=20)
+    assert (result.returncode, result.stdout) == (2, '')
+    assert result.stderr == ("launch: -H, --interface, --ssh-user: only for the ssh launcher, but the launcher is "
+                             "local (the default here, unlike MXNet's launch.py), which runs every role on this "
+                             "machine: add --launcher ssh, or drop them\n")
+    result = subprocess.run([sys.executable, LAUNCH, '-n', '1', '--launcher', 'local', '--ssh-option', 'A=b', 'true'],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=20)
+    assert result.returncode == 2 and result.stderr.startswith('launch: --ssh-option: only for the ssh launcher')
+    assert result.stderr.endswith('add --launcher ssh, or drop it\n')
+    assert os.listdir(tmp_path) == ['hosts']
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize('launcher, why', [('mpi', 'not supported; ssdsgd runs local and ssh (mpirun starts and owns '
+                                                   'the processes, so this launcher could not watch, time out or end '
+                                                   'them)'),
+                                           ('yarn', 'not supported; ssdsgd runs local and ssh (YARN starts'),
+                                           ('nosuch', 'unknown; use local or ssh')])
+def test_a_launcher_we_do_not_run_is_named_with_why(launcher, why):
+    """Before: argparse's `invalid choice: 'mpi'` under a usage block, with nothing on why."""
+    result = subprocess.run([sys.executable, LAUNCH, '-n', '1', '--launcher', launcher, 'true'], capture_output=True,
+                            text=True, timeout=20)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f'launch: --launcher {launcher}: {why}')
+    assert len(result.stderr.splitlines()) == 1
+
+
 def _run_remote_script(script, timeout=20):
     """What the remote `bash -s` does with a planned script, run locally; returns (output lines, marks).
 

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from jobs import end_group, ssh_roles
+from jobs import end_group, processes_with, ssh_roles
 
 from ssdsgd.launch import job_dir
 from ssdsgd.launch.hosts import Host, read_hostfile, read_hosts
@@ -364,6 +364,43 @@ def test_a_launcher_we_do_not_run_is_named_with_why(launcher, why):
     assert result.returncode == 2
     assert result.stderr.startswith(f'launch: --launcher {launcher}: {why}')
     assert len(result.stderr.splitlines()) == 1
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize('counts, error', [
+    (['-n', '2', '-s', '2'], 'cluster.servers is 1, but the launcher started 2 servers (-s 2; -s defaults to -n): '
+                             'add --set cluster.servers=2 to the command, or launch with -s 1'),
+    (['-n', '3'], 'cluster.workers is 2 and cluster.servers is 1, but the launcher started 3 workers (-n 3) and 3 '
+                  'servers (-s 3; -s defaults to -n): add --set cluster.workers=3 cluster.servers=3 to the command, '
+                  'or launch with -n 2 -s 1'),
+    (['-n', '1', '-s', '1'], 'cluster.workers is 2, but the launcher started 1 worker (-n 1): add --set '
+                             'cluster.workers=1 to the command, or launch with -n 2'),
+], ids=['servers', 'both', 'workers'])
+def test_a_job_of_another_size_than_its_config_is_refused_before_anything_is_written(tmp_path, counts, error):
+    """Before: -n 4 with cluster.workers 8 ended each worker with a RuntimeError traceback, and -s 2 with
+    cluster.servers 1 trained on 2 servers while the run folder's config.yaml said 1. Every role now stops
+    at start with one line naming the keys, the launcher's numbers and both ways out; the job ends at once,
+    no run folder is made and no process is left."""
+    runs = tmp_path / 'runs'
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, LAUNCH, *counts, '--timeout', '60', 'python', '-m', 'ssdsgd.train',
+                           '--config', os.path.join(REPO, 'configs', 'demo_digits_ssd_topk.yaml'),
+                           '--set', f'log.dir={runs}'], cwd=tmp_path, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=80, start_new_session=True)
+    seconds = time.monotonic() - t0
+    try:
+        assert proc.returncode == 1, proc.stdout
+        failed = re.search(r'^launch: (\S+(?: \d)?) exited with code 2$', proc.stdout, re.M)
+        assert failed, proc.stdout
+        assert f'[{failed[1]}] {failed[1]}: error: {error}\n' in proc.stdout
+        assert 'Traceback' not in proc.stdout
+        assert not runs.exists()
+        assert seconds < 30, proc.stdout
+    finally:
+        left = processes_with(str(runs))
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert left == []
 
 
 def _run_remote_script(script, timeout=20):

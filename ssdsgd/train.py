@@ -4,7 +4,8 @@ The scheduler and servers enter our server loop (ssdsgd.ps.server); workers trai
 A worker that raises exits hard with status 1: a normal exit would wait forever in ps-lite's finalize
 barrier for the other workers, hanging the job instead of failing it. A JobError (a problem with the
 job's input: a data file, a checkpoint, a folder) is printed as its one-line message; anything else
-with its traceback.
+with its traceback. Every role stops at start (exit 2, one line) when the job secret is missing or the
+launcher's -n/-s differ from cluster.workers/cluster.servers.
 """
 import argparse
 import os
@@ -12,7 +13,7 @@ import sys
 import traceback
 
 from ssdsgd.config import ConfigError, load_config
-from ssdsgd.env import ROLE_ENV, ROLE_NAME_ENV, SECRET_ENV
+from ssdsgd.env import NUM_SERVER_ENV, NUM_WORKER_ENV, ROLE_ENV, ROLE_NAME_ENV, SECRET_ENV
 from ssdsgd.errors import JobError
 
 
@@ -41,6 +42,32 @@ def config_from_args(args):
         return None
 
 
+def check_job_size(cfg, workers, servers):
+    """Raise a JobError when the job the launcher started (`workers`, `servers`: its -n and -s; None when
+    not known) is not the one cluster.workers and cluster.servers describe: the run folder would record the
+    config's numbers while the job trains with the launcher's."""
+    wrong = [(key, want, got, flag) for key, want, got, flag in
+             (("workers", cfg.cluster.workers, workers, "-n"), ("servers", cfg.cluster.servers, servers, "-s"))
+             if got is not None and got != want]
+    if not wrong:
+        return
+    said = " and ".join(f"cluster.{key} is {want}" for key, want, _, _ in wrong)
+    started = " and ".join(f"{got} {key if got != 1 else key[:-1]} ({flag} {got}"
+                           f"{'; -s defaults to -n' if flag == '-s' else ''})" for key, _, got, flag in wrong)
+    sets = " ".join(f"cluster.{key}={got}" for key, _, got, _ in wrong)
+    flags = " ".join(f"{flag} {want}" for _, want, _, flag in wrong)
+    raise JobError(f"{said}, but the launcher started {started}: add --set {sets} to the command, or launch "
+                   f"with {flags}")
+
+
+def _launched_size():
+    """(workers, servers) the launcher started, from ps-lite's variables; None for one not set or not a number."""
+    def number(name):
+        value = os.environ.get(name, "")
+        return int(value) if value.isdigit() else None
+    return number(NUM_WORKER_ENV), number(NUM_SERVER_ENV)
+
+
 def main(argv=None):
     args = parse_args(argv)
     cfg = config_from_args(args)
@@ -55,6 +82,13 @@ def main(argv=None):
               "launcher export the same random value to every process, e.g.\n"
               "  export SSDSGD_JOB_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))')",
               file=sys.stderr)
+        return 2
+    try:
+        if role:
+            check_job_size(cfg, *_launched_size())
+    except JobError as err:
+        # Every role stops before it starts ps-lite or writes anything, so a foreign launcher's job ends too.
+        print(f"{os.environ.get(ROLE_NAME_ENV, role)}: error: {err}", file=sys.stderr)
         return 2
     if role == "scheduler":
         from ssdsgd.ps.scheduler import run_scheduler

@@ -134,3 +134,18 @@ def test_a_refused_host_file_or_interface_leaves_no_run_folder(tmp_path, hosts, 
     assert proc.stdout == f"error: {error.format(hostfile=hostfile)}\n"
     assert sorted(os.listdir(home)) == ["20260101-000000", "latest"]
     assert os.readlink(home / "latest") == "20260101-000000"
+
+
+def test_a_host_whose_name_does_not_resolve_is_named_before_the_run_folder_is_made(tmp_path):
+    """Before: the run folder was made and `latest` moved to it, then ssh failed with `Could not resolve
+    hostname` and the launcher said the connection was lost or refused."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\nnosuchhost-ssdsgd.invalid slots=2\n")
+    proc = run("--config", "configs/demo_digits_ssgd.yaml", "--set", f"log.dir={tmp_path / 'runs'}", "name=x",
+               "cluster.launcher=ssh", f"cluster.hostfile={hostfile}", "cluster.interface=lo")
+    assert proc.returncode == 2, proc.stdout
+    assert proc.stdout.startswith(f"error: cluster.hostfile: {hostfile} lists host nosuchhost-ssdsgd.invalid, whose "
+                                  f"name does not resolve here: "), proc.stdout
+    assert proc.stdout.endswith("; correct the name, or add it to /etc/hosts, DNS or the ssh configuration\n")
+    assert len(proc.stdout.splitlines()) == 1
+    assert not (tmp_path / "runs").exists()

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from jobs import end_group, ssh_roles
+from jobs import end_group, processes_with, ssh_roles
 
 from ssdsgd.launch import job_dir
 from ssdsgd.launch.hosts import Host, read_hostfile, read_hosts
@@ -330,6 +330,77 @@ def test_bad_counts():
     assert result.returncode == 2
     assert 'need at least 1 worker and 1 server' in result.stderr
     assert run_job(['true'], 1, 0) == 2
+
+
+@pytest.mark.timeout(30)
+def test_ssh_options_with_the_local_launcher_are_refused(tmp_path):
+    """MXNet's launch.py defaults to ssh; ours to local, which ran every role of `-H hosts ...` on this machine
+    and exited 0. Now refused in one line naming the options, the way out and exit 2, nothing started."""
+    (tmp_path / 'hosts').write_text('node1\n')
+    result = subprocess.run([sys.executable, LAUNCH, '-n', '1', '-s', '1', '-H', 'hosts', '--interface', 'eth0',
+                             '--ssh-user', 'bob', '--dry-run', 'python', 'x.py'], capture_output=True, text=True,
+                            cwd=tmp_path, timeout=20)
+    assert (result.returncode, result.stdout) == (2, '')
+    assert result.stderr == ("launch: -H, --interface, --ssh-user: only for the ssh launcher, but the launcher is "
+                             "local (the default here, unlike MXNet's launch.py), which runs every role on this "
+                             "machine: add --launcher ssh, or drop them\n")
+    result = subprocess.run([sys.executable, LAUNCH, '-n', '1', '--launcher', 'local', '--ssh-option', 'A=b', 'true'],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=20)
+    assert result.returncode == 2 and result.stderr.startswith('launch: --ssh-option: only for the ssh launcher')
+    assert result.stderr.endswith('add --launcher ssh, or drop it\n')
+    assert os.listdir(tmp_path) == ['hosts']
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize('launcher, why', [('mpi', 'not supported; ssdsgd runs local and ssh (mpirun starts and owns '
+                                                   'the processes, so this launcher could not watch, time out or end '
+                                                   'them)'),
+                                           ('yarn', 'not supported; ssdsgd runs local and ssh (YARN starts'),
+                                           ('nosuch', 'unknown; use local or ssh')])
+def test_a_launcher_we_do_not_run_is_named_with_why(launcher, why):
+    """Before: argparse's `invalid choice: 'mpi'` under a usage block, with nothing on why."""
+    result = subprocess.run([sys.executable, LAUNCH, '-n', '1', '--launcher', launcher, 'true'], capture_output=True,
+                            text=True, timeout=20)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f'launch: --launcher {launcher}: {why}')
+    assert len(result.stderr.splitlines()) == 1
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize('counts, error', [
+    (['-n', '2', '-s', '2'], 'cluster.servers is 1, but the launcher started 2 servers (-s 2; -s defaults to -n): '
+                             'add --set cluster.servers=2 to the command, or launch with -s 1'),
+    (['-n', '3'], 'cluster.workers is 2 and cluster.servers is 1, but the launcher started 3 workers (-n 3) and 3 '
+                  'servers (-s 3; -s defaults to -n): add --set cluster.workers=3 cluster.servers=3 to the command, '
+                  'or launch with -n 2 -s 1'),
+    (['-n', '1', '-s', '1'], 'cluster.workers is 2, but the launcher started 1 worker (-n 1): add --set '
+                             'cluster.workers=1 to the command, or launch with -n 2'),
+], ids=['servers', 'both', 'workers'])
+def test_a_job_of_another_size_than_its_config_is_refused_before_anything_is_written(tmp_path, counts, error):
+    """Before: -n 4 with cluster.workers 8 ended each worker with a RuntimeError traceback, and -s 2 with
+    cluster.servers 1 trained on 2 servers while the run folder's config.yaml said 1. Every role now stops
+    at start with one line naming the keys, the launcher's numbers and both ways out; the job ends at once,
+    no run folder is made and no process is left."""
+    runs = tmp_path / 'runs'
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, LAUNCH, *counts, '--timeout', '60', 'python', '-m', 'ssdsgd.train',
+                           '--config', os.path.join(REPO, 'configs', 'demo_digits_ssd_topk.yaml'),
+                           '--set', f'log.dir={runs}'], cwd=tmp_path, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=80, start_new_session=True)
+    seconds = time.monotonic() - t0
+    try:
+        assert proc.returncode == 1, proc.stdout
+        failed = re.search(r'^launch: (\S+(?: \d)?) exited with code 2$', proc.stdout, re.M)
+        assert failed, proc.stdout
+        assert f'[{failed[1]}] {failed[1]}: error: {error}\n' in proc.stdout
+        assert 'Traceback' not in proc.stdout
+        assert not runs.exists()
+        assert seconds < 30, proc.stdout
+    finally:
+        left = processes_with(str(runs))
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert left == []
 
 
 def _run_remote_script(script, timeout=20):

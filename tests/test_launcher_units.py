@@ -136,6 +136,49 @@ def test_a_role_that_cannot_start_on_its_host_is_named_so(tmp_path, command, hos
         end_group(child.popen)
 
 
+def test_a_host_name_that_does_not_resolve_is_found_as_ssh_would_look_it_up(tmp_path):
+    """The name looked up is the ssh configuration's HostName (`ssh -G`, which connects nowhere): an alias
+    resolves through it; a host behind a proxy is not checked (its name is looked up there)."""
+    from ssdsgd.launch.hosts import Host
+    config = tmp_path / 'ssh_config'
+    config.write_text('Host alias1\n  HostName 127.0.0.1\nHost wrong\n  HostName nosuchhost-ssdsgd.invalid\n'
+                      'Host behind\n  ProxyJump alias1\n')
+    hosts = [Host('localhost'), Host('alias1', 2222), Host('behind')]
+    assert ssh.unresolved_host(hosts, ['-F', str(config)]) is None
+    found = ssh.unresolved_host(hosts + [Host('wrong')], ['-F', str(config)])
+    assert found[:2] == (Host('wrong'), 'nosuchhost-ssdsgd.invalid') and found[2]
+    assert ssh.unresolved_host([Host('alias1')])[:2] == (Host('alias1'), 'alias1')   # without the config
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize('host, cause', [
+    ('nosuchhost-ssdsgd.invalid', 'ssh could not resolve the host name (check the host file, /etc/hosts, DNS or '
+                                  'the ssh configuration)'),
+    ('127.0.0.1', 'the host refused the ssh connection (is sshd listening on that port?)'),
+])
+def test_ssh_that_never_reached_its_host_is_named_with_what_ssh_said(host, cause):
+    """Before: `lost: ssh to node1 exited with code 255 before the role reported its end: the connection to
+    node1 was lost or refused`, when ssh had said `Could not resolve hostname`. (127.0.0.1 on a port nothing
+    listens on: ssh is refused without leaving this machine.)"""
+    import socket
+
+    from ssdsgd.launch.children import Child
+    from ssdsgd.launch.hosts import Host
+    from ssdsgd.launch.plan import RoleSpec
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]            # free once closed: nothing listens there
+    base = ssh.ssh_base(Host(host, port), ['-o', 'ConnectTimeout=10'])
+    child = Child(RoleSpec('worker 0', host, base + ['bash -s'], {'DMLC_ROLE': 'worker'}, 'true\n', base))
+    try:
+        assert child.popen.wait(timeout=30) == 255
+        child.reader.join(timeout=5)
+        assert child.describe_exit() == f'could not start on {host} (ssh exited with code 255): {cause}'
+    finally:
+        child.popen.stdin.close()
+        end_group(child.popen)
+
+
 def _restarts(monkeypatch, codes, limit, finished):
     """ssdsgd-run's restart loop with the job's exit codes `codes` (one per launch) and a run folder whose
     summary.json is there (`finished`) or not; returns (exit code, launches)."""

@@ -11,7 +11,7 @@ import time
 
 from ssdsgd.env import HEARTBEAT_ENV, LIVENESS_ENV, MARK, RANK_MARK, ROLE_ENV
 from ssdsgd.launch.remote import EXIT_MARK, PGID_MARK
-from ssdsgd.launch.ssh import WRAPPER_MARK
+from ssdsgd.launch.ssh import WRAPPER_MARK, ssh_failure
 
 TAIL_LINES = 30        # output lines kept per process for failure reports
 PR_SET_PDEATHSIG = 1   # <linux/prctl.h>
@@ -197,6 +197,9 @@ class Child:
             return (f'lost its supervisor on {self.host}: the wrapper that runs it there (remote.py) '
                     f'{_describe_shell_status(self.wrapper_code)} before the role ended, and the role was '
                     f'killed with it')
+        cause = ssh_failure(self.tail) if code == 255 and self.pgid is None else None
+        if cause:   # ssh said why it never reached the host
+            return f'could not start on {self.host} (ssh exited with code 255): {cause}'
         why = (f': the connection to {self.host} was lost or refused (an unreachable host ends ssh within the '
                f'server timeout)' if code == 255 else '')
         return f'lost: ssh to {self.host} exited with code {code} before the role reported its end{why}'

@@ -133,14 +133,21 @@ def _env_item(text, *, allow_name):
     raise argparse.ArgumentTypeError(f'expected K=V{", K:V or NAME" if allow_name else " or K:V"}, got {text!r}')
 
 
+def _prog():
+    """The name the usage shows: as the user ran it (the script or the installed command)."""
+    return 'ssdsgd-launch' if os.path.basename(sys.argv[0]) == 'ssdsgd-launch' else 'launch.py'
+
+
 def _parser():
     p = argparse.ArgumentParser(
-        prog='launch.py',
+        prog=_prog(),
         description='Run COMMAND as 1 scheduler + S servers + W workers of an MXNet parameter-server job; '
                     'the command branches on DMLC_ROLE. Fails fast when any process fails.')
     p.add_argument('-n', '--num-workers', type=int, required=True, help='number of workers')
     p.add_argument('-s', '--num-servers', type=int, help='number of servers (default: the number of workers)')
-    p.add_argument('--launcher', choices=('local', 'ssh'), default='local')
+    # No argparse choices: MXNet's other launchers get a line saying why they are not supported (_check_cli).
+    p.add_argument('--launcher', default='local', metavar='{local,ssh}',
+                   help='local (the default here; MXNet\'s default is ssh) or ssh')
     p.add_argument('-H', '--hostfile',
                    help='ssh launcher: a file with one `host[:sshport] [slots=N] [interface=IF] [python=PATH]` a '
                         'line, or a list `h1:2,h2:2` (host:slots, as horovodrun and mpirun take it)')
@@ -153,8 +160,8 @@ def _parser():
                    metavar='K=V', help='environment variable for the workers only')
     p.add_argument('--timeout', type=float, help='stop the job (exit 124) after this many seconds')
     p.add_argument('--port', type=int, help='scheduler port (default: a free one)')
-    p.add_argument('--interface', help='network interface of this machine (default lo for local; required '
-                                       'for ssh: the one the hosts reach it on)')
+    p.add_argument('--interface', help='ssh launcher (required): the network interface of this machine the hosts '
+                                       'reach it on')
     p.add_argument('--stall-timeout', type=float,
                    help='fail when a worker does not touch its heartbeat file for this many seconds')
     p.add_argument('--server-timeout', type=float,
@@ -184,6 +191,28 @@ SYNC_DST_DIR_REFUSED = (
     'working directory on shared storage (e.g. NFS) and drop the option')
 
 
+# MXNet's launchers that start and own the processes themselves (README, docs/design.md): what does.
+NOT_SUPPORTED_LAUNCHERS = {'mpi': 'mpirun', 'sge': "SGE's qsub", 'yarn': 'YARN'}
+LAUNCHERS = ('local', 'ssh')
+
+
+def _launcher_problem(launcher):
+    if launcher in NOT_SUPPORTED_LAUNCHERS:
+        return (f'--launcher {launcher}: not supported; ssdsgd runs local and ssh ({NOT_SUPPORTED_LAUNCHERS[launcher]} '
+                f'starts and owns the processes, so this launcher could not watch, time out or end them)')
+    if launcher not in LAUNCHERS:
+        return f'--launcher {launcher}: unknown; use local or ssh'
+    return None
+
+
+def _ssh_only_options(args):
+    """The ssh-only options given, as the user spells them."""
+    given = [('-H', args.hostfile), ('--interface', args.interface), ('--ssh-user', args.ssh_user),
+             ('--ssh-identity', args.ssh_identity), ('--ssh-config', args.ssh_config),
+             ('--ssh-option', args.ssh_option)]
+    return [name for name, value in given if value]
+
+
 def _refuse(message):
     print(f'launch: {message}', file=sys.stderr)
     sys.exit(2)
@@ -191,6 +220,15 @@ def _refuse(message):
 
 def _check_cli(args):
     """Refuse what the CLI cannot do, naming the option (exit 2)."""
+    problem = _launcher_problem(args.launcher)
+    if problem:
+        _refuse(problem)
+    ssh_only = _ssh_only_options(args)
+    if args.launcher == 'local' and ssh_only:
+        # MXNet's launch.py defaults to ssh: its `-n 2 -H hosts python train.py` must not run here on localhost.
+        _refuse(f'{", ".join(ssh_only)}: only for the ssh launcher, but the launcher is local (the default here, '
+                f'unlike MXNet\'s launch.py), which runs every role on this machine: add --launcher ssh, or drop '
+                f'{"it" if len(ssh_only) == 1 else "them"}')
     if args.sync_dst_dir and args.launcher == 'ssh':
         _refuse(SYNC_DST_DIR_REFUSED)
     if args.sync_dst_dir:

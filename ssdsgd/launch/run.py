@@ -67,7 +67,7 @@ def ssh_problem(cl):
     from ssdsgd.launch.plan import interface_ip
     from ssdsgd.launch.usage import UsageError
     try:
-        read_hosts(cl.hostfile)
+        hosts = read_hosts(cl.hostfile)
     except UsageError as err:
         return f"cluster.hostfile: {err}"
     if not cl.interface:
@@ -77,7 +77,20 @@ def ssh_problem(cl):
         interface_ip(cl.interface)
     except UsageError as err:
         return f"cluster.interface: {err}"
-    return None
+    return unresolved_problem(cl, hosts)
+
+
+def unresolved_problem(cl, hosts):
+    """A host whose name does not resolve here, as ssh would look it up: named with the host file (ssh
+    would only say it once the job has started)."""
+    from ssdsgd.launch.ssh import ssh_options, unresolved_host
+    found = unresolved_host(hosts, ssh_options(cl.ssh_user, cl.ssh_identity, cl.ssh_config, cl.ssh_options))
+    if found is None:
+        return None
+    host, name, why = found
+    alias = f" (its HostName in the ssh configuration is {name})" if name != host.name else ""
+    return (f"cluster.hostfile: {cl.hostfile} lists host {host.name}, whose name does not resolve here{alias}: "
+            f"{why}; correct the name, or add it to /etc/hosts, DNS or the ssh configuration")
 
 
 def take_folders(cfg, args):

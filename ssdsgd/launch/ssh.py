@@ -7,6 +7,7 @@ itself ended: a wrapper killed from outside (SIGKILL) is named as such, not as a
 """
 import os
 import shlex
+import socket
 import subprocess
 
 from ssdsgd.env import MARK, WRAPPER_ENV
@@ -44,6 +45,62 @@ def ssh_options(user=None, identity=None, config=None, options=()):
     for opt in options:
         argv += ['-o', opt]
     return argv
+
+
+def _ssh_config_of(host, ssh_options):
+    """{key: value} of ssh's configuration for `host` as `ssh -G` prints it (no connection is made), or None
+    if ssh cannot say (not installed, a configuration it refuses: then the job's ssh says so itself)."""
+    argv = ssh_base(host, ssh_options)
+    try:
+        proc = subprocess.run([argv[0], '-G', *argv[1:]], stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    return dict(line.partition(' ')[::2] for line in proc.stdout.splitlines())
+
+
+def unresolved_host(hosts, ssh_options=()):
+    """(host, the name ssh would look up, why) for the first host whose name does not resolve here, else
+    None. The name is the ssh configuration's HostName (an alias in ~/.ssh/config or -F resolves through it);
+    a host reached through a proxy (ProxyJump, ProxyCommand) or with CanonicalizeHostname is not checked, as
+    its name is looked up elsewhere or with ssh's own domain list."""
+    for host in dict.fromkeys(hosts):
+        config = _ssh_config_of(host, ssh_options)
+        if config is None or config.get('canonicalizehostname', 'false') not in ('false', 'no'):
+            continue
+        if any(config.get(key, 'none') != 'none' for key in ('proxycommand', 'proxyjump')):
+            continue
+        name = config.get('hostname', host.name)
+        try:
+            socket.getaddrinfo(name, None)
+        except (socket.gaierror, UnicodeError) as e:
+            return host, name, getattr(e, 'strerror', None) or str(e)
+    return None
+
+
+# What ssh prints when it cannot reach or log in to a host, and what the launcher then says instead of a
+# lost connection (the role never started).
+SSH_FAILURES = (
+    ('Could not resolve hostname', 'ssh could not resolve the host name (check the host file, /etc/hosts, DNS or '
+                                   'the ssh configuration)'),
+    ('Connection refused', 'the host refused the ssh connection (is sshd listening on that port?)'),
+    ('Connection timed out', 'the ssh connection timed out (the host is down, or a firewall drops it)'),
+    ('No route to host', 'there is no route to the host'),
+    ('Network is unreachable', 'the network of the host is unreachable from here'),
+    ('Permission denied', 'ssh could not log in (the launcher needs passwordless ssh: BatchMode=yes)'),
+    ('Host key verification failed', 'the host key differs from the one in known_hosts'),
+)
+
+
+def ssh_failure(lines):
+    """What ssh's own messages among `lines` (a role's output before it started) say went wrong, or None."""
+    for line in lines:
+        for text, what in SSH_FAILURES:
+            if text in line:
+                return what
+    return None
 
 
 def _remote_source():

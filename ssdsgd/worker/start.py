@@ -30,7 +30,7 @@ def start_run(cfg, resume, overwrite):
     # The kvstore must exist before we know our rank; its type depends only on the config.
     kv = create_kvstore(cfg)
     rank, nworkers = kv.rank, kv.num_workers
-    if nworkers != cfg.cluster.workers:
+    if nworkers != cfg.cluster.workers:   # ssdsgd.train refused a mismatch with DMLC_NUM_WORKER: not expected here
         raise RuntimeError(f"cluster.workers is {cfg.cluster.workers} but the job has {nworkers} workers")
     held, out_dir, point = _prepare_run_folder(cfg, kv, resume, overwrite)
     data = data_from_config(cfg, rank, nworkers)

@@ -12,9 +12,9 @@ from ssdsgd.launch.hosts import is_host_list
 from ssdsgd.train import config_from_args, parse_args
 
 
-def preflight(cfg, read_data=True):
-    """Problems that can be found before any process starts; None if there are none. read_data: also
-    read the data set once, as rank 0 will (else only check that data.root exists)."""
+def preflight(cfg):
+    """Problems that can be found before any process starts; None if there are none. The data set is read
+    once, as rank 0 will read it."""
     from ssdsgd.worker.models import ModelError, check_model_name
     try:
         check_model_name(cfg.model.name)
@@ -25,15 +25,14 @@ def preflight(cfg, read_data=True):
         what = "is a file, not a folder" if os.path.exists(root) else "does not exist"
         return (f"data.root: {root} {what} (put the {cfg.data.dataset} files in that folder; "
                 f"nothing is downloaded)")
-    if read_data or cfg.data.dataset not in ROOTED_DATASETS:
-        # Read the data once here, as rank 0 will (digits and synthetic: count it): a missing, damaged or
-        # too small data set then stops the job with one line, before any process starts (the workers meet
-        # the same error).
-        from ssdsgd.worker.data import DataError, check_data
-        try:
-            check_data(cfg)
-        except DataError as err:
-            return str(err)
+    # Read the data once here, as rank 0 will (digits and synthetic: count it): a missing, damaged or too
+    # small data set then stops the job with one line, before any process starts (the workers meet the same
+    # error).
+    from ssdsgd.worker.data import DataError, check_data
+    try:
+        check_data(cfg)
+    except DataError as err:
+        return str(err)
     if cfg.cluster.launcher == "ssh":
         for key in ("hostfile", "ssh_identity", "ssh_config"):
             path = getattr(cfg.cluster, key)

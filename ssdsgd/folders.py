@@ -124,7 +124,8 @@ def run_home(cfg):
 
 
 def new_run_folder(cfg):
-    """A new, empty run folder log.dir/<name>/<YYYYmmdd-HHMMSS>[-n], and the `latest` link to it.
+    """A new, empty run folder log.dir/<name>/<YYYYmmdd-HHMMSS>[-n]; prepare points `latest` at it once
+    it holds its lock, so a start refused before that (a full disk) leaves the old link as it was.
 
     A run never writes into another run's folder: two runs that differ only by seed (or a rerun that
     fails at start) each get their own, so nothing of an earlier run is replaced."""
@@ -142,21 +143,23 @@ def new_run_folder(cfg):
             raise FolderError(f"log.dir: cannot create the run folder {folder}: {err.strerror}") from None
     else:
         raise FolderError(f"log.dir: {home} has 999 runs started at {stamp}")
-    try:
-        point_latest(home, os.path.basename(folder))
-    except OSError as err:
-        os.rmdir(folder)
-        raise FolderError(f"log.dir: cannot make the link {home}/{LATEST}: {err.strerror}") from None
     return folder
 
 
-def point_latest(home, name):
-    """Make home/latest a link to home/name, replacing the old link in one rename."""
+def point_latest(run_dir):
+    """Make the `latest` link beside run_dir point at it, replacing the old link in one rename (the old
+    one stays as it was if this fails). FolderError if it cannot be made."""
+    home, name = os.path.split(os.path.normpath(run_dir))
     tmp = os.path.join(home, f".{LATEST}.tmp{os.getpid()}")
-    if os.path.lexists(tmp):
-        os.remove(tmp)
-    os.symlink(name, tmp)
-    os.replace(tmp, os.path.join(home, LATEST))
+    try:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        os.symlink(name, tmp)
+        os.replace(tmp, os.path.join(home, LATEST))
+    except OSError as err:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        raise FolderError(f"log.dir: cannot make the link {home}/{LATEST}: {err.strerror}") from None
 
 
 def latest_run_folder(cfg):
@@ -259,6 +262,8 @@ def prepare(cfg, resume, overwrite, what, log=print):
             held.append(lock(run_dir, what, "run folder"))
         if resume:
             keep_stopped_result(run_dir, log)
+        if run_dir in created:
+            point_latest(run_dir)       # last: only a run folder that exists and is locked becomes `latest`
     except BaseException:
         release(held)
         for folder in reversed(created):

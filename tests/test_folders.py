@@ -50,6 +50,31 @@ def test_lock_names_its_holder_and_is_released(tmp_path):
     assert stat.S_IMODE(os.stat(os.path.join(folder, ".ssdsgd.lock")).st_mode) == 0o600
 
 
+def test_a_refused_start_leaves_the_previous_runs_latest_link(tmp_path, monkeypatch):
+    """A full disk refuses the rerun's lock file: `latest` still names the earlier run and the half-made
+    folder is gone. `latest` moves only once the new folder exists and is locked."""
+    from types import SimpleNamespace
+
+    from ssdsgd.folders import FolderError, prepare, release
+    cfg = SimpleNamespace(name="job", log=SimpleNamespace(dir=str(tmp_path)), checkpoint=SimpleNamespace(dir=None))
+    home = tmp_path / "job"
+    held, first = prepare(cfg, False, False, "first run")
+    release(held)
+    assert os.readlink(home / "latest") == os.path.basename(first)
+
+    def full_disk(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "pwrite", full_disk)
+    with pytest.raises(FolderError, match="cannot write the lock file .*No space left on device"):
+        prepare(cfg, False, False, "rerun")
+    assert os.readlink(home / "latest") == os.path.basename(first)
+    assert sorted(os.listdir(home)) == sorted([os.path.basename(first), "latest"])
+    monkeypatch.undo()
+    held, second = prepare(cfg, False, False, "second run")           # the next start that can write moves it
+    release(held)
+    assert second != first and os.readlink(home / "latest") == os.path.basename(second)
+
+
 def test_failed_save_leaves_no_temporary_file(tmp_path, monkeypatch):
     from ssdsgd import checkpoint, metrics
 

@@ -41,7 +41,7 @@ from ssdsgd.config import ROUNDS, STOCK, client_kind
 from ssdsgd.errors import CheckpointError
 from ssdsgd.fingerprint import (  # noqa: F401  (read through checkpoint by the run folders and tests)
     RESUME_MAY_CHANGE, RESUME_MUST_MATCH, differences, differing, fingerprint, fingerprint_parts)
-from ssdsgd.metrics import write_json_atomic
+from ssdsgd.metrics import write_atomic, write_json_atomic
 
 MANIFEST = "manifest.json"
 FORMAT = 2
@@ -72,24 +72,11 @@ def epoch_dir(root, epochs_done):
 
 
 def save_npz(path, arrays, meta=None):
-    """Atomic: write to a temporary file, then rename over the final name."""
+    """Atomic: write to a temporary file, then rename over the final name (metrics.write_atomic)."""
     arrays = dict(arrays)
     if meta is not None:
         arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    tmp = f"{path}.tmp{os.getpid()}.npz"
-    try:
-        np.savez(tmp, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        _remove_quietly(tmp)           # a full disk must not stay full of half-written files
-        raise
-
-
-def _remove_quietly(path):
-    try:
-        os.remove(path)
-    except OSError:
-        pass
+    write_atomic(path, lambda tmp: np.savez(tmp, **arrays), suffix=".npz")     # WriteError on a full disk
 
 
 def load_npz(path):

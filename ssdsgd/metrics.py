@@ -1,7 +1,12 @@
-"""Run folder outputs: metrics.jsonl lines, per-worker parts, summary.json, and progress lines."""
+"""Run folder outputs: metrics.jsonl lines, per-worker parts, summary.json, and progress lines; and
+write_atomic, by which every file of a run or checkpoint is written whole or not at all."""
+import errno
 import json
 import os
+import sys
 import time
+
+from ssdsgd.errors import JobError
 
 CONFIG_FILE = "config.yaml"            # the validated config of the run
 RUN_MANIFEST_FILE = "manifest.json"     # how the run was made: command, commit, machine, date
@@ -61,8 +66,11 @@ class MetricsLog:
     def write(self, **record):
         record.setdefault("rank", self.rank)
         record.setdefault("time", round(time.time(), 3))
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+        try:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+        except OSError as err:          # a resume drops the cut-off line (_keep_records)
+            raise WriteError(f"cannot write {self.path}: {write_problem(err, self.path)}") from None
         if self.tensorboard is not None and isinstance(record.get("step"), int):
             for key, tag in TENSORBOARD_TAGS.items():
                 value = record.get(key)
@@ -85,11 +93,14 @@ def write_metrics_csv(directory):
     """metrics.csv from rank 0's metrics.jsonl (its step and evaluation lines; written at the end of a
     run, so it holds the whole history across resumes): one row per line, CSV_COLUMNS."""
     import csv
-    with open(os.path.join(directory, CSV_FILE + ".tmp"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(r for r in read_metrics(directory) if "loss" in r or "epoch_seconds" in r)
-    os.replace(os.path.join(directory, CSV_FILE + ".tmp"), os.path.join(directory, CSV_FILE))
+    rows = [r for r in read_metrics(directory) if "loss" in r or "epoch_seconds" in r]
+
+    def write(tmp):
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rows)
+    write_atomic(os.path.join(directory, CSV_FILE), write)
 
 
 def _keep_records(path, last_step):
@@ -104,24 +115,75 @@ def _keep_records(path, last_step):
                 continue
             if not isinstance(record.get("step"), int) or record["step"] <= last_step:
                 kept.append(line if line.endswith("\n") else line + "\n")
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.writelines(kept)
-    os.replace(tmp, path)
+
+    def write(tmp):
+        with open(tmp, "w") as f:
+            f.writelines(kept)
+    write_atomic(path, write)
 
 
 def write_json_atomic(path, obj):
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
+    def write(tmp):
         with open(tmp, "w") as f:
             json.dump(obj, f, indent=2)
+    write_atomic(path, write)
+
+
+class WriteError(JobError):
+    """A file of the job could not be written (a full disk, a quota, a read-only folder)."""
+
+
+NEARLY_FULL = 1 << 20       # MXNet's write errors hide errno: one with less free than this ran out of space
+
+
+def write_atomic(path, write, suffix=""):
+    """write(tmp) to a temporary name beside path, then rename it over path: a reader sees the old file
+    or the whole new one. suffix: what the writer adds to any name (np.savez: '.npz'). If the write
+    fails (OSError, MXNetError), the temporary file is removed (a full disk must not stay full of
+    half-written files) and WriteError names path and the cause; anything else is raised as it is."""
+    tmp = f"{path}.tmp{os.getpid()}{suffix}"
+    try:
+        write(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
+        free = _free_bytes(tmp)             # before the partial file goes: was the disk full?
         try:
-            os.remove(tmp)             # a full disk must not stay full of half-written files
+            os.remove(tmp)
         except OSError:
             pass
-        raise
+        problem = write_problem(err, path, free)
+        if problem is None:
+            raise
+        raise WriteError(f"cannot write {path}: {problem}") from None
+
+
+def write_problem(err, path, free=None):
+    """What went wrong writing path, in a few words, or None if err is not a failed write. free: the
+    bytes free when it failed, if known."""
+    mxnet = sys.modules.get("mxnet.base")       # loaded if the writer was MXNet's
+    if isinstance(err, OSError):
+        said, full = err.strerror or str(err), err.errno in (errno.ENOSPC, errno.EDQUOT)
+    elif mxnet is not None and isinstance(err, mxnet.MXNetError):
+        lines = [line for line in str(err).splitlines() if line.strip()]
+        said = lines[-1].removeprefix("MXNetError: ") if lines else "MXNet could not write it"
+        free = _free_bytes(path) if free is None else free
+        full = free is not None and free < NEARLY_FULL
+    else:
+        return None
+    if not full:
+        return said
+    folder = os.path.dirname(os.path.abspath(path))
+    now = _free_bytes(path)
+    left = f", {human_bytes(now)} free" if now is not None else ""
+    return f"No space left on device (the file system of {folder}{left})"
+
+
+def _free_bytes(path):
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def human_bytes(n):

@@ -76,23 +76,71 @@ def test_a_refused_start_leaves_the_previous_runs_latest_link(tmp_path, monkeypa
 
 
 def test_failed_save_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """A full disk while saving is one line naming the file (WriteError, a JobError: no traceback), and
+    the half-written temporary file is gone."""
     from ssdsgd import checkpoint, metrics
+    from ssdsgd.errors import JobError
 
     def full_disk(path, **arrays):
         with open(path, "wb") as f:
             f.write(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(np, "savez", full_disk)
-    with pytest.raises(OSError, match="No space left"):
+    full = f"No space left on device \\(the file system of {tmp_path}, .* free\\)$"
+    with pytest.raises(JobError, match=f"^cannot write {tmp_path}/worker0.npz: {full}"):
         checkpoint.save_npz(str(tmp_path / "worker0.npz"), {"a": np.zeros(3)})
 
     def full_dump(obj, f, **kw):
         f.write("{")
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(json, "dump", full_dump)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(JobError, match=f"^cannot write {tmp_path}/manifest.json: {full}"):
         metrics.write_json_atomic(str(tmp_path / "manifest.json"), {"a": 1})
     assert os.listdir(tmp_path) == []
+
+
+def test_final_params_write_that_fails_is_one_line_and_leaves_no_file(tmp_path, monkeypatch):
+    """MXNet's own writer (save_parameters) says only 'FileStream.Write incomplete': the free space
+    tells a full disk from another failure."""
+    import mxnet as mx
+
+    from ssdsgd import metrics
+    path = str(tmp_path / "final.params")
+
+    def cut_off(tmp):
+        with open(tmp, "wb") as f:
+            f.write(b"partial")
+        raise mx.base.MXNetError("Traceback (most recent call last):\n  File \"local_filesys.cc\", line 38\n"
+                                 "MXNetError: Check failed: std: :fwrite(ptr, 1, size, fp_) == size: "
+                                 "FileStream.Write incomplete")
+    with pytest.raises(metrics.WriteError) as info:
+        metrics.write_atomic(path, cut_off)
+    assert str(info.value) == (f"cannot write {path}: Check failed: std: :fwrite(ptr, 1, size, fp_) == size: "
+                               f"FileStream.Write incomplete")
+    monkeypatch.setattr(metrics, "_free_bytes", lambda path: 4096)
+    with pytest.raises(metrics.WriteError) as info:
+        metrics.write_atomic(path, cut_off)
+    full = f"No space left on device (the file system of {tmp_path}, 4.0 KB free)"
+    assert str(info.value) == f"cannot write {path}: {full}"
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(KeyError):           # not a failed write: raised as it is
+        metrics.write_atomic(path, lambda tmp: {}["bug"])
+
+
+def test_final_params_on_a_full_disk(small_disk):
+    """The real thing: MXNet's save_parameters into a full tmpfs."""
+    import mxnet as mx
+
+    from ssdsgd.metrics import WriteError, write_atomic
+    with open(os.path.join(small_disk, "filler"), "wb") as f:
+        f.write(b"\0" * 1_000_000)
+    net = mx.gluon.nn.Dense(1000, in_units=1000)           # 4 MB of weights
+    net.initialize()
+    path = os.path.join(small_disk, "final.params")
+    with pytest.raises(WriteError, match=f"^cannot write {path}: No space left on device "
+                                         f"\\(the file system of {small_disk}, .* free\\)$"):
+        write_atomic(path, net.save_parameters)
+    assert os.listdir(small_disk) == ["filler"]
 
 
 def test_leftovers_of_interrupted_saves_are_removed_at_start(tmp_path):

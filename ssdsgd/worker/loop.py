@@ -167,6 +167,7 @@ def _finish_run(run, counters, step, epochs_run, t_start):
         SUMMARY_FILE,
         summary_table,
         worker_part_file,
+        write_atomic,
         write_json_atomic,
         write_metrics_csv,
     )
@@ -175,7 +176,8 @@ def _finish_run(run, counters, step, epochs_run, t_start):
     if rank == 0:
         checkpoint = os.path.join(out_dir, FINAL_PARAMS_FILE)
         weights, _ = run.client.global_weights(step)
-        with_weights(run.params, weights, lambda: run.net.save_parameters(checkpoint))
+        # Whole or not at all: a full disk is one line (WriteError), not MXNet's traceback and a cut-off file.
+        with_weights(run.params, weights, lambda: write_atomic(checkpoint, run.net.save_parameters))
     part = counters.part(rank, step, step * run.cfg.train.batch_size)
     write_json_atomic(os.path.join(out_dir, worker_part_file(rank)), part)
     run.log.close()

@@ -127,6 +127,22 @@ def test_final_params_write_that_fails_is_one_line_and_leaves_no_file(tmp_path, 
         metrics.write_atomic(path, lambda tmp: {}["bug"])
 
 
+def test_a_server_whose_checkpoint_file_cannot_be_written_says_it_in_one_line(monkeypatch, capsys):
+    from ssdsgd.metrics import WriteError
+    from ssdsgd.ps import server
+
+    def exit_(code):
+        raise SystemExit(code)
+    monkeypatch.setattr(os, "_exit", exit_)
+    with pytest.raises(SystemExit):
+        try:
+            raise WriteError("cannot write /ck/epoch-0002/server-buffer0.npz: No space left on device")
+        except WriteError:
+            server._die("command 'save' failed")
+    assert capsys.readouterr().err == ("ssdsgd server: command 'save' failed: cannot write "
+                                       "/ck/epoch-0002/server-buffer0.npz: No space left on device\n")
+
+
 def test_final_params_on_a_full_disk(small_disk):
     """The real thing: MXNet's save_parameters into a full tmpfs."""
     import mxnet as mx

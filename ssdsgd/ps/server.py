@@ -19,6 +19,7 @@ import numpy as np
 from ssdsgd.checkpoint import SERVER_STOCK, CheckpointError, load_npz, save_npz, server_buffer_file, server_stock_file
 from ssdsgd.compression.codec import WireFormat
 from ssdsgd.env import ROLE_ENV, SECRET_ENV, rank_line
+from ssdsgd.errors import JobError
 from ssdsgd.ps import commands
 from ssdsgd.ps.eval_tally import TALLY_KEY
 from ssdsgd.ps.membership import RollCall, proof_keys
@@ -28,8 +29,12 @@ from ssdsgd.schedule import LRSchedule
 
 
 def _die(what):
-    print(f"ssdsgd server: {what}", file=sys.stderr, flush=True)
-    traceback.print_exc()
+    err = sys.exc_info()[1]
+    if isinstance(err, JobError):       # a checkpoint file that cannot be written or read: its one line says it
+        print(f"ssdsgd server: {what}: {err}", file=sys.stderr, flush=True)
+    else:
+        print(f"ssdsgd server: {what}", file=sys.stderr, flush=True)
+        traceback.print_exc()
     sys.stderr.flush()
     os._exit(1)
 

@@ -332,6 +332,43 @@ def test_imagenet_missing_files_explain_im2rec(imagenet_root, tmp_path):
     missing_list = message.split("Nothing is downloaded")[0]
     assert str(tmp_path / "train.rec") not in missing_list  # only the missing files are listed
     assert "python -m mxnet.tools.im2rec" in message and "Nothing is downloaded" in message
+    assert "\n" not in message                              # one line, like every bad-data message
+
+
+def write_recordio_with_bad_image(prefix, n, bad_at, payload):
+    """n random 32x32 JPEG records (labels 0..3), record bad_at holding `payload` instead of an image."""
+    rng = np.random.RandomState(0)
+    record = mx.recordio.MXIndexedRecordIO(prefix + ".idx", prefix + ".rec", "w")
+    for i in range(n):
+        header = mx.recordio.IRHeader(0, float(i % 4), i, 0)
+        image = rng.randint(0, 256, size=(32, 32, 3)).astype(np.uint8)
+        record.write_idx(i, mx.recordio.pack(header, payload) if i == bad_at
+                         else mx.recordio.pack_img(header, image, quality=95, img_fmt=".jpg"))
+    record.close()
+
+
+@pytest.mark.parametrize("bad", ["train", "val"])
+def test_imagenet_image_that_does_not_decode_names_the_file(imagenet_root, tmp_path, bad):
+    """The check before the start reads records' heads, not their images: a worker meeting one that does not
+    decode says so in one DataError line naming the file (not MXNet's traceback). The validation record is
+    empty: one with bytes that decode to nothing kills the process in validation's resize (SIGFPE in
+    MXNet), which no Python code can turn into a message."""
+    for name in ("train", "val"):
+        for ext in (".rec", ".idx"):
+            shutil.copy(str(imagenet_root / (name + ext)), str(tmp_path / (name + ext)))
+    write_recordio_with_bad_image(str(tmp_path / bad), 24 if bad == "train" else 8, 5,
+                                  b"\xff\xd8\xff garbage" if bad == "train" else b"")
+    bundle = build_imagenet(tmp_path)
+    with pytest.raises(data.DataError) as err:
+        if bad == "train":
+            list(bundle.train.epoch(0))
+        else:
+            list(bundle.test.batches(4))
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path / bad}.rec: cannot decode an image ("), message
+    assert "a record holds no valid JPEG or PNG (OpenCV: (-215:Assertion failed)" in message
+    assert ("rank 0's part, epoch 0" if bad == "train" else "evaluation") in message
+    assert "\n" not in message and "/opencv-3" not in message
 
 
 # ---------------------------------------------------------------- digits

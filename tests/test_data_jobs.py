@@ -15,6 +15,7 @@ from test_data import (
     write_cifar_recordio,
     write_raw,
     write_recordio,
+    write_recordio_with_bad_image,
 )
 
 SSGD = "configs/cifar10_resnet20_ssgd.yaml"
@@ -119,12 +120,19 @@ def idx_overflow(tmp_path):
     return root
 
 
+def no_train_idx(tmp_path):
+    root = write_imagenet(tmp_path / "data", 32, 16, 4)
+    os.remove(os.path.join(root, "train.idx"))
+    return root
+
+
 BAD_DATA = [
     # (dataset, data folder maker, extra sets, the start of the one error line)
     ("mnist", empty, [], "error: mnist: '{root}' lacks train-images-idx3-ubyte[.gz]"),
     ("fashion_mnist", empty, [], "error: fashion_mnist: '{root}' lacks train-images-idx3-ubyte[.gz]"),
     ("cifar10", empty, [], "error: cifar10: no complete CIFAR-10 copy found in '{root}'"),
     ("imagenet", empty, [], "error: imagenet: missing {root}/train.rec"),
+    ("imagenet", no_train_idx, [], "error: imagenet: missing {root}/train.idx. Nothing is downloaded"),
     ("cifar10", too_small, ["train.batch_size=64"], "error: the training set has 100 samples, fewer than one "
                                                     "global batch (num_workers 2 x batch_size 64)"),
     ("mnist", idx_overflow, [], "error: {root}/train-images-idx3-ubyte.gz: 16 bytes, but its header "
@@ -135,15 +143,14 @@ BAD_DATA = [
 ]
 
 
-IDS = ["mnist-empty", "fashion_mnist-empty", "cifar10-empty", "imagenet-empty", "batch-larger-than-data",
-       "idx-header-overflow", "recordio-label-beyond-classes"]
+IDS = ["mnist-empty", "fashion_mnist-empty", "cifar10-empty", "imagenet-empty", "imagenet-no-train-idx",
+       "batch-larger-than-data", "idx-header-overflow", "recordio-label-beyond-classes"]
 DIGITS = "configs/demo_digits_ssgd.yaml"
 
 
 def check_one_message(output, dataset, make, first_line, root):
     assert output.startswith(first_line.format(root=root)), output[-3000:]
-    if dataset != "imagenet" or make is not empty:    # the imagenet message goes on with im2rec's commands
-        assert output.count("\n") == 1, output
+    assert output.count("\n") == 1, output
     assert "Traceback" not in output and "[worker" not in output
 
 
@@ -193,4 +200,27 @@ def test_a_batch_larger_than_digits_or_synthetic_is_one_message_and_no_process(t
     assert job.rc == 2, job.output[-3000:]
     check_one_message(job.output, dataset, None, line, None)
     assert not os.path.exists(str(tmp_path / "runs")), job.output           # no run folder made
+    assert processes_with(job.marker) == []
+
+
+@pytest.mark.timeout(120)
+def test_an_image_that_does_not_decode_ends_the_job_with_one_line_naming_the_file(tmp_path):
+    """The shipped ImageNet config on a set whose training record 5 is not an image: the check before the
+    start reads records' heads, not their images, so a worker meets it; it used to print MXNet's ~20-line
+    traceback ending in OpenCV's assertion. Now: that worker's one line naming the file, exit 1, no process."""
+    root = write_imagenet(tmp_path / "data", 32, 16, 4, classes=4)
+    write_recordio_with_bad_image(os.path.join(root, "train"), 16, 5, b"\xff\xd8\xff garbage")
+    job = run_job(tmp_path, "configs/imagenet_resnet50_ssd_topk.yaml", *FAST, f"data.root={root}",
+                  "cluster.launcher=local", "cluster.hostfile=null", "cluster.interface=null", "cluster.workers=2",
+                  "cluster.servers=1", "model.name=cifar_resnet20_v1", "data.num_classes=4", "data.shape=[3,32,32]",
+                  "train.batch_size=4", "train.epochs=1", "data.preprocess_threads=1",
+                  f"checkpoint.dir={tmp_path / 'ck'}", name="corrupt")
+    assert job.rc == 1, job.output[-3000:]
+    assert "Traceback" not in job.output and "MXNetError" not in job.output, job.output[-3000:]
+    said = [line for line in job.output.splitlines() if ": error: " in line and line.startswith("[worker")]
+    assert said, job.output[-3000:]
+    for line in said:           # each worker that met it (both may)
+        assert f"error: {root}/train.rec: cannot decode an image (rank " in line, line
+        assert "a record holds no valid JPEG or PNG" in line, line
+    assert not os.path.exists(os.path.join(job.run_dir, "summary.json"))
     assert processes_with(job.marker) == []

@@ -2,7 +2,9 @@
 ImageRecordIter, the check of a .rec/.idx pair and its labels before any worker trains on it, and a
 reader of the records themselves (for CIFAR-10 packed as RecordIO).
 """
+import contextlib
 import os
+import re
 import struct
 
 import mxnet as mx
@@ -41,20 +43,23 @@ class RecordTrainSet:
                                 max_aspect_ratio=4 / 3, rand_mirror=True)
         else:
             augmentation = dict(resize=_eval_resize(self._shape))
-        records = mx.io.ImageRecordIter(
-            path_imgrec=self._rec, path_imgidx=self._idx, data_shape=self._shape,
-            batch_size=self._batch_size, shuffle=True, seed=self._seed + epoch,
-            seed_aug=augment_seed(self._seed, epoch, self._rank),
-            part_index=self._rank, num_parts=self._num_workers,
-            preprocess_threads=self._preprocess_threads, **augmentation, **_IMAGENET_NORM)
-        for _ in range(self.steps_per_epoch):
-            try:
-                batch = records.next()
-            except StopIteration:
-                # Parts may differ by a record; restart a short part so that every worker
-                # yields the same number of batches.
-                records.reset()
-                batch = records.next()
+        where = f"rank {self._rank}'s part, epoch {epoch}"
+        with _reading(self._rec, where):          # it decodes its first batches at once
+            records = mx.io.ImageRecordIter(
+                path_imgrec=self._rec, path_imgidx=self._idx, data_shape=self._shape,
+                batch_size=self._batch_size, shuffle=True, seed=self._seed + epoch,
+                seed_aug=augment_seed(self._seed, epoch, self._rank),
+                part_index=self._rank, num_parts=self._num_workers,
+                preprocess_threads=self._preprocess_threads, **augmentation, **_IMAGENET_NORM)
+        for step in range(self.steps_per_epoch):
+            with _reading(self._rec, f"{where}, batch {step + 1} of {self.steps_per_epoch}"):
+                try:
+                    batch = records.next()
+                except StopIteration:
+                    # Parts may differ by a record; restart a short part so that every worker
+                    # yields the same number of batches.
+                    records.reset()
+                    batch = records.next()
             yield _on_cpu(batch)
 
 
@@ -71,21 +76,47 @@ class RecordTestSet:
         """Yield (data, label) NDArrays over the whole set once; the last batch may be smaller.
         parts > 1: batches part, part + parts, ... only. Every record is still decoded (the record
         file's own partitioning splits by bytes, so the shares' sizes would not be known)."""
-        records = mx.io.ImageRecordIter(
-            path_imgrec=self._rec, data_shape=self._shape, batch_size=batch_size,
-            resize=_eval_resize(self._shape), round_batch=False,
-            preprocess_threads=self._preprocess_threads, **_IMAGENET_NORM)
+        with _reading(self._rec, "evaluation"):
+            records = iter(mx.io.ImageRecordIter(
+                path_imgrec=self._rec, data_shape=self._shape, batch_size=batch_size,
+                resize=_eval_resize(self._shape), round_batch=False,
+                preprocess_threads=self._preprocess_threads, **_IMAGENET_NORM))
         # The last batch is filled up with junk and its `pad` is not reliable with
         # round_batch=False, so cut it by counting against the number of records.
-        remaining = self.num_samples
-        for i, batch in enumerate(records):
-            if remaining <= 0:
+        remaining, i = self.num_samples, 0
+        while remaining > 0:
+            with _reading(self._rec, f"evaluation, batch {i + 1}"):
+                batch = next(records, None)
+            if batch is None:
                 break
             n = min(batch_size, remaining)
             if i % parts == part:
                 data, label = _on_cpu(batch)
                 yield data[:n], label[:n]
             remaining -= n
+            i += 1
+
+
+@contextlib.contextmanager
+def _reading(rec, where):
+    """MXNet's errors while ImageRecordIter reads rec (a record whose image does not decode) as one
+    DataError line naming the file, where the reader was, and MXNet's reason; the records' heads and
+    labels are checked before the start (_check_recordio), their images are not (1.3 M decodes).
+    MXNet decodes a few batches ahead, so the image may be in a batch after the one named."""
+    try:
+        yield
+    except mx.base.MXNetError as err:
+        raise DataError(f"{rec}: {decode_problem(err, where)}") from None
+
+
+def decode_problem(err, where):
+    """MXNet's last line, in words where it is OpenCV's assertion about an image that decoded to nothing."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    last = lines[-1].removeprefix("MXNetError: ") if lines else "MXNet gave no reason"
+    last = re.sub(r"^OpenCV\([^)]*\) \S+: error: ", "OpenCV: ", last)     # not OpenCV's own source path
+    if "!ssize.empty()" in last or "!buf.empty()" in last:
+        return f"cannot decode an image ({where}): a record holds no valid JPEG or PNG ({last})"
+    return f"cannot read it ({where}): {last}"
 
 
 def _on_cpu(batch):
@@ -110,16 +141,15 @@ def build_imagenet(root, shape, num_classes, augment, preprocess_threads, shard)
     if missing:
         # im2rec writes <prefix>.lst/.rec/.idx, so prefixes inside the data folder put the
         # files where they belong.
+        # One line, like every bad-data message (README: What you see when something goes wrong).
         train, val = os.path.join(shown, "train"), os.path.join(shown, "val")
         raise DataError(
             f"imagenet: missing {', '.join(missing)}. Nothing is downloaded; put the im2rec "
-            f"RecordIO files {', '.join(_IMAGENET_FILES)} in {shown!r}. Make them from "
-            f"folders with one sub-folder of JPEGs per class (val/ arranged like train/) "
-            f"with MXNet's im2rec (also tools/im2rec.py in the MXNet sources):\n"
-            f"  python -m mxnet.tools.im2rec --list --recursive {train} /path/to/train\n"
-            f"  python -m mxnet.tools.im2rec --resize 256 --quality 95 --num-thread 8 "
-            f"{train} /path/to/train\n"
-            f"and the same two commands with {val} /path/to/val.")
+            f"RecordIO files {', '.join(_IMAGENET_FILES)} in {shown!r} (each .idx is written with its .rec). "
+            f"Make them from folders with one sub-folder of JPEGs per class (val/ arranged like train/) "
+            f"with MXNet's im2rec: 'python -m mxnet.tools.im2rec --list --recursive {train} /path/to/train', "
+            f"then 'python -m mxnet.tools.im2rec --resize 256 --quality 95 --num-thread 8 {train} /path/to/train', "
+            f"and the same two commands with {val} /path/to/val")
     num_classes = num_classes or 1000
     num_train = _check_recordio(paths["train.rec"], paths["train.idx"], num_classes)
     num_val = _check_recordio(paths["val.rec"], paths["val.idx"], num_classes)

@@ -37,10 +37,10 @@ import zipfile
 import numpy as np
 
 from ssdsgd.compression.fusion import describe_sizes, plan_for_config
-from ssdsgd.config import ROUNDS, STOCK, client_kind
+from ssdsgd.config import ROUNDS, STOCK, client_kind, idle_settings
 from ssdsgd.errors import CheckpointError
 from ssdsgd.fingerprint import (  # noqa: F401  (read through checkpoint by the run folders and tests)
-    RESUME_MAY_CHANGE, RESUME_MUST_MATCH, differences, differing, fingerprint, fingerprint_parts)
+    RESUME_MAY_CHANGE, RESUME_MUST_MATCH, differences, differing, fingerprint, fingerprint_parts, hash_parts)
 from ssdsgd.metrics import write_atomic, write_json_atomic
 
 MANIFEST = "manifest.json"
@@ -235,7 +235,7 @@ def verify(directory, cfg):
         raise CheckpointError(f"checkpoint manifest {path}: {problem}")
     saved = manifest.get("config")
     # Keys the config leaves idle (algorithm.delay under SSGD) may differ: they change no step.
-    if manifest["fingerprint"] != fingerprint(cfg) and not _only_idle_keys_differ(saved, cfg):
+    if manifest["fingerprint"] != fingerprint(cfg) and not _only_idle_keys_differ(manifest, cfg):
         diff = differences(saved, fingerprint_parts(cfg)) if isinstance(saved, dict) else []
         which = ": " + "; ".join(diff) if diff else ""
         raise CheckpointError(
@@ -342,9 +342,25 @@ def load_npz_meta(path):
     return None, (json.loads(meta.tobytes().decode()) if meta is not None else None)
 
 
-def _only_idle_keys_differ(saved, cfg):
-    diff = differing(saved, fingerprint_parts(cfg)) if isinstance(saved, dict) else []
-    return bool(diff) and all(key in cfg.idle for key, _, _ in diff)
+def _only_idle_keys_differ(manifest, cfg):
+    """Whether the checkpoint's config differs from cfg only in keys idle in both: idle now, and still idle
+    with the checkpoint's values put back (a milestone moved past the last epoch is idle now, not before).
+    The saved parts count only if they are the ones the checkpoint's fingerprint hashed."""
+    saved = manifest.get("config")
+    if not isinstance(saved, dict) or hash_parts(saved) != manifest["fingerprint"]:
+        return False
+    diff = differing(saved, fingerprint_parts(cfg))
+    if not diff or any(key not in cfg.idle for key, _, _ in diff):
+        return False
+    before = cfg.to_dict()
+    for key, value, _ in diff:
+        *outer, last = key.split(".")
+        node = before
+        for part in outer:
+            node = node[part]
+        node[last] = value
+    idle_before = idle_settings(before, before)
+    return all(key in idle_before for key, _, _ in diff)
 
 
 def resume_point(cfg):

@@ -278,7 +278,7 @@ def load_config(path, overrides=()):
     given = copy.deepcopy(data)
     _resolve_auto(data)
     _check_consistency(data)
-    idle = idle_keys(given, data, stock=client_kind(Config(data)) == STOCK)
+    idle = idle_settings(given, data)
     if data["name"] is None:
         data["name"] = os.path.splitext(os.path.basename(path))[0]
     _check_run_name(data["name"])
@@ -305,3 +305,8 @@ STOCK, ROUNDS = "stock", "rounds"
 def client_kind(cfg):
     """Our round server (SSD-SGD, compressed SSGD) or MXNet's stock KVStore (the baselines)."""
     return ROUNDS if cfg.algorithm.type == "ssd" or is_sparsifier(cfg.compression.type) else STOCK
+
+
+def idle_settings(given, data):
+    """idle.idle_keys of a config dict (`given` before _resolve_auto, `data` after)."""
+    return idle_keys(given, data, stock=client_kind(Config(data)) == STOCK)

@@ -49,7 +49,11 @@ def fingerprint_parts(cfg):
 
 def fingerprint(cfg):
     """Hash of fingerprint_parts(cfg)."""
-    return hashlib.sha256(json.dumps(fingerprint_parts(cfg), sort_keys=True).encode()).hexdigest()
+    return hash_parts(fingerprint_parts(cfg))
+
+
+def hash_parts(parts):
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
 def differing(saved, now, prefix=""):

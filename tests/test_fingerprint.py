@@ -52,3 +52,23 @@ def test_what_changes_the_run_changes_the_fingerprint(digits, key):
                                  "checkpoint.dir=ck", "checkpoint.keep=3", "cluster.max_restarts=2"])
 def test_what_may_change_on_resume_keeps_the_fingerprint(digits, key):
     assert checkpoint.fingerprint(digits(key)) == checkpoint.fingerprint(digits())
+
+
+def test_a_resume_may_differ_only_in_keys_idle_with_either_value():
+    """The checkpoint's config may differ from the resumed one only in keys idle in both: a milestone moved
+    past the last epoch is idle now but was not in the checkpointed run, whose rate it divided."""
+    base = ["train.epochs=10", "train.lr_schedule.type=step"]
+
+    def manifest(*sets):
+        cfg = load_config("configs/demo_digits_ssgd.yaml", base + list(sets))
+        return {"fingerprint": checkpoint.fingerprint(cfg), "config": checkpoint.fingerprint_parts(cfg)}
+
+    def may_resume(saved, *sets):
+        return checkpoint._only_idle_keys_differ(saved, load_config("configs/demo_digits_ssgd.yaml", base + list(sets)))
+    assert may_resume(manifest("algorithm.delay=3"), "algorithm.delay=5")
+    assert may_resume(manifest("train.lr_schedule.milestones=[11]"), "train.lr_schedule.milestones=[12]")
+    assert not may_resume(manifest("train.lr_schedule.milestones=[5]"), "train.lr_schedule.milestones=[12]")
+    assert not may_resume(manifest("train.lr=0.2"), "train.lr=0.1")
+    assert not may_resume(manifest("algorithm.delay=3"), "algorithm.delay=3")          # nothing differs
+    forged = dict(manifest("algorithm.delay=3"), fingerprint="0" * 64)                # parts not the hashed ones
+    assert not may_resume(forged, "algorithm.delay=5")

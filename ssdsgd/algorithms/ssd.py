@@ -207,9 +207,12 @@ class RoundClient(Client):
         return arrays, meta
 
     def load_state(self, arrays, meta):
-        for i, s in enumerate(self.local_states):
-            if s is not None:
-                s[:] = arrays[f"state{i}"]
+        # SSGD never takes a local step: its local optimizer is not part of the run (algorithm.local is
+        # idle there, and a resume may change it), so its saved state is not read back.
+        if not self.synchronous:
+            for i, s in enumerate(self.local_states):
+                if s is not None:
+                    s[:] = arrays[f"state{i}"]
         for bi, buf in enumerate(self.transport.pull_bufs):
             buf[:] = arrays[f"pullbuf{bi}"]
         if self.memory is not None:
@@ -222,8 +225,9 @@ class RoundClient(Client):
         self.pending_pull = meta["pending_pull"]
         self.downlink.load_state(arrays, meta)
         self.watch = PullWatch([])         # the saved pull buffers have landed
-        self.local_opt._index_update_count = {int(k): c for k, c in meta["local_counts"].items()}
-        self.local_opt.num_update = meta["local_num_update"]
+        if not self.synchronous:
+            self.local_opt._index_update_count = {int(k): c for k, c in meta["local_counts"].items()}
+            self.local_opt.num_update = meta["local_num_update"]
 
     # ---- loading pulled weights into the parameters ------------------------------------------------
     def _refresh_from_replica(self, bi):

@@ -93,11 +93,10 @@ def checkpoint_folders(root):
 def remove_leftovers(root, log=print):
     """Temporary files of interrupted saves, and epoch folders without a manifest (saves that never
     completed; never used for a resume), under checkpoint.dir. Only while holding its lock."""
-    from ssdsgd.checkpoint import MANIFEST
     removed = []
     for d in checkpoint_folders(root):
         folder = os.path.join(root, d)
-        if not os.path.exists(os.path.join(folder, MANIFEST)):
+        if _is_leftover(folder):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(d + "/")
             continue
@@ -108,6 +107,12 @@ def remove_leftovers(root, log=print):
     if removed:
         log(f"checkpoint.dir {root}: removed what interrupted saves left: {', '.join(removed)}")
     return removed
+
+
+def _is_leftover(checkpoint_folder):
+    """An epoch folder without a manifest: a save that never completed."""
+    from ssdsgd.checkpoint import MANIFEST
+    return not os.path.exists(os.path.join(checkpoint_folder, MANIFEST))
 
 
 class RunFinished(FolderError):
@@ -360,8 +365,9 @@ def start_problem(cfg, resume, overwrite):
     root = cfg.checkpoint.dir
     if problem or not (root or resume):
         return problem
-    if not resume and not overwrite and os.path.isdir(root) and checkpoint_folders(root):
-        return _held_checkpoints_problem(root, checkpoint_folders(root))
+    kept = [d for d in checkpoint_folders(root) if not _is_leftover(os.path.join(root, d))]   # as after the cleanup
+    if kept and not resume and not overwrite:
+        return _held_checkpoints_problem(root, kept)
     if resume:
         try:
             resume_point(cfg)

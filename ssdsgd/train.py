@@ -52,8 +52,9 @@ def check_job_size(cfg, workers, servers):
     if not wrong:
         return
     said = " and ".join(f"cluster.{key} is {want}" for key, want, _, _ in wrong)
-    started = " and ".join(f"{got} {key if got != 1 else key[:-1]} ({flag} {got}"
-                           f"{'; -s defaults to -n' if flag == '-s' else ''})" for key, _, got, flag in wrong)
+    default = "; -s defaults to -n" if servers == workers else ""       # an -s of its own is not the default
+    started = " and ".join(f"{got} {key if got != 1 else key[:-1]} ({flag} {got}{default if flag == '-s' else ''})"
+                           for key, _, got, flag in wrong)
     sets = " ".join(f"cluster.{key}={got}" for key, _, got, _ in wrong)
     flags = " ".join(f"{flag} {want}" for _, want, _, flag in wrong)
     raise JobError(f"{said}, but the launcher started {started}: add --set {sets} to the command, or launch "

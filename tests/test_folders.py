@@ -213,7 +213,7 @@ def test_second_job_gets_its_own_run_folder_and_a_held_checkpoint_dir_is_refused
     with open(os.path.join(second.run_dir, "manifest.json")) as f:
         made = json.load(f)
     # The user's command, which can be run again as it stands; each role's beside it.
-    assert made["command"][:3] == ["python", "-m", "ssdsgd"] and "train.max_steps=3" in made["command"], made
+    assert made["command"][:3] == [sys.executable, "-m", "ssdsgd"] and "train.max_steps=3" in made["command"], made
     assert made["role_command"][1:3] == ["-m", "ssdsgd.train"] and "train.max_steps=3" in made["role_command"]
     assert made["config"] == "config.yaml" and made["resumed_from"] is None
     assert made["commit"] == provenance.git("rev-parse", "HEAD")
@@ -405,3 +405,30 @@ def test_a_resume_may_change_what_the_config_leaves_idle_and_nothing_else(tmp_pa
     assert idle.rc == 0, idle.output[-2000:]
     assert "resuming from" in idle.output and "note: algorithm.delay = 3 has no effect" in idle.output
     assert idle.summary()["steps"] == 44 and processes_with(idle.marker) == []
+
+
+def test_a_resume_of_compressed_ssgd_may_change_its_idle_local_optimizer(tmp_path):
+    """SSGD on the round server never takes a local step: a resume from a checkpoint made with
+    algorithm.local.optimizer sgd (no local state) to glu (one state a weight) reads no local state."""
+    ck = os.path.join(str(tmp_path), "ck")
+    sets = ["algorithm.type=ssgd", "train.epochs=2", f"checkpoint.dir={ck}", "checkpoint.every_epochs=1"]
+    first = run_job(tmp_path, SSD_TOPK, *sets, "train.max_steps=22", "algorithm.local.optimizer=sgd", name="c")
+    assert first.rc == 0 and checkpoint_folders(ck) == ["epoch-0001"], first.output[-2000:]
+    glu = run_job(tmp_path, SSD_TOPK, *sets, "algorithm.local.optimizer=glu", name="c", args=["--resume"])
+    assert glu.rc == 0, glu.output[-2000:]
+    assert "note: algorithm.local.optimizer = 'glu' has no effect" in glu.output
+    assert glu.summary()["steps"] == 44 and processes_with(glu.marker) == []
+
+
+def test_dry_run_counts_the_checkpoints_a_start_keeps(tmp_path):
+    """An unfinished save (an epoch folder without its manifest) is removed when a run starts, so it does
+    not refuse a fresh start in --dry-run either."""
+    from ssdsgd.config import load_config
+    from ssdsgd.folders import start_problem
+    ck = tmp_path / "ck"
+    (ck / "epoch-0001").mkdir(parents=True)
+    cfg = load_config(os.path.join(ROOT, SSGD), [f"checkpoint.dir={ck}", "checkpoint.every_epochs=1"])
+    assert start_problem(cfg, resume=False, overwrite=False) is None
+    (ck / "epoch-0001" / "manifest.json").write_text("{}")
+    assert "already holds checkpoints (epoch-0001)" in start_problem(cfg, resume=False, overwrite=False)
+

@@ -87,7 +87,8 @@ def unresolved_problem(cl, hosts):
     if found is None:
         return None
     host, name, why = found
-    alias = f" (its HostName in the ssh configuration is {name})" if name != host.name else ""
+    # ssh looks a host up in lower case: Node1 is no alias of node1.
+    alias = f" (its HostName in the ssh configuration is {name})" if name.lower() != host.name.lower() else ""
     return (f"cluster.hostfile: {cl.hostfile} lists host {host.name}, whose name does not resolve here{alias}: "
             f"{why}; correct the name, or add it to /etc/hosts, DNS or the ssh configuration")
 
@@ -134,7 +135,7 @@ def dry_run(cfg, args):
 def user_command(argv):
     """The command the user typed, as the run folder's manifest records it: `ssdsgd-run ...` or
     `python -m ssdsgd ...` (the roles' own command, python -m ssdsgd.train, cannot be run by hand)."""
-    head = ["ssdsgd-run"] if os.path.basename(sys.argv[0]) == "ssdsgd-run" else ["python", "-m", "ssdsgd"]
+    head = ["ssdsgd-run"] if os.path.basename(sys.argv[0]) == "ssdsgd-run" else [sys.executable, "-m", "ssdsgd"]
     return head + list(argv)
 
 

@@ -1,7 +1,9 @@
 """Which settings the rest of a config leaves without effect ("idle"): algorithm.delay when algorithm.type
 is ssgd, compression.density without a sparsifier, a schedule's factor without milestones, ... The loader
 names those given a value of their own in a `note:` line (config.Config.ignored) instead of ignoring them
-silently, and a resume may change an idle key (ssdsgd.checkpoint), since it changes no step."""
+silently, and a resume may change an idle key (ssdsgd.checkpoint), since it changes no step. A setting
+that asks for what the rest of the config cannot do (an fp16 wire, a density warm-up or a sparse downlink
+without a sparsifier, milestones on another schedule) is refused instead, by config.py's checks."""
 from ssdsgd.compression.registry import NATIVE_2BIT, SPARSIFIERS, is_sparsifier
 from ssdsgd.schema import RING_DOWNLINKS, ROOTED_DATASETS, SCHEMA, defaults
 

@@ -324,3 +324,10 @@ def test_a_role_line_stdout_cannot_encode_is_shown_with_replacements(monkeypatch
     children._show('[worker 0] h\u00e9llo\n')
     assert out.buffer.getvalue() == b'[worker 0] h?llo\n'
     assert not children._stdout_lost
+
+
+def test_a_role_killed_by_sigfpe_gets_the_likely_cause():
+    from ssdsgd.launch.children import describe_returncode
+    assert describe_returncode(-9) == 'killed by SIGKILL'
+    assert describe_returncode(-8).startswith('killed by SIGFPE (an arithmetic fault in native code; reading '
+                                              'ImageNet RecordIO, an image that decodes to nothing')

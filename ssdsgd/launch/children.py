@@ -35,11 +35,18 @@ def die_with_parent(parent_pid, signum=signal.SIGKILL):
     return preexec
 
 
+# A signal that says more than its name: MXNet's RecordIO reader dies of SIGFPE on an image that decodes
+# to nothing where it resizes (validation, data.augment false), before Python could name the record.
+SIGNAL_HINTS = {signal.SIGFPE: ' (an arithmetic fault in native code; reading ImageNet RecordIO, an image that '
+                                'decodes to nothing: MXNet names the .rec file above)'}
+
+
 def describe_returncode(returncode):
     if returncode >= 0:
         return f'exited with code {returncode}'
     try:
-        return f'killed by {signal.Signals(-returncode).name}'
+        sig = signal.Signals(-returncode)
+        return f'killed by {sig.name}{SIGNAL_HINTS.get(sig, "")}'
     except ValueError:  # e.g. real-time signals have no name
         return f'killed by signal {-returncode}'
 

@@ -12,8 +12,8 @@ import re
 
 import yaml
 
-from ssdsgd.compression.registry import NATIVE_2BIT, SPARSIFIERS, is_sparsifier
-from ssdsgd.idle import idle_keys, sparsifier_names
+from ssdsgd.compression.registry import NATIVE_2BIT, SPARSIFIERS, is_sparsifier, sparsifier_names
+from ssdsgd.idle import idle_keys
 from ssdsgd.schema import (  # noqa: F401  (the names the rest of the package reads through config)
     ALGORITHMS, CIFAR_FORMATS, DATASETS, IN_MEMORY_DATASETS, MIN_SERVER_TIMEOUT, ROOTED_DATASETS, SCHEMA,
     RING_DOWNLINKS, VALIDATION_SOURCES, ConfigError, Field, ListField, StrListField, defaults)

@@ -4,13 +4,8 @@ names those given a value of their own in a `note:` line (config.Config.ignored)
 silently, and a resume may change an idle key (ssdsgd.checkpoint), since it changes no step. A setting
 that asks for what the rest of the config cannot do (an fp16 wire, a density warm-up or a sparse downlink
 without a sparsifier, milestones on another schedule) is refused instead, by config.py's checks."""
-from ssdsgd.compression.registry import NATIVE_2BIT, SPARSIFIERS, is_sparsifier
+from ssdsgd.compression.registry import NATIVE_2BIT, is_sparsifier, sparsifier_names
 from ssdsgd.schema import RING_DOWNLINKS, ROOTED_DATASETS, SCHEMA, defaults
-
-
-def sparsifier_names():
-    names = list(SPARSIFIERS)
-    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
 
 
 def idle_keys(given, c, stock):
@@ -73,7 +68,7 @@ def idle_keys(given, c, stock):
 
 
 def _idle_data_and_schedule(c, unused):
-    """The data and learning-rate schedule keys of _idle_keys (key path -> why)."""
+    """The data and learning-rate schedule keys of idle_keys (key path -> why)."""
     d, sched = c["data"], c["train"]["lr_schedule"]
     dataset = f"data.dataset is {d['dataset']}"
     if d["dataset"] not in ROOTED_DATASETS:
@@ -92,8 +87,7 @@ def _idle_data_and_schedule(c, unused):
         why = f"the step schedule's milestones use it, and {kind}" if sched["type"] != "step" else \
             f"no milestone falls before the end of the run (train.epochs {epochs})"
         unused[("train", "lr_schedule", "factor")] = why
-        if sched["milestones"]:
-            unused[("train", "lr_schedule", "milestones")] = why
+        unused[("train", "lr_schedule", "milestones")] = why
     if sched["type"] != "poly":
         unused[("train", "lr_schedule", "power")] = f"only the poly schedule uses it, and {kind}"
     if sched["type"] not in ("cosine", "poly"):

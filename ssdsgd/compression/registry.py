@@ -30,6 +30,12 @@ def is_sparsifier(kind):
     return kind in SPARSIFIERS
 
 
+def sparsifier_names():
+    """'topk, randomk or dgc': the registered sparsifiers, for messages."""
+    names = list(SPARSIFIERS)
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
+
+
 def compression_types():
     """Every value compression.type may take."""
     return (DENSE, *SPARSIFIERS, NATIVE_2BIT)

@@ -119,7 +119,12 @@ def test_dry_run_prints_the_plan_then_a_missing_data_root_and_exits_2(tmp_path):
                              "address"),
     ("node1\n", "", "cluster.interface: required when cluster.launcher is ssh (the network interface the hosts "
                     "reach this machine on)"),
-], ids=["hostfile-option", "unknown-interface", "no-interface"])
+    ("localhost slots=1\n192.0.2.7 slots=1\n", "lo", "cluster.interface: lo is a loopback interface (127.0.0.1), "
+                                                     "which host 192.0.2.7 cannot reach the scheduler on: name the "
+                                                     "interface the hosts reach this machine on"),
+    ("localhost slots=2\n", "lo|Bogus=1", "cluster.ssh_options / cluster.ssh_config: ssh refuses them: "
+                                          "command-line: line 0: Bad configuration option: bogus"),
+], ids=["hostfile-option", "unknown-interface", "no-interface", "loopback-interface", "bad-ssh-option"])
 def test_a_refused_host_file_or_interface_leaves_no_run_folder(tmp_path, hosts, interface, error):
     """Before: the run folder was made (and `latest` moved to it) before the launcher read the host file and
     the interface, so a refused job left an empty folder that hid the last good run."""
@@ -128,8 +133,10 @@ def test_a_refused_host_file_or_interface_leaves_no_run_folder(tmp_path, hosts, 
     home = tmp_path / "runs" / "x"
     (home / "20260101-000000").mkdir(parents=True)      # an earlier run, as folders.py leaves it
     os.symlink("20260101-000000", home / "latest")
+    interface, _, option = interface.partition("|")
     proc = run("--config", "configs/demo_digits_ssgd.yaml", "--set", f"log.dir={tmp_path / 'runs'}", "name=x",
-               "cluster.launcher=ssh", f"cluster.hostfile={hostfile}", f"cluster.interface={interface}")
+               "cluster.launcher=ssh", f"cluster.hostfile={hostfile}", f"cluster.interface={interface}",
+               *([f"cluster.ssh_options=[{option}]"] if option else []))
     assert proc.returncode == 2, proc.stdout
     assert proc.stdout == f"error: {error.format(hostfile=hostfile)}\n"
     assert sorted(os.listdir(home)) == ["20260101-000000", "latest"]

@@ -73,24 +73,35 @@ def ssh_problem(cl):
         return ("cluster.interface: required when cluster.launcher is ssh (the network interface the hosts "
                 "reach this machine on)")
     try:
-        interface_ip(cl.interface)
+        address = interface_ip(cl.interface)
     except UsageError as err:
         return f"cluster.interface: {err}"
-    return unresolved_problem(cl, hosts)
+    return hosts_problem(cl, hosts, address)
 
 
-def unresolved_problem(cl, hosts):
-    """A host whose name does not resolve here, as ssh would look it up: named with the host file (ssh
-    would only say it once the job has started)."""
-    from ssdsgd.launch.ssh import ssh_options, unresolved_host
-    found = unresolved_host(hosts, ssh_options(cl.ssh_user, cl.ssh_identity, cl.ssh_config, cl.ssh_options))
-    if found is None:
-        return None
-    host, name, why = found
-    # ssh looks a host up in lower case: Node1 is no alias of node1.
-    alias = f" (its HostName in the ssh configuration is {name})" if name.lower() != host.name.lower() else ""
-    return (f"cluster.hostfile: {cl.hostfile} lists host {host.name}, whose name does not resolve here{alias}: "
-            f"{why}; correct the name, or add it to /etc/hosts, DNS or the ssh configuration")
+def hosts_problem(cl, hosts, address):
+    """What ssh would only say once the job has started, named here with the host file: ssh refusing its
+    options, a host whose name does not resolve as ssh looks it up, or a host elsewhere while `address`, the
+    scheduler's, is a loopback one it could not reach."""
+    import ipaddress
+
+    from ssdsgd.launch.ssh import SshConfigError, resolve_hosts, ssh_options
+    try:
+        resolved = resolve_hosts(hosts, ssh_options(cl.ssh_user, cl.ssh_identity, cl.ssh_config, cl.ssh_options))
+    except SshConfigError as err:
+        return f"cluster.ssh_options / cluster.ssh_config: ssh refuses them: {err}"
+    for host, name, addresses, why in resolved:
+        # ssh looks a host up in lower case: Node1 is no alias of node1.
+        alias = f" (its HostName in the ssh configuration is {name})" if name.lower() != host.name.lower() else ""
+        if addresses is None:
+            return (f"cluster.hostfile: {cl.hostfile} lists host {host.name}, whose name does not resolve here"
+                    f"{alias}: {why}; correct the name, or add it to /etc/hosts, DNS or the ssh configuration")
+        if ipaddress.ip_address(address).is_loopback and not all(
+                ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses):
+            return (f"cluster.interface: {cl.interface} is a loopback interface ({address}), which host "
+                    f"{host.name}{alias} cannot reach the scheduler on: name the interface the hosts reach "
+                    f"this machine on")
+    return None
 
 
 def take_folders(cfg, args):

@@ -47,9 +47,13 @@ def ssh_options(user=None, identity=None, config=None, options=()):
     return argv
 
 
+class SshConfigError(Exception):
+    """ssh refuses its own configuration (an unknown option, a bad -F file): its message."""
+
+
 def _ssh_config_of(host, ssh_options):
     """{key: value} of ssh's configuration for `host` as `ssh -G` prints it (no connection is made), or None
-    if ssh cannot say (not installed, a configuration it refuses: then the job's ssh says so itself)."""
+    if ssh cannot be run; SshConfigError with ssh's message if it refuses the options or configuration."""
     argv = ssh_base(host, ssh_options)
     try:
         proc = subprocess.run([argv[0], '-G', *argv[1:]], stdin=subprocess.DEVNULL, capture_output=True,
@@ -57,15 +61,18 @@ def _ssh_config_of(host, ssh_options):
     except (OSError, subprocess.TimeoutExpired):
         return None
     if proc.returncode != 0:
-        return None
+        lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
+        raise SshConfigError(lines[0] if lines else f'ssh -G exited with code {proc.returncode}')
     return dict(line.partition(' ')[::2] for line in proc.stdout.splitlines())
 
 
-def unresolved_host(hosts, ssh_options=()):
-    """(host, the name ssh would look up, why) for the first host whose name does not resolve here, else
-    None. The name is the ssh configuration's HostName (an alias in ~/.ssh/config or -F resolves through it);
-    a host reached through a proxy (ProxyJump, ProxyCommand) or with CanonicalizeHostname is not checked, as
-    its name is looked up elsewhere or with ssh's own domain list."""
+def resolve_hosts(hosts, ssh_options=()):
+    """[(host, the name ssh would look up, its addresses, or None and why it does not resolve)] for the
+    hosts whose name is looked up here. The name is the ssh configuration's HostName (an alias in
+    ~/.ssh/config or -F resolves through it); a host reached through a proxy (ProxyJump, ProxyCommand) or
+    with CanonicalizeHostname is left out, as its name is looked up elsewhere or with ssh's own domain
+    list. SshConfigError if ssh refuses the options."""
+    found = []
     for host in dict.fromkeys(hosts):
         config = _ssh_config_of(host, ssh_options)
         if config is None or config.get('canonicalizehostname', 'false') not in ('false', 'no'):
@@ -74,10 +81,17 @@ def unresolved_host(hosts, ssh_options=()):
             continue
         name = config.get('hostname', host.name)
         try:
-            socket.getaddrinfo(name, None)
+            found.append((host, name, {info[4][0] for info in socket.getaddrinfo(name, None)}, None))
         except (socket.gaierror, UnicodeError) as e:
-            return host, name, getattr(e, 'strerror', None) or str(e)
-    return None
+            found.append((host, name, None, getattr(e, 'strerror', None) or str(e)))
+    return found
+
+
+def unresolved_host(hosts, ssh_options=()):
+    """(host, the name ssh would look up, why) for the first host whose name does not resolve here, else
+    None (resolve_hosts)."""
+    return next(((host, name, why) for host, name, addresses, why in resolve_hosts(hosts, ssh_options)
+                 if addresses is None), None)
 
 
 # What ssh prints when it cannot reach or log in to a host, and what the launcher then says instead of a

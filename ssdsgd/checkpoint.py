@@ -231,16 +231,19 @@ def verify(directory, cfg):
         raise CheckpointError(f"checkpoint manifest {path} cannot be read: {err}") from None
     match = re.fullmatch(r"epoch-(\d+)", os.path.basename(os.path.normpath(directory)))
     problem = manifest_problem(manifest, cfg, int(match.group(1)) if match else None)
+    saved = manifest.get("config") if isinstance(manifest, dict) else None
+    # Keys the config leaves idle (algorithm.delay under SSGD) may differ: they change no step. A key that
+    # differs is named before the plan's checks, which it fails (cluster.workers 3: worker2.npz missing).
+    if isinstance(saved, dict) and isinstance(manifest.get("fingerprint"), str) \
+            and manifest["fingerprint"] != fingerprint(cfg) and not _only_idle_keys_differ(manifest, cfg):
+        diff = differences(saved, fingerprint_parts(cfg))
+        if diff or not problem:
+            which = ": " + "; ".join(diff) if diff else ""
+            raise CheckpointError(
+                f"{directory} was written by a different configuration (model, data, algorithm, compression, "
+                f"training hyper-parameters or cluster size differ{which}); refusing to resume from it")
     if problem:
         raise CheckpointError(f"checkpoint manifest {path}: {problem}")
-    saved = manifest.get("config")
-    # Keys the config leaves idle (algorithm.delay under SSGD) may differ: they change no step.
-    if manifest["fingerprint"] != fingerprint(cfg) and not _only_idle_keys_differ(manifest, cfg):
-        diff = differences(saved, fingerprint_parts(cfg)) if isinstance(saved, dict) else []
-        which = ": " + "; ".join(diff) if diff else ""
-        raise CheckpointError(
-            f"{directory} was written by a different configuration (model, data, algorithm, compression, "
-            f"training hyper-parameters or cluster size differ{which}); refusing to resume from it")
     for name, digest in manifest["files"].items():
         file = os.path.join(directory, name)
         if not os.path.exists(file):

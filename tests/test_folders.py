@@ -401,6 +401,9 @@ def test_a_resume_may_change_what_the_config_leaves_idle_and_nothing_else(tmp_pa
     assert first.rc == 0 and checkpoint_folders(ck) == ["epoch-0001"], first.output[-2000:]
     lr = run_job(tmp_path, SSGD, *sets, "train.lr=0.2", name="s", args=["--resume"])
     assert lr.rc == 2 and "refusing to resume" in lr.output and "train.lr (" in lr.output, lr.output[-2000:]
+    # A key the plan's checks would also fail on is named, not the file it lacks (worker2.npz missing).
+    more = run_job(tmp_path, SSGD, *sets, "cluster.workers=3", name="s", args=["--resume"])
+    assert more.rc == 2 and "cluster.workers (2 in the checkpoint, 3 now)" in more.output, more.output[-2000:]
     idle = run_job(tmp_path, SSGD, *sets, "algorithm.delay=3", "compression.density=0.2", name="s", args=["--resume"])
     assert idle.rc == 0, idle.output[-2000:]
     assert "resuming from" in idle.output and "note: algorithm.delay = 3 has no effect" in idle.output

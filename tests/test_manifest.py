@@ -206,7 +206,7 @@ def test_more_servers_than_the_checkpoint_was_taken_with_is_refused(tmp_path, ch
     ck_src, _ = checkpoint
     job = _resume_with(tmp_path, ck_src, lambda m: m, "cluster.servers=2")
     assert job.rc == 2, job.output[-3000:]
-    assert "written for 1 servers, but cluster.servers is 2" in job.output
+    assert "cluster.servers (1 in the checkpoint, 2 now)); refusing to resume from it" in job.output   # the key first
     assert "[worker" not in job.output
 
 

@@ -43,6 +43,7 @@ def test_dry_run_shows_the_plan_and_every_override(tmp_path):
     assert proc.returncode == 0, proc.stdout
     assert "\nseed: 7\n" in proc.stdout and "  epochs: 3\n" in proc.stdout
     assert "\n# note: " not in proc.stdout
+    assert "SSDSGD_RUN_DIR='<run folder>'" in proc.stdout           # a placeholder, not a path under the cwd
     for role in ("scheduler", "server 0", "worker 0", "worker 1"):
         assert f"\n{role} on localhost: " in proc.stdout
 

@@ -267,7 +267,7 @@ def _launch(cfg, args, resume, run_dir, dry_run=False):
         command += ["--set", text]
     if resume:
         command.append("--resume")
-    env = {LOCKED_ENV: "1", RUN_DIR_ENV: os.path.abspath(run_dir),     # the roles do not take the locks again
+    env = {LOCKED_ENV: "1", RUN_DIR_ENV: run_dir if dry_run else os.path.abspath(run_dir),   # dry run: a placeholder
            COMMAND_ENV: json.dumps(args.command)}
     return run_job(command, cl.workers, cl.servers, launcher=cl.launcher, hostfile=cl.hostfile,
                    env=env, timeout=cl.timeout, dry_run=dry_run, interface=cl.interface,

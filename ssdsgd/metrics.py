@@ -11,6 +11,7 @@ from ssdsgd.errors import JobError
 CONFIG_FILE = "config.yaml"            # the validated config of the run
 RUN_MANIFEST_FILE = "manifest.json"     # how the run was made: command, commit, machine, date
 SUMMARY_FILE = "summary.json"          # written last, by rank 0: the run finished
+LAUNCHER_LOG_FILE = "launcher.log"     # ssdsgd-run's own messages: which role failed where, restarts, cleanup
 FINAL_PARAMS_FILE = "final.params"     # the global weights at the end
 
 

@@ -145,6 +145,10 @@ def test_killed_worker_is_restarted_from_the_checkpoint_and_ends_with_the_uninte
     assert proc.returncode == 0, out[-3000:]
     assert "launch: worker 1" in out and "SIGKILL" in out
     assert out.count("run: restart 1 of 1 in 1 s: the job failed (exit 1); resuming from") == 1, out[-3000:]
+    # The run folder keeps what the launcher said: which role died, and the restart.
+    with open(os.path.join(job.run_dir, "launcher.log")) as f:
+        said = f.read()
+    assert "launch: worker 1" in said and "SIGKILL" in said and "run: restart 1 of 1 in 1 s" in said, said
     assert "resuming from" in out and "epochs," in out
     assert processes_with(job.marker) == []
     c = uninterrupted

@@ -3,7 +3,9 @@
 Reads the `cluster` section and starts scheduler, servers and workers through the launcher, each
 running `python -m ssdsgd.train` with the same config and overrides.
 """
+import contextlib
 import os
+import shlex
 import sys
 import time
 
@@ -176,7 +178,8 @@ def main(argv=None):
         return 2
     print(f"run folder: {run_dir}", flush=True)
     try:
-        return _run_with_restarts(cfg, args, run_dir)
+        with _messages_also_in(run_dir, args.command):
+            return _run_with_restarts(cfg, args, run_dir)
     finally:
         release(held)
 
@@ -189,6 +192,50 @@ def backoff_seconds(base, stuck):
     """The wait before a restart: cluster.restart_backoff doubled for each earlier restart in a row that
     resumed from the same checkpoint (`stuck`: the job made no checkpointed progress since), capped."""
     return min(base * 2 ** stuck, MAX_BACKOFF) if base else 0.0
+
+
+class _Tee:
+    """sys.stderr that also appends to a file: what the launcher and the front end say of a job (a role that
+    died and where, its last lines, restarts, the cleanup) stays in its run folder. The roles' own output goes
+    to stdout and the metrics. Writing the copy may fail (a full disk): the terminal still gets every line."""
+
+    def __init__(self, stream, file):
+        self.stream, self.file = stream, file
+
+    def write(self, text):
+        self.stream.write(text)
+        try:
+            self.file.write(text)
+        except (OSError, ValueError):
+            pass
+        return len(text)
+
+    def flush(self):
+        self.stream.flush()
+        try:
+            self.file.flush()
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def _messages_also_in(run_dir, command):
+    from ssdsgd.metrics import LAUNCHER_LOG_FILE
+    try:
+        file = open(os.path.join(run_dir, LAUNCHER_LOG_FILE), "a")
+    except OSError:
+        yield                       # no copy: the job runs as it would
+        return
+    with file:
+        file.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} {shlex.join(command)}\n")
+        stream, sys.stderr = sys.stderr, _Tee(sys.stderr, file)
+        try:
+            yield
+        finally:
+            sys.stderr = stream
 
 
 def _ended(code, limit, run_dir, cfg):

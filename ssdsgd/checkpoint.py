@@ -37,7 +37,7 @@ import zipfile
 import numpy as np
 
 from ssdsgd.compression.fusion import describe_sizes, plan_for_config
-from ssdsgd.config import ROUNDS, STOCK, client_kind, idle_settings
+from ssdsgd.config import ROUNDS, STOCK, apply_override, client_kind, idle_settings
 from ssdsgd.errors import CheckpointError
 from ssdsgd.fingerprint import (  # noqa: F401  (read through checkpoint by the run folders and tests)
     RESUME_MAY_CHANGE, RESUME_MUST_MATCH, differences, differing, fingerprint, fingerprint_parts, hash_parts)
@@ -234,9 +234,10 @@ def verify(directory, cfg):
     saved = manifest.get("config") if isinstance(manifest, dict) else None
     # Keys the config leaves idle (algorithm.delay under SSGD) may differ: they change no step. A key that
     # differs is named before the plan's checks, which it fails (cluster.workers 3: worker2.npz missing).
+    now = fingerprint_parts(cfg)
     if isinstance(saved, dict) and isinstance(manifest.get("fingerprint"), str) \
-            and manifest["fingerprint"] != fingerprint(cfg) and not _only_idle_keys_differ(manifest, cfg):
-        diff = differences(saved, fingerprint_parts(cfg))
+            and manifest["fingerprint"] != hash_parts(now) and not _only_idle_keys_differ(manifest, now, cfg):
+        diff = differences(saved, now)
         if diff or not problem:
             which = ": " + "; ".join(diff) if diff else ""
             raise CheckpointError(
@@ -345,23 +346,20 @@ def load_npz_meta(path):
     return None, (json.loads(meta.tobytes().decode()) if meta is not None else None)
 
 
-def _only_idle_keys_differ(manifest, cfg):
-    """Whether the checkpoint's config differs from cfg only in keys idle in both: idle now, and still idle
-    with the checkpoint's values put back (a milestone moved past the last epoch is idle now, not before).
-    The saved parts count only if they are the ones the checkpoint's fingerprint hashed."""
+def _only_idle_keys_differ(manifest, now, cfg):
+    """Whether the checkpoint's config differs from cfg (whose fingerprint parts are `now`) only in keys idle
+    in both: idle now, and still idle with the checkpoint's values put back (a milestone moved past the last
+    epoch is idle now, not before). The saved parts count only if they are the ones the checkpoint's
+    fingerprint hashed."""
     saved = manifest.get("config")
     if not isinstance(saved, dict) or hash_parts(saved) != manifest["fingerprint"]:
         return False
-    diff = differing(saved, fingerprint_parts(cfg))
+    diff = differing(saved, now)
     if not diff or any(key not in cfg.idle for key, _, _ in diff):
         return False
     before = cfg.to_dict()
     for key, value, _ in diff:
-        *outer, last = key.split(".")
-        node = before
-        for part in outer:
-            node = node[part]
-        node[last] = value
+        apply_override(before, key.split("."), value)
     idle_before = idle_settings(before, before)
     return all(key in idle_before for key, _, _ in diff)
 

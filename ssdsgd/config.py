@@ -56,7 +56,7 @@ class Config:
 
     def __init__(self, data, idle=None):
         object.__setattr__(self, "_data", data)
-        # The keys the rest of the config leaves without effect (load_config's _idle_keys), dotted, and a
+        # The keys the rest of the config leaves without effect (idle_settings), dotted, and a
         # line for each one given a value of its own (rank 0 and --dry-run print them, so that nothing is
         # ignored silently). A resume may change an idle key: it changes nothing.
         idle = idle or {}

@@ -64,7 +64,8 @@ def test_a_resume_may_differ_only_in_keys_idle_with_either_value():
         return {"fingerprint": checkpoint.fingerprint(cfg), "config": checkpoint.fingerprint_parts(cfg)}
 
     def may_resume(saved, *sets):
-        return checkpoint._only_idle_keys_differ(saved, load_config("configs/demo_digits_ssgd.yaml", base + list(sets)))
+        cfg = load_config("configs/demo_digits_ssgd.yaml", base + list(sets))
+        return checkpoint._only_idle_keys_differ(saved, checkpoint.fingerprint_parts(cfg), cfg)
     assert may_resume(manifest("algorithm.delay=3"), "algorithm.delay=5")
     assert may_resume(manifest("train.lr_schedule.milestones=[11]"), "train.lr_schedule.milestones=[12]")
     assert not may_resume(manifest("train.lr_schedule.milestones=[5]"), "train.lr_schedule.milestones=[12]")

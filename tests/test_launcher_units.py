@@ -175,8 +175,7 @@ def test_ssh_that_never_reached_its_host_is_named_with_what_ssh_said(host, cause
         child.reader.join(timeout=5)
         assert child.describe_exit() == f'could not start on {host} (ssh exited with code 255): {cause}'
         # ... and the cleanup does not add that it may still be running there.
-        from ssdsgd.launch.cleanup import _never_reached
-        assert _never_reached(child)
+        assert child.never_reached() == cause
     finally:
         child.popen.stdin.close()
         end_group(child.popen)

@@ -189,6 +189,13 @@ class Child:
         self.reader.join(timeout=1.0)  # the exit report is the last line remote.py prints
         return self.remote_code if self.remote_code is not None else code
 
+    def never_reached(self):
+        """What ssh said when it ended (exit 255) without reaching the host (refused, unresolvable, login
+        denied), else None: then nothing of the role runs there."""
+        if not self.ssh or self.pgid is not None or self.popen.poll() != 255:
+            return None
+        return ssh_failure(self.tail)
+
     def describe_exit(self):
         code = self.exit_code()
         if not self.ssh:
@@ -204,8 +211,8 @@ class Child:
             return (f'lost its supervisor on {self.host}: the wrapper that runs it there (remote.py) '
                     f'{_describe_shell_status(self.wrapper_code)} before the role ended, and the role was '
                     f'killed with it')
-        cause = ssh_failure(self.tail) if code == 255 and self.pgid is None else None
-        if cause:   # ssh said why it never reached the host
+        cause = self.never_reached()
+        if cause:
             return f'could not start on {self.host} (ssh exited with code 255): {cause}'
         why = (f': the connection to {self.host} was lost or refused (an unreachable host ends ssh within the '
                f'server timeout)' if code == 255 else '')

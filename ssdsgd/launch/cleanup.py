@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from ssdsgd.launch.ssh import TERM_GRACE, ssh_failure, start_remote_kills
+from ssdsgd.launch.ssh import TERM_GRACE, start_remote_kills
 from ssdsgd.launch.watch import POLL_SECONDS
 
 REMOTE_KILL_TIMEOUT = 20.0  # one ssh round to a host that ends and checks its process groups
@@ -61,18 +61,12 @@ def _confirm_remote(kills):
     return ok
 
 
-def _never_reached(child):
-    """Its ssh has ended saying it never got to the host (refused, unresolvable, login denied): nothing of
-    the role can be running there."""
-    return child.popen.poll() is not None and ssh_failure(child.tail) is not None
-
-
 def cleanup(children):
     """End every process of the job, here and on every ssh host; False if that cannot be confirmed."""
     kills = start_remote_kills(children)
     _end_local(children)
     ok = _confirm_remote(kills)
-    lost = [c for c in children if c.ssh and c.pgid is None and c.remote_code is None and not _never_reached(c)]
+    lost = [c for c in children if c.ssh and c.pgid is None and c.remote_code is None and not c.never_reached()]
     for c in lost:
         print(f'launch: {c.label()} on {c.host} never reported its process group; if it started, '
               f'it ends when its ssh connection closes', file=sys.stderr, flush=True)

@@ -162,6 +162,16 @@ def _check_local_cluster(cl):
                           f"{' '.join(k + '=null' for k in keys)})")
 
 
+def _check_devices(c):
+    devices, cl = c["train"]["devices"], c["cluster"]
+    if devices > c["train"]["batch_size"]:
+        raise ConfigError(f"train.devices: {devices} replicas share a worker's batch of train.batch_size "
+                          f"{c['train']['batch_size']} images: every replica needs at least one")
+    if cl["gpus"] is not None and cl["device"] != "gpu":
+        raise ConfigError("cluster.gpus: set, but cluster.device is cpu: set cluster.device: gpu, or remove "
+                          "cluster.gpus")
+
+
 def _check_unused(c):
     """Settings that would do nothing with the rest of the config: refused rather than ignored (only
     those whose non-default value shows they were set)."""
@@ -196,6 +206,7 @@ def _check_consistency(c):
     _check_compression(c, sparsifier)
     _check_unused(c)
     cl = c["cluster"]
+    _check_devices(c)
     if cl["launcher"] == "ssh" and not cl["hostfile"]:
         raise ConfigError("cluster.hostfile: required when cluster.launcher is ssh")
     _check_local_cluster(cl)

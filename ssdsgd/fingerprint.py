@@ -13,6 +13,7 @@ RESUME_MAY_CHANGE = (
     "cluster.launcher", "cluster.hostfile", "cluster.interface", "cluster.timeout", "cluster.stall_timeout",
     "cluster.server_timeout", "cluster.ssh_user", "cluster.ssh_identity", "cluster.ssh_config",
     "cluster.ssh_options", "cluster.port", "cluster.max_restarts", "cluster.restart_backoff",
+    "cluster.device", "cluster.gpus",
     "data.root", "data.preprocess_threads",
     "train.max_steps", "train.eval_every_epochs", "train.eval_workers",
     "checkpoint.dir", "checkpoint.every_epochs", "checkpoint.keep",
@@ -22,7 +23,8 @@ RESUME_MUST_MATCH = (
     "seed", "cluster.workers", "cluster.servers",
     "data.dataset", "data.format", "data.shape", "data.num_classes", "data.synthetic_samples", "data.augment",
     "data.train_per_class", "data.train_offset", "data.validation", "data.validation_from",
-    "model", "train.epochs", "train.batch_size", "train.lr", "train.momentum", "train.wd", "train.lr_schedule",
+    "model", "train.epochs", "train.batch_size", "train.devices", "train.lr", "train.momentum", "train.wd",
+    "train.lr_schedule",
     "train.eval_bn_batches", "train.nonfinite",
     "algorithm", "compression",
 )

@@ -93,6 +93,21 @@ class ListField(Field):
         return value
 
 
+class IdListField(Field):
+    """A list of distinct non-negative integers (device ids), or null."""
+
+    def __init__(self, doc=""):
+        super().__init__(list, None, nullable=True, doc=doc)
+
+    def check(self, path, value):
+        if value is None:
+            return None
+        value = _number_list(path, value, int)
+        if not value or any(v < 0 for v in value) or len(set(value)) != len(value):
+            raise ConfigError(f"{path}: expected distinct ids >= 0, got {value!r}")
+        return value
+
+
 class StrListField(Field):
     """A list of non-empty strings."""
 
@@ -140,6 +155,13 @@ SCHEMA = {
         "max_restarts": Field(int, 0, min=0, max=100,
                               doc="a job that fails after a complete checkpoint is restarted with --resume "
                                   "at most this many times"),
+        "device": Field(str, "cpu", choices=("cpu", "gpu"),
+                        doc="what the workers train on: train.devices CPU contexts (cpu(1) ... cpu(D); one: the "
+                            "process's own, as MXNet's default) or GPUs (each worker its own train.devices GPUs, "
+                            "given by the launcher through CUDA_VISIBLE_DEVICES; needs a GPU build of MXNet)"),
+        "gpus": IdListField(doc="cluster.device gpu: the GPU ids of each host that the workers share out, "
+                                "train.devices to a worker, in order (a host file line's gpus= overrides it for "
+                                "that host); null: 0, 1, 2, ... as many as the host's workers take"),
         "restart_backoff": Field(float, 1.0, min=0,
                                  doc="seconds before a restart, doubled for each restart in a row that found no "
                                      "newer checkpoint (at most 60 s), so a cause that persists (a full disk) "
@@ -179,6 +201,10 @@ SCHEMA = {
     "train": {
         "epochs": Field(int, 10, min=1),
         "batch_size": Field(int, 32, min=1, doc="per worker"),
+        "devices": Field(int, 1, min=1, max=64,
+                         doc="replicas of the model per worker (GPUs or CPU contexts, see cluster.device): the "
+                             "worker's batch is split over them and their gradients summed before the push; "
+                             "BatchNorm normalises per replica"),
         "lr": Field(float, 0.1, gt=0, doc="global (server) learning rate"),
         "momentum": Field(float, 0.9, min=0, max=1),
         "wd": Field(float, 1e-4, min=0),

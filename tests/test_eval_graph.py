@@ -134,12 +134,13 @@ def test_end_epoch_evaluates_through_the_runs_eval_net(monkeypatch):
     seen = {}
 
     def fake_evaluate(net, params, client, test_set, batch_size, steps_done, bn_batches=None, part=0, parts=1,
-                      eval_net=None):
+                      eval_net=None, replicas=None):
         seen.update(net=net, eval_net=eval_net, steps_done=steps_done)
         return (3, 4), 0
     monkeypatch.setattr(evaluate, "evaluate_global", fake_evaluate)
     net, graph = object(), object()
     run = SimpleNamespace(cfg=cfg, kv=SimpleNamespace(rank=0, num_workers=2), tally=None, net=net, eval_net=graph,
+                          replicas=None,
                           total_steps=10, steps_per_epoch=10,
                           params=[], client=None, data=SimpleNamespace(test=None, eval_set="test"),
                           log=SimpleNamespace(write=lambda **kw: None))

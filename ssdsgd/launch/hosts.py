@@ -3,18 +3,20 @@ import os
 import re
 from typing import NamedTuple, Optional
 
+from ssdsgd.launch.gpus import parse_ids
 from ssdsgd.launch.usage import UsageError
 
-HOST_OPTIONS = ('slots', 'interface', 'python')
+HOST_OPTIONS = ('slots', 'interface', 'python', 'gpus')
 
 
 class Host(NamedTuple):
-    """One host file line: `host[:sshport] [slots=N] [interface=IF] [python=PATH]`."""
+    """One host file line: `host[:sshport] [slots=N] [interface=IF] [python=PATH] [gpus=IDS|N]`."""
     name: str
     port: Optional[int] = None     # None: ssh's default (or the ssh config file's)
     slots: int = 1
     interface: Optional[str] = None
     python: Optional[str] = None
+    gpus: Optional[list] = None    # the host's GPU ids for the workers (gpus.py); None: the job's default
 
 
 HOST_LIST = re.compile(r'[A-Za-z0-9_.-]+(:\d+)?(,[A-Za-z0-9_.-]+(:\d+)?)*')
@@ -63,12 +65,15 @@ def _host_line(line, path):
     for opt in options:
         key, eq, value = opt.partition('=')
         if not eq or key not in HOST_OPTIONS or not value:
-            raise UsageError(f'bad option {opt!r} in hostfile {path} (known: slots=N, interface=IF, python=PATH)')
+            raise UsageError(f'bad option {opt!r} in hostfile {path} (known: slots=N, interface=IF, python=PATH, '
+                             f'gpus=IDS or gpus=N)')
         fields[key] = value
     if 'slots' in fields:
         if not fields['slots'].isdigit() or int(fields['slots']) < 1:
             raise UsageError(f'bad slots in hostfile {path}: {line!r} (a positive integer)')
         fields['slots'] = int(fields['slots'])
+    if 'gpus' in fields:
+        fields['gpus'] = parse_ids(fields['gpus'], f'gpus in hostfile {path}, line {line!r}')
     if 'python' in fields and not os.path.isabs(fields['python']):
         # A bare name would put '' (the working directory) first on the role's PATH (ssh.role_script).
         raise UsageError(f'bad python in hostfile {path}: {line!r} (an absolute path, e.g. /opt/venv/bin/python)')

@@ -29,6 +29,7 @@ import time
 
 from ssdsgd.launch.children import Child
 from ssdsgd.launch.cleanup import cleanup
+from ssdsgd.launch.gpus import parse_ids
 from ssdsgd.launch.job_dir import job_dir_parent, make_job_dir
 from ssdsgd.launch.plan import plan, print_plan
 from ssdsgd.launch.ssh import ssh_options
@@ -82,12 +83,13 @@ def _run(specs, timeout, stall_timeout, server_timeout=None):
 
 def run_job(command, num_workers, num_servers=None, *, launcher='local', hostfile=None, env=None,
             timeout=None, port=None, interface=None, stall_timeout=None, dry_run=False, ssh_options=(),
-            role_env=None, server_timeout=None, raise_usage=False):
+            role_env=None, server_timeout=None, raise_usage=False, gpus_per_worker=0, gpu_ids=None):
     """Run `command` as scheduler, servers and workers; return the exit code the CLI exits with.
 
     num_servers defaults to num_workers (as in MXNet's launcher). ssh_options: extra ssh arguments
     (e.g. ['-F', config, '-i', key, '-l', user, '-o', 'Opt=v']); role_env: {role: {K: V}} added for
-    that role only ('scheduler', 'server', 'worker'). raise_usage: raise a UsageError instead of printing it
+    that role only ('scheduler', 'server', 'worker'). gpus_per_worker, gpu_ids: each worker's own GPUs
+    (plan.plan, gpus.py). raise_usage: raise a UsageError instead of printing it
     and returning 2 (ssdsgd-run --dry-run prints it after the plan). Call from the main thread:
     SIGINT/SIGTERM handling and PR_SET_PDEATHSIG (which fires when the forking *thread* exits) both
     assume it.
@@ -108,7 +110,7 @@ def run_job(command, num_workers, num_servers=None, *, launcher='local', hostfil
         try:
             specs, secret = plan(command, num_workers, num_servers, launcher, hostfile, dict(env or {}),
                                  port, interface, timeout, stall_timeout, job_path, list(ssh_options),
-                                 role_env, server_timeout)
+                                 role_env, server_timeout, gpus_per_worker, gpu_ids)
         except UsageError as e:
             if raise_usage:
                 raise
@@ -178,6 +180,12 @@ def _parser():
     p.add_argument('--p3', action='store_true',
                    help="ps-lite's P3 van (priority-based parameter propagation) for every role, as MXNet's --p3: "
                         'DMLC_PS_VAN_TYPE=p3 DMLC_PS_WATER_MARK=10')
+    p.add_argument('--gpus-per-worker', type=int, default=0, metavar='D',
+                   help='give each worker D GPUs of its host of its own (CUDA_VISIBLE_DEVICES); servers and the '
+                        'scheduler see none')
+    p.add_argument('--gpus', metavar='IDS',
+                   help='with --gpus-per-worker: the GPU ids of each host (0,1,2,3, or a count) where its host file '
+                        'line has no gpus=; default 0, 1, 2, ...')
     p.add_argument('--dry-run', action='store_true', help='print the planned processes and exit')
     p.add_argument('command', nargs=argparse.REMAINDER, help='command to run (optionally after --)')
     return p
@@ -234,6 +242,15 @@ def _check_cli(args):
     if args.sync_dst_dir:
         print('launch: --sync-dst-dir only applies to the ssh launcher; ignored (as MXNet\'s local launcher does)',
               file=sys.stderr)
+    if args.gpus_per_worker < 0:
+        _refuse(f'--gpus-per-worker: expected a count >= 0, got {args.gpus_per_worker}')
+    if args.gpus and not args.gpus_per_worker:
+        _refuse('--gpus: lists the GPUs that --gpus-per-worker shares out; add --gpus-per-worker')
+    if args.gpus:
+        try:
+            parse_ids(args.gpus, '--gpus')
+        except UsageError as err:
+            _refuse(str(err))
     for path, what in ((args.ssh_identity, '--ssh-identity'), (args.ssh_config, '--ssh-config')):
         if path and not os.path.isfile(path):
             _refuse(f'{what}: file {path} does not exist')
@@ -253,4 +270,5 @@ def main(argv=None):
                      interface=args.interface, stall_timeout=args.stall_timeout,
                      server_timeout=args.server_timeout, dry_run=args.dry_run,
                      ssh_options=ssh_options(args.ssh_user, args.ssh_identity, args.ssh_config, args.ssh_option),
-                     role_env=role_env))
+                     role_env=role_env, gpus_per_worker=args.gpus_per_worker,
+                     gpu_ids=parse_ids(args.gpus, '--gpus') if args.gpus else None))

@@ -22,7 +22,7 @@ from ssdsgd.env import (
     SECRET_ENV,
     TASK_ID_ENV,
 )
-from ssdsgd.launch import remote
+from ssdsgd.launch import gpus, remote
 from ssdsgd.launch.command_line import role_argv
 from ssdsgd.launch.hosts import placement, read_hosts
 from ssdsgd.launch.ssh import role_script, ssh_base
@@ -86,12 +86,13 @@ def role_env(job_env, role, task_id, name, job_dir=None, env_by_role=None):
 
 
 def _ssh_specs(command, hosts, num_workers, num_servers, env, cwd, ssh_options=(), job_dir=None, env_by_role=None,
-               server_timeout=None):
+               server_timeout=None, gpu_lists=None):
     specs = []
     remote_roles = roles(num_workers, num_servers)[1:]
     # Servers and workers share one placement, so servers do not pile up with worker 0.
     for (role, task_id, name), host in zip(remote_roles, placement(hosts, len(remote_roles))):
         this_env = role_env(env, role, task_id, name, job_dir, env_by_role)
+        this_env.update(gpus.device_env(role, task_id, gpu_lists))
         if host.interface:
             this_env[HOST_INTERFACE_ENV] = host.interface
         if job_dir:
@@ -128,8 +129,11 @@ def _job_env(env, launcher, root_uri, port, interface, num_workers, num_servers)
 
 
 def plan(command, num_workers, num_servers, launcher, hostfile, env, port, interface,
-         timeout, stall_timeout, job_dir, ssh_options=(), env_by_role=None, server_timeout=None):
-    """Validate the job and return (specs in start order, secret). env_by_role: {role: {K: V}}."""
+         timeout, stall_timeout, job_dir, ssh_options=(), env_by_role=None, server_timeout=None,
+         gpus_per_worker=0, gpu_ids=None):
+    """Validate the job and return (specs in start order, secret). env_by_role: {role: {K: V}}.
+    gpus_per_worker: GPUs each worker gets (0: the job uses none); gpu_ids: each host's GPU ids where its
+    host file line gives none (gpus.py)."""
     check_job(command, num_workers, num_servers, port, timeout, stall_timeout, server_timeout,
               [*env, *(k for r in (env_by_role or {}).values() for k in r)])
     if launcher == 'local':
@@ -153,11 +157,15 @@ def plan(command, num_workers, num_servers, launcher, hostfile, env, port, inter
         local_env['DMLC_JOB_CLUSTER'] = 'local'   # as MXNet's local launcher sets it (its ssh launcher does not)
     argv = role_argv(command, sys.executable, cwd)
     local = roles(num_workers, num_servers) if launcher == 'local' else roles(0, 0)  # ssh: the scheduler here
-    specs = [RoleSpec(name, 'localhost', argv, role_env(local_env, role, task_id, name, job_dir, env_by_role),
-                      None, None) for role, task_id, name in local]
+    worker_hosts = ([(h.name, h.gpus) for h in placement(hosts, num_servers + num_workers)[num_servers:]]
+                    if launcher == 'ssh' else [('localhost', None)] * num_workers)
+    gpu_lists = gpus.assign(worker_hosts, gpus_per_worker, gpu_ids) if gpus_per_worker else None
+    specs = [RoleSpec(name, 'localhost', argv, {**role_env(local_env, role, task_id, name, job_dir, env_by_role),
+                                                **gpus.device_env(role, task_id, gpu_lists)}, None, None)
+             for role, task_id, name in local]
     if launcher == 'ssh':
         specs += _ssh_specs(command, hosts, num_workers, num_servers, job_env, cwd, ssh_options, job_dir,
-                            env_by_role, server_timeout)
+                            env_by_role, server_timeout, gpu_lists)
     return specs, job_env[SECRET_ENV]
 
 

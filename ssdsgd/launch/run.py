@@ -22,6 +22,13 @@ def preflight(cfg):
         check_model_name(cfg.model.name)
     except ModelError as err:
         return str(err)
+    if cfg.cluster.device == "gpu" and cfg.cluster.launcher == "local":
+        # (ssh hosts have their own MXNet: a worker there says so when it starts.)
+        from ssdsgd.worker.devices import DeviceError, check_gpu_build
+        try:
+            check_gpu_build()
+        except DeviceError as err:
+            return str(err)
     root = cfg.data.root
     if cfg.data.dataset in ROOTED_DATASETS and not os.path.isdir(root):
         what = "is a file, not a folder" if os.path.exists(root) else "does not exist"
@@ -320,7 +327,8 @@ def _launch(cfg, args, resume, run_dir, dry_run=False):
                    env=env, timeout=cl.timeout, dry_run=dry_run, interface=cl.interface,
                    stall_timeout=cl.stall_timeout or None, server_timeout=cl.server_timeout or None,
                    port=cl.port, ssh_options=ssh_options(cl.ssh_user, cl.ssh_identity, cl.ssh_config,
-                                                         cl.ssh_options), raise_usage=dry_run)
+                                                         cl.ssh_options), raise_usage=dry_run,
+                   gpus_per_worker=cfg.train.devices if cl.device == "gpu" else 0, gpu_ids=cl.gpus)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,13 @@ import time
 from ssdsgd.worker.models import aux_params, with_weights
 
 
-def count_correct(net, test_set, batch_size, part=0, parts=1):
-    """(correct predictions, images) over the test set's batches part, part + parts, ..."""
+def count_correct(net, test_set, batch_size, part=0, parts=1, ctx=None):
+    """(correct predictions, images) over the test set's batches part, part + parts, ..., run on ctx
+    (default: where the batches are)."""
     import mxnet as mx
     correct, total = 0, 0
     for data, label in test_set.batches(batch_size, part, parts):
-        pred = net(data).argmax(axis=1)
+        pred = net(data if ctx is None else data.as_in_context(ctx)).argmax(axis=1).as_in_context(label.context)
         correct += int((pred == label.astype(pred.dtype)).sum().asscalar())
         total += data.shape[0]
     mx.nd.waitall()
@@ -37,7 +38,7 @@ def evaluate_if_due(run, counters, epoch, step, epoch_seconds):
     part, parts = (rank, run.kv.num_workers) if shared else (0, 1)
     (correct, images), pulled = evaluate_global(run.net, run.params, run.client, run.data.test,
                                                 cfg.train.batch_size, step, bn_batches, part, parts,
-                                                eval_net=run.eval_net)
+                                                eval_net=run.eval_net, replicas=run.replicas)
     if shared:
         run.log.write(epoch=epoch, step=step, eval_share={"correct": correct, "images": images})
         run.tally.push(correct, images)
@@ -60,29 +61,33 @@ def evaluate_if_due(run, counters, epoch, step, epoch_seconds):
 
 
 def evaluate_global(net, params, client, test_set, batch_size, steps_done, bn_batches=None, part=0, parts=1,
-                    eval_net=None):
+                    eval_net=None, replicas=None):
     """((correct, images), bytes pulled) of the global weights on the test set's share `part` of
     `parts` (count_correct). bn_batches: training batches on which to recompute the BatchNorm
     statistics for those weights first (None: use this worker's running statistics). eval_net: what
     runs the test batches (build_eval_net: net, or its static-graph twin sharing net's parameters);
-    default net. The statistics are always recomputed through net, which can record a backward pass."""
+    default net. The statistics are always recomputed through net, which can record a backward pass.
+    replicas: the worker's DeviceReplicas (params are then its host parameters): the evaluation runs on
+    the first device, with the first replica's statistics."""
     weights, pulled = client.global_weights(steps_done)
     eval_net = net if eval_net is None else eval_net
+    ctx = replicas.first if replicas is not None else None
 
     def run():
         if bn_batches is None:
-            return count_correct(eval_net, test_set, batch_size, part, parts)
-        with bn_stats_restored(net):
-            recompute_bn_stats(net, bn_batches)
-            return count_correct(eval_net, test_set, batch_size, part, parts)
-    return with_weights(params, weights, run), pulled
+            return count_correct(eval_net, test_set, batch_size, part, parts, ctx)
+        with bn_stats_restored(net, ctx):
+            recompute_bn_stats(net, bn_batches, ctx)
+            return count_correct(eval_net, test_set, batch_size, part, parts, ctx)
+    return with_weights(params, weights, run, replicas.scatter if replicas is not None else None), pulled
 
 
 class bn_stats_restored:
-    """Context manager: the BatchNorm running statistics (and gradients) are put back on exit."""
+    """Context manager: the BatchNorm running statistics (on ctx; default the current context) are put
+    back on exit."""
 
-    def __init__(self, net):
-        self.arrays = [p.data() for p in aux_params(net)]
+    def __init__(self, net, ctx=None):
+        self.arrays = [p.data(ctx) for p in aux_params(net)]
 
     def __enter__(self):
         self.saved = [a.copy() for a in self.arrays]
@@ -92,7 +97,7 @@ class bn_stats_restored:
             s.copyto(a)
 
 
-def recompute_bn_stats(net, batches):
+def recompute_bn_stats(net, batches, ctx=None):
     """Set every BatchNorm layer's running mean and variance to the average over `batches` of the
     batch statistics the current weights produce.
 
@@ -101,34 +106,35 @@ def recompute_bn_stats(net, batches):
     (large steps) even SSGD's statistics lag the weights. In MXNet 1.9's CPU BatchNorm the running
     statistics are updated in the backward pass (r <- m*r + (1-m)*batch stat), so each batch is
     run forward and backward from zeroed statistics and its batch statistics read back as r/(1-m).
-    The backward pass overwrites the parameters' gradient arrays: call between steps only."""
+    The backward pass overwrites the parameters' gradient arrays: call between steps only. ctx: the
+    replica whose statistics are recomputed (default the current context)."""
     import mxnet as mx
     from mxnet import autograd
 
     layers = batchnorm_layers(net)
-    sums = [[mx.nd.zeros_like(bn.running_mean.data()), mx.nd.zeros_like(bn.running_var.data())]
+    sums = [[mx.nd.zeros_like(bn.running_mean.data(ctx)), mx.nd.zeros_like(bn.running_var.data(ctx))]
             for bn in layers]
     count = 0
     for data, _ in batches:
         for bn in layers:
-            bn.running_mean.data()[:] = 0
-            bn.running_var.data()[:] = 0
+            bn.running_mean.data(ctx)[:] = 0
+            bn.running_var.data(ctx)[:] = 0
         with autograd.record():
-            out = net(data)
+            out = net(data if ctx is None else data.as_in_context(ctx))
         out.backward()
         # The backward pass writes the running statistics without declaring them to the engine as
         # outputs, so reads queued after it can run first: wait for it explicitly.
         mx.nd.waitall()
         for bn, (mean_sum, var_sum) in zip(layers, sums):
             keep = 1.0 - bn._kwargs["momentum"]
-            mean_sum += bn.running_mean.data() / keep
-            var_sum += bn.running_var.data() / keep
+            mean_sum += bn.running_mean.data(ctx) / keep
+            var_sum += bn.running_var.data(ctx) / keep
         count += 1
     if count == 0:
         raise ValueError("recompute_bn_stats: no batches")
     for bn, (mean_sum, var_sum) in zip(layers, sums):
-        (mean_sum / count).copyto(bn.running_mean.data())
-        (var_sum / count).copyto(bn.running_var.data())
+        (mean_sum / count).copyto(bn.running_mean.data(ctx))
+        (var_sum / count).copyto(bn.running_var.data(ctx))
     mx.nd.waitall()
 
 

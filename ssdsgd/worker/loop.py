@@ -20,7 +20,7 @@ from ssdsgd.errors import JobError
 from ssdsgd.metrics import ACC_TAG
 from ssdsgd.worker.counters import Counters, StepTimes, summarize
 from ssdsgd.worker.evaluate import evaluate_if_due
-from ssdsgd.worker.models import net_state, with_weights
+from ssdsgd.worker.models import with_weights
 # Scripts (bench_step, bench_host_step) build the model as the loop does, importing these from here.
 from ssdsgd.worker.models import build_eval_net, build_net  # noqa: F401
 from ssdsgd.worker.start import start_run
@@ -87,20 +87,18 @@ def run_worker(cfg, resume=False, overwrite=False):
 
 
 def _train_step(run, counters, step, data_batch, label):
-    """Forward, backward, the non-finite check, then the client's push and pull:
-    (loss, StepRecord, StepTimes)."""
-    from mxnet import autograd
+    """Forward and backward on every device (the gradients summed on the host), the non-finite check,
+    the client's push and pull, then the new weights onto every device: (loss, StepRecord, StepTimes)."""
     run.faults.at_step(step, run.kv)
     data_batch = run.faults.batch(step, data_batch)
     start = time.perf_counter()
-    with autograd.record():
-        loss = run.loss_fn(run.net(data_batch), label)
-    loss.backward()
+    loss = run.replicas.forward_backward(run.net, run.loss_fn, data_batch, label)
     if not _finite(loss, run.params):
         _handle_nonfinite(run.cfg.train.nonfinite, loss, run.params, step, run.kv.rank, run.log)
         counters.skipped_steps += 1
     computed = time.perf_counter()
     rec = run.client.after_backward(step)
+    run.replicas.scatter()
     return loss, rec, StepTimes(computed - start, time.perf_counter() - computed)
 
 
@@ -177,7 +175,8 @@ def _finish_run(run, counters, step, epochs_run, t_start):
         checkpoint = os.path.join(out_dir, FINAL_PARAMS_FILE)
         weights, _ = run.client.global_weights(step)
         # Whole or not at all: a full disk is one line (WriteError), not MXNet's traceback and a cut-off file.
-        with_weights(run.params, weights, lambda: write_atomic(checkpoint, run.net.save_parameters))
+        with_weights(run.params, weights,
+                     lambda: write_atomic(checkpoint, lambda path: run.replicas.save_global(run.net, path)))
     part = counters.part(rank, step, step * run.cfg.train.batch_size)
     write_json_atomic(os.path.join(out_dir, worker_part_file(rank)), part)
     run.log.close()
@@ -198,7 +197,7 @@ def _save_checkpoint(run, counters, epochs_done, step):
     from ssdsgd import checkpoint as ckpt
     from ssdsgd import folders
     from ssdsgd.ps import commands
-    cfg, kv, rank, net, params, client = run.cfg, run.kv, run.kv.rank, run.net, run.params, run.client
+    cfg, kv, rank, client = run.cfg, run.kv, run.kv.rank, run.client
     directory = ckpt.epoch_dir(cfg.checkpoint.dir, epochs_done)
     mx.nd.waitall()                # this worker's pushes are acknowledged: the servers have them
     if rank == 0:
@@ -211,7 +210,7 @@ def _save_checkpoint(run, counters, epochs_done, step):
     if rank == 0:
         commands.send(kv, commands.SAVE, dir=os.path.abspath(directory))
     arrays, meta = client.state()
-    arrays.update(net_state(net, params))
+    arrays.update(run.replicas.state())
     meta = dict(meta, step=step, counters=counters.state(time.perf_counter() - run.t_start))
     ckpt.save_npz(os.path.join(directory, ckpt.worker_file(rank)), arrays, meta)
     kv._barrier()

@@ -83,21 +83,23 @@ def inference_graph(net):
     return graph
 
 
-def build_net(cfg, num_classes, image_shape):
-    """The model with its seeded initial weights, and its trainable parameters in a fixed order.
+def build_net(cfg, num_classes, image_shape, contexts=None):
+    """The model with its seeded initial weights on `contexts` (default: cpu(0); see
+    ssdsgd/worker/devices.py), and its trainable parameters in a fixed order.
 
     Every worker builds the same weights from cfg.seed (only rank 0's reach the servers anyway)."""
     import mxnet as mx
     from mxnet import autograd
 
+    contexts = contexts or [mx.cpu(0)]
     mx.random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     net = build_model(cfg.model.name, num_classes)
-    net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2))
+    net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=contexts)
     # Materialise parameter shapes with a recorded forward (an inference-mode forward leaves oneDNN
-    # layouts that kv.init cannot read).
+    # layouts that kv.init cannot read); deferred initialisation then fills every context alike.
     with autograd.record():
-        net(mx.nd.zeros((2,) + tuple(image_shape)))
+        net(mx.nd.zeros((2,) + tuple(image_shape), ctx=contexts[0]))
     if cfg.model.hybridize:
         net.hybridize(static_alloc=True, static_shape=True)
     params = [p for p in net.collect_params().values() if p.grad_req != "null"]
@@ -114,35 +116,20 @@ def aux_params(net):
     return [p for p in net.collect_params().values() if p.grad_req == "null"]
 
 
-def with_weights(params, weights, fn):
-    """Run fn with the given weights loaded into params, then restore the local weights."""
+def with_weights(params, weights, fn, publish=None):
+    """Run fn with the given weights loaded into params (host arrays, see devices.py), then restore the
+    local weights. publish: called after each change (DeviceReplicas.scatter, which copies them to the
+    devices)."""
     if weights is None:
         return fn()
+    publish = publish or (lambda: None)
     saved = [p.data().copy() for p in params]
     for p, w in zip(params, weights):
         w.copyto(p.data())
+    publish()
     try:
         return fn()
     finally:
         for p, s in zip(params, saved):
             s.copyto(p.data())
-
-
-def _net_groups(net, params):
-    """(name, parameters) of what a checkpoint keeps of a net: the trained weights, the BatchNorm statistics."""
-    return (("param", params), ("aux", aux_params(net)))
-
-
-def net_state(net, params):
-    """{"param<i>", "aux<i>": numpy array} of the local weights and BatchNorm statistics, for a checkpoint."""
-    return {f"{name}{i}": p.data().asnumpy() for name, group in _net_groups(net, params) for i, p in enumerate(group)}
-
-
-def load_net_state(net, params, arrays):
-    """Local weights and BatchNorm statistics from this worker's checkpoint file (net_state's arrays)."""
-    for name, group in _net_groups(net, params):
-        for i, p in enumerate(group):
-            saved = arrays[f"{name}{i}"]
-            if saved.shape != p.shape:
-                raise RuntimeError(f"checkpoint {name}{i} has shape {saved.shape}, model has {p.shape}")
-            p.data()[:] = saved
+        publish()

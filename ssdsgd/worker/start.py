@@ -7,7 +7,8 @@ import time
 import numpy as np
 
 from ssdsgd.env import LOCKED_ENV, RUN_DIR_ENV
-from ssdsgd.worker.models import aux_params, build_eval_net, build_net, load_net_state
+from ssdsgd.worker.devices import DeviceReplicas, worker_contexts
+from ssdsgd.worker.models import build_eval_net, build_net
 
 
 class Run:
@@ -42,27 +43,31 @@ def start_run(cfg, resume, overwrite):
     if cfg.train.max_steps is not None:
         total_steps = min(total_steps, cfg.train.max_steps)
 
-    net, params = build_net(cfg, data.num_classes, data.image_shape)
+    contexts = worker_contexts(cfg.cluster.device, cfg.train.devices)
+    net, gluon_params = build_net(cfg, data.num_classes, data.image_shape, contexts)
+    replicas = DeviceReplicas.of_net(net, gluon_params, contexts)
+    params = replicas.host                 # what the client pushes, pulls and updates: host arrays
     eval_net = build_eval_net(cfg, net)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
     resume_dir, manifest = point if resume else (None, None)
     start_epoch, step, saved, saved_counters = 0, 0, None, None
     if resume:
-        start_epoch, step, saved, saved_counters = _load_checkpoint(point, rank, net, params, steps_per_epoch,
+        start_epoch, step, saved, saved_counters = _load_checkpoint(point, rank, replicas, steps_per_epoch,
                                                                     total_steps)
     # A resumed run appends to its metrics, dropping what a failed attempt logged after the checkpoint.
     log = MetricsLog(out_dir, rank, keep_until_step=step if resume else None,
                      tensorboard=cfg.log.tensorboard and rank == 0)
     schedule = schedule_from_config(cfg.train, steps_per_epoch)
     client = make_client(cfg, kv, params, schedule, log, total_steps=total_steps, steps_per_epoch=steps_per_epoch,
-                         measure_backward=lambda: _time_backward(net, loss_fn, data.train, params))
+                         measure_backward=lambda: _time_backward(net, loss_fn, data.train, replicas))
     client.setup(resume_dir, saved[1] if saved else None, manifest.get("plan") if resume else None)
     if saved is not None:
         client.load_state(*saved)
+    replicas.scatter()                     # the weights setup pulled (or the checkpoint's) onto every device
     tally = EvalTally(kv) if cfg.train.eval_workers == "all" else None
     run = Run(cfg=cfg, kv=kv, out_dir=out_dir, log=log, data=data, net=net, eval_net=eval_net, params=params,
-              loss_fn=loss_fn, schedule=schedule, client=client, total_steps=total_steps,
+              replicas=replicas, loss_fn=loss_fn, schedule=schedule, client=client, total_steps=total_steps,
               steps_per_epoch=steps_per_epoch, start_epoch=start_epoch, step=step, saved_counters=saved_counters,
               faults=FaultPlan(rank), tally=tally)
     if rank == 0:
@@ -70,14 +75,14 @@ def start_run(cfg, resume, overwrite):
     return run, held
 
 
-def _load_checkpoint(point, rank, net, params, steps_per_epoch, total_steps):
+def _load_checkpoint(point, rank, replicas, steps_per_epoch, total_steps):
     """This worker's part of the checkpoint to resume from (point: its folder and manifest, verified):
-    the weights and BatchNorm statistics loaded into net; (epochs done, steps done, (arrays, meta) for
+    the weights and every replica's BatchNorm statistics loaded; (epochs done, steps done, (arrays, meta) for
     the client, the saved counters)."""
     from ssdsgd import checkpoint as ckpt
     resume_dir, manifest = point
     arrays, meta = ckpt.load_npz(os.path.join(resume_dir, ckpt.worker_file(rank)))
-    load_net_state(net, params, arrays)
+    replicas.load_state(arrays)
     ckpt.check_against_run(manifest, resume_dir, steps_per_epoch, meta)
     epochs_done, step = manifest["epochs_done"], manifest["step"]
     saved_counters = meta.pop("counters")
@@ -153,24 +158,27 @@ def _print_start(run, steps_per_epoch):
           f"{sum(p.data().size for p in run.params)} parameters", flush=True)
 
 
-def _time_backward(net, loss_fn, train_set, params, repeats=3):
-    """Median seconds of one backward pass on a real batch (for the fusion cost model).
+def _time_backward(net, loss_fn, train_set, replicas, repeats=3):
+    """Median seconds of one backward pass on a real batch, over every device, with the gradients summed
+    on the host (for the fusion cost model).
 
     BatchNorm running statistics are restored afterwards, so the probe leaves no trace."""
     import mxnet as mx
     from mxnet import autograd
-    aux = aux_params(net)
-    saved = [p.data().copy() for p in aux]
+    saved = [[a.copy() for a in per_replica] for per_replica in replicas.aux_arrays()]
     data, label = next(iter(train_set.epoch(0)))
     times = []
     for _ in range(repeats):
+        parts = replicas.split(data, label)
         with autograd.record():
-            loss = loss_fn(net(data), label)
+            losses = [loss_fn(net(x), y) for x, y in parts]
         mx.nd.waitall()
         t0 = time.perf_counter()
-        loss.backward()
+        autograd.backward(losses)
+        replicas.gather()
         mx.nd.waitall()
         times.append(time.perf_counter() - t0)
-    for p, s in zip(aux, saved):
-        s.copyto(p.data())
+    for per_replica, copies in zip(replicas.aux_arrays(), saved):
+        for a, s in zip(per_replica, copies):
+            s.copyto(a)
     return float(np.median(times))

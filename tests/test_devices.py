@@ -1,0 +1,240 @@
+"""Several devices per worker (ssdsgd/worker/devices.py, train.devices, cluster.device), on CPU contexts.
+
+The replicas are cpu(1) and cpu(2), never cpu(0): a Gluon parameter read without its context resolves to
+cpu(0) and fails there, as it would on a GPU. So every job here also proves that the clients and the
+compressor only touch host arrays.
+"""
+import os
+import re
+import subprocess
+import sys
+
+import mxnet as mx
+import numpy as np
+import pytest
+from jobs import ROOT, processes_with, run_job, stopped_resumed_and_uninterrupted
+from mxnet import gluon
+
+from ssdsgd.launch.gpus import assign, parse_ids
+from ssdsgd.launch.hosts import read_hostfile
+from ssdsgd.launch.usage import UsageError
+from ssdsgd.worker.devices import HOST, DeviceReplicas, worker_contexts
+from ssdsgd.worker.models import build_model
+
+SSGD = "configs/demo_digits_ssgd.yaml"
+SSD = "configs/demo_digits_ssd.yaml"
+SSD_TOPK = "configs/demo_digits_ssd_topk.yaml"
+TWO = [mx.cpu(1), mx.cpu(2)]
+
+
+def _net(name, contexts, seed=0):
+    mx.random.seed(seed)
+    net = build_model(name, 10)
+    net.initialize(mx.init.Xavier(), ctx=contexts)
+    with mx.autograd.record():
+        net(mx.nd.zeros((2, 1, 8, 8), ctx=contexts[0]))
+    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
+    return net, params
+
+
+def _batch(n=10, seed=1):
+    rng = np.random.RandomState(seed)
+    return mx.nd.array(rng.rand(n, 1, 8, 8)), mx.nd.array(rng.randint(0, 10, n))
+
+
+def test_cpu_replicas_leave_cpu0_out_so_a_contextless_read_fails():
+    assert worker_contexts("cpu", 1) == [HOST]
+    assert worker_contexts("cpu", 3) == [mx.cpu(1), mx.cpu(2), mx.cpu(3)]
+    _, params = _net("mlp", TWO)
+    with pytest.raises(RuntimeError, match="not initialized on context cpu\\(0\\)"):
+        params[0].data()
+
+
+def test_summed_gradients_of_two_replicas_equal_one_device_on_the_whole_batch():
+    """An uneven split (5 + 4 of 9 images): the host gradient is the sum over the replicas, equal to one
+    device's gradient of the whole batch; the loss covers every image, in order."""
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    data, label = _batch(9)
+    one_net, one_params = _net("mlp", [HOST])
+    one = DeviceReplicas.of_net(one_net, one_params, [HOST])
+    two_net, two_params = _net("mlp", TWO)
+    two = DeviceReplicas.of_net(two_net, two_params, TWO)
+    loss1 = one.forward_backward(one_net, loss_fn, data, label)
+    loss2 = two.forward_backward(two_net, loss_fn, data, label)
+    assert loss2.context == HOST and loss2.shape == (9,)
+    np.testing.assert_allclose(loss2.asnumpy(), loss1.asnumpy(), rtol=1e-5)
+    for h1, h2 in zip(one.host, two.host):
+        assert h2.grad().context == HOST and h2.data().context == HOST
+        np.testing.assert_allclose(h2.grad().asnumpy(), h1.grad().asnumpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_one_replica_on_the_host_is_the_parameters_own_arrays():
+    """train.devices: 1 on CPU is the single-device path: the clients get the parameters' own arrays."""
+    net, params = _net("mlp", [HOST])
+    r = DeviceReplicas.of_net(net, params, [HOST])
+    for h, p in zip(r.host, params):
+        assert h.data() is p.data() and h.grad() is p.grad()
+
+
+def test_scatter_writes_every_replica_and_state_round_trips_each_replicas_batchnorm():
+    net, params = _net("small_cnn", TWO)
+    r = DeviceReplicas.of_net(net, params, TWO)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    r.forward_backward(net, loss_fn, *_batch(8))           # each replica's statistics of its own half
+    for h in r.host:
+        h.data()[:] = h.data() + 1.0
+    r.scatter()
+    for p, h in zip(params, r.host):
+        for c in TWO:
+            np.testing.assert_array_equal(p.data(c).asnumpy(), h.data().asnumpy())
+    state = r.state()
+    means = [k for k in state if k.startswith("aux") and k.endswith(".replica1")]
+    assert means and any(not np.array_equal(state[k], state[k.split(".")[0]]) for k in means)
+    net2, params2 = _net("small_cnn", TWO, seed=5)
+    r2 = DeviceReplicas.of_net(net2, params2, TWO)
+    r2.load_state(state)
+    for key, value in r2.state().items():
+        np.testing.assert_array_equal(value, state[key], err_msg=key)
+    for p, h in zip(params2, r2.host):
+        np.testing.assert_array_equal(p.data(mx.cpu(2)).asnumpy(), h.data().asnumpy())
+    del state[means[0]]
+    with pytest.raises(Exception, match="train.devices must match"):
+        r2.load_state(state)
+
+
+def test_save_global_writes_the_host_weights_as_gluon_names_them(tmp_path):
+    net, params = _net("small_cnn", TWO)
+    r = DeviceReplicas.of_net(net, params, TWO)
+    for h in r.host:
+        h.data()[:] = 0.25
+    r.save_global(net, str(tmp_path / "final.params"))
+    fresh = build_model("small_cnn", 10)
+    fresh.load_parameters(str(tmp_path / "final.params"), ctx=HOST)     # Gluon's own names and shapes
+    for p in fresh.collect_params().values():
+        if p.grad_req != "null":
+            assert (p.data().asnumpy() == 0.25).all()
+
+
+# ---- the launcher's GPUs --------------------------------------------------------------------------------
+def test_workers_that_share_a_host_get_disjoint_gpus_and_a_host_that_runs_out_is_named():
+    hosts = [("a", [0, 1, 2, 3]), ("b", None), ("a", [0, 1, 2, 3]), ("b", None)]
+    assert assign(hosts, 2) == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert assign([("a", None)] * 3, 1, default_ids=[5, 6, 7]) == [[5], [6], [7]]
+    with pytest.raises(UsageError, match=r"host a: 2 workers x 3 GPUs each do not fit its 4 GPUs \(0,1,2,3\)"):
+        assign([("a", [0, 1, 2, 3])] * 2, 3)
+    assert parse_ids("4", "x") == [0, 1, 2, 3] and parse_ids("1,3", "x") == [1, 3]
+    for bad in ("0", "1,1", "a,b", ""):
+        with pytest.raises(UsageError):
+            parse_ids(bad, "x")
+
+
+def test_host_file_gpus_option(tmp_path):
+    f = tmp_path / "hosts"
+    f.write_text("h1 slots=2 gpus=0,1,2,3\nh2 gpus=2\nh3\n")
+    assert [h.gpus for h in read_hostfile(str(f))] == [[0, 1, 2, 3], [0, 1], None]
+    f.write_text("h1 gpus=0,0\n")
+    with pytest.raises(UsageError, match="GPU ids must be distinct"):
+        read_hostfile(str(f))
+
+
+def _launch_dry_run(*args):
+    out = subprocess.run([sys.executable, "launch/launch.py", *args, "--dry-run", "python", "x.py"], cwd=ROOT,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=60)
+    return out.returncode, out.stdout, out.stderr
+
+
+def test_dry_run_shows_each_workers_gpus_and_hides_them_from_servers():
+    rc, out, err = _launch_dry_run("-n", "2", "-s", "1", "--gpus-per-worker", "2", "--gpus", "4,5,6,7")
+    assert rc == 0, err
+    seen = dict(re.findall(r"^(\w+(?: \d)?) on localhost:.*\n.*CUDA_VISIBLE_DEVICES=(\S+)", out, re.M))
+    assert seen == {"scheduler": "''", "server 0": "''", "worker 0": "4,5", "worker 1": "6,7"}
+    rc, _, err = _launch_dry_run("-n", "3", "--gpus-per-worker", "2", "--gpus", "4")
+    assert rc == 2 and err.strip().splitlines()[-1] == (
+        "launch: host localhost: 3 workers x 2 GPUs each do not fit its 4 GPUs (0,1,2,3)")
+    rc, _, err = _launch_dry_run("-n", "2", "--gpus", "0,1")
+    assert rc == 2 and "--gpus: lists the GPUs that --gpus-per-worker shares out" in err
+
+
+def test_gpu_on_the_cpu_wheel_stops_before_any_process_with_one_line(tmp_path):
+    job = run_job(tmp_path, SSGD, "cluster.device=gpu", name="gpu", timeout=60)
+    assert job.rc == 2
+    assert job.output.strip().splitlines() == [
+        f"error: cluster.device: gpu, but this MXNet ({mx.__version__}) was built without CUDA: install a GPU "
+        f"build (README: GPUs), or set cluster.device: cpu"]
+    assert not os.path.exists(os.path.join(str(tmp_path), "runs", "gpu"))
+
+
+@pytest.mark.parametrize("sets, text", [
+    (["train.devices=40"], "train.devices: 40 replicas share a worker's batch of train.batch_size 32 images"),
+    (["cluster.gpus=[0,1]"], "cluster.gpus: set, but cluster.device is cpu"),
+])
+def test_device_settings_that_cannot_work_are_refused(tmp_path, sets, text):
+    job = run_job(tmp_path, SSGD, *sets, name="bad", timeout=60)
+    assert job.rc == 2 and text in job.output
+
+
+# ---- jobs on two CPU replicas per worker ----------------------------------------------------------------
+def _params(path):
+    return {k: v.asnumpy() for k, v in mx.nd.load(path).items()}
+
+
+ONE_STEP = ["model.name=mlp", "train.max_steps=3", "train.eval_every_epochs=1000", "log.every_steps=1"]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("config, sets", [
+    (SSGD, []),                                                    # stock dist_sync
+    (SSD, ["algorithm.warmup_iters=0"]),                           # local updates from the first step
+    (SSD_TOPK, ["algorithm.warmup_iters=0"]),                      # top-k, sparse downlink
+], ids=["ssgd", "ssd", "ssd_topk"])
+def test_two_replicas_train_to_one_devices_weights_and_push_the_same_bytes(tmp_path, config, sets):
+    """A model without BatchNorm: three steps on two replicas per worker end at the weights of one device
+    on the same batches (float tolerance: the sum over replicas rounds differently), and push the same bytes."""
+    jobs = [run_job(tmp_path, config, *ONE_STEP, *sets, f"train.devices={d}", name=f"d{d}") for d in (1, 2)]
+    for job in jobs:
+        assert job.rc == 0, job.output[-3000:]
+    w1, w2 = (_params(j.summary()["checkpoint"]) for j in jobs)
+    assert w1.keys() == w2.keys()
+    for k in w1:
+        np.testing.assert_allclose(w2[k], w1[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    assert max(np.abs(w1[k] - _initial(tmp_path, config, k)).max() for k in w1) > 1e-4   # they did train
+    s1, s2 = (j.summary() for j in jobs)
+    assert s2["push_bytes"] == s1["push_bytes"]
+    assert processes_with(str(tmp_path)) == []
+
+
+def _initial(tmp_path, config, key):
+    """The seeded initial value of parameter `key` (train.max_steps=0 is not a thing: rebuild it)."""
+    from ssdsgd.config import load_config
+    from ssdsgd.worker.models import build_net
+    cfg = load_config(os.path.join(ROOT, config), ["model.name=mlp"])
+    net, _ = build_net(cfg, 10, (1, 8, 8))
+    return net._collect_params_with_prefix()[key].data().asnumpy()
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("config, sets", [
+    (SSGD, ["algorithm.type=asgd"]),
+    (SSGD, ["compression.type=topk"]),                               # compressed SSGD on the round server
+    (SSD_TOPK, ["compression.downlink=compressed"]),
+    (SSD_TOPK, ["train.eval_bn_batches=2", "train.eval_workers=all"]),
+], ids=["asgd", "ssgd_topk", "ssd_topk_compressed_downlink", "ssd_topk_bn_recompute"])
+def test_every_algorithm_trains_on_two_replicas_per_worker(tmp_path, config, sets):
+    job = run_job(tmp_path, config, "train.epochs=2", "train.devices=2", *sets, name="two")
+    assert job.rc == 0, job.output[-3000:]
+    s = job.summary()
+    assert s["steps"] == 44 and s["final_test_acc"] > 0.3
+    assert processes_with(str(tmp_path)) == []
+
+
+@pytest.mark.timeout(400)
+def test_resume_on_two_replicas_ends_where_the_uninterrupted_run_ends(tmp_path):
+    """BatchNorm statistics per replica and the host weights come back from the checkpoint: strict SSD-SGD +
+    top-k stopped after epoch 1 and resumed ends at the uninterrupted run's weights."""
+    sets = ["train.epochs=2", "algorithm.strict=true", "checkpoint.every_epochs=1", "train.devices=2"]
+    a, b, c = stopped_resumed_and_uninterrupted(tmp_path, SSD_TOPK, *sets, stop_steps=22)
+    wb, wc = (_params(j.summary()["checkpoint"]) for j in (b, c))
+    for k in wc:
+        np.testing.assert_array_equal(wb[k], wc[k], err_msg=k)
+    assert b.summary()["final_test_acc"] == c.summary()["final_test_acc"]
+    assert processes_with(str(tmp_path)) == []

@@ -109,7 +109,7 @@ def _wait_for(predicate, seconds, what):
 
 TOY = r'''
 import json, os, sys
-env = {k: v for k, v in os.environ.items() if k.startswith(("DMLC_", "SSDSGD_ROLE", "OMP_", "TOY"))}
+env = {k: v for k, v in os.environ.items() if k.startswith(("DMLC_", "SSDSGD_ROLE", "OMP_", "TOY", "CUDA_"))}
 env["python"] = sys.executable
 with open(os.path.join(os.environ["TOY_DIR"], os.environ["DMLC_ROLE"] + os.environ["DMLC_TASK_ID"]), "w") as f:
     json.dump(env, f)
@@ -143,6 +143,25 @@ def test_ssh_launcher_environment_on_hosts(vc, tmp_path):
         assert env["python"] == sys.executable
         assert env["OMP_NUM_THREADS"] == "1"
         assert ("TOY_W" in env) == name.startswith("worker")
+
+
+@pytest.mark.timeout(90)
+def test_workers_that_share_a_host_get_disjoint_gpus(vc, tmp_path):
+    """--gpus-per-worker 2 with h2 holding both workers (slots=2) and 4 GPUs: each worker sees its own two
+    (CUDA_VISIBLE_DEVICES on its host), the server none."""
+    toy = tmp_path / "toy"
+    toy.mkdir()
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("h1\nh2 slots=2 gpus=0,1,2,3\n")
+    cmd = vc.exec_argv(0, [sys.executable, LAUNCH, "-n", "2", "-s", "1", "--launcher", "ssh", "-H", str(hostfile),
+                           "--ssh-config", vc.ssh_config, "--interface", "eth0", "--gpus-per-worker", "2",
+                           "--env", f"TOY_DIR={toy}", "python", "-c", TOY])
+    rc, out = _finish(*_start(cmd, tmp_path), timeout=60)
+    assert rc == 0, out
+    seen = {p.name: json.loads(p.read_text()) for p in toy.iterdir()}
+    assert {name: env.get("CUDA_VISIBLE_DEVICES") for name, env in seen.items()} == {
+        "scheduler0": "", "server0": "", "worker0": "0,1", "worker1": "2,3"}
+    assert seen["worker0"]["DMLC_NODE_HOST"] == seen["worker1"]["DMLC_NODE_HOST"] == vc.addresses[2]
 
 
 @pytest.mark.timeout(150)

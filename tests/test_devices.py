@@ -238,3 +238,43 @@ def test_resume_on_two_replicas_ends_where_the_uninterrupted_run_ends(tmp_path):
         np.testing.assert_array_equal(wb[k], wc[k], err_msg=k)
     assert b.summary()["final_test_acc"] == c.summary()["final_test_acc"]
     assert processes_with(str(tmp_path)) == []
+
+
+@pytest.mark.timeout(200)
+def test_imagenet_recordio_batches_reach_both_replicas(tmp_path):
+    """RecordIO batches come on pinned host memory: each replica gets its part on its own device, and the
+    evaluation runs on the first."""
+    from test_data_jobs import FAST, check_finished, write_imagenet
+    root = write_imagenet(tmp_path / "data", 32, 64, 20)
+    job = run_job(tmp_path, "configs/cifar10_resnet20_ssd_topk.yaml", *FAST, "data.dataset=imagenet",
+                  f"data.root={root}", "data.shape=[3,32,32]", "data.num_classes=10", "train.batch_size=8",
+                  "data.preprocess_threads=1", "train.epochs=2", "algorithm.warmup_iters=2", "train.devices=2")
+    assert check_finished(job)["steps"] == 8
+
+
+@pytest.mark.timeout(300)
+def test_gpu_check_passes_on_cpu_devices(tmp_path):
+    out = subprocess.run([sys.executable, "scripts/gpu_check.py", "--devices", "cpu:2", "--repeats", "1",
+                          "--sizes", "resnet20", "--out", str(tmp_path / "check")], cwd=ROOT,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=280)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    for check in ("answers", "sum", "job ssgd", "job ssd ", "job ssd_topk"):
+        assert any(line.startswith("PASS  " + check) for line in lines), (check, out.stdout)
+    assert lines[-1] == "gpu_check: all checks passed on cpu:2"
+    assert re.search(r"resnet20 gather +\d+\.\d ms/step", out.stdout)
+    assert os.path.exists(tmp_path / "check" / "table.csv") and os.path.exists(tmp_path / "check" / "manifest.json")
+
+
+def test_gpu_check_sum_fails_when_a_replicas_gradient_is_lost(monkeypatch):
+    """The sum check can fail: with the second replica's gradient left out of the host sum it does."""
+    from scripts import gpu_check
+    gather = DeviceReplicas.gather
+
+    def first_only(self):
+        gather(self)
+        if not self.on_host:
+            self.staged_grads[0].array.copyto(self.grads)
+    monkeypatch.setattr(DeviceReplicas, "gather", first_only)
+    ok, detail = gpu_check.check_sum(TWO)
+    assert not ok, detail

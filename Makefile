@@ -1,9 +1,12 @@
 # make setup: .venv with the pinned dependencies and this project installed editable (idempotent).
 # make demo / make test / make lint set up when needed.
+# MXNET: the MXNet build to install; on a GPU machine e.g. make setup MXNET=mxnet-cu112==1.9.1 (README: GPUs).
 PYTHON ?= python3
+MXNET ?= mxnet==1.9.1
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+MXNET_NAME := $(firstword $(subst ==, ,$(MXNET)))
+STAMP := $(VENV)/.installed-$(MXNET_NAME)
 
 .PHONY: setup demo test lint clean
 
@@ -12,7 +15,11 @@ setup: $(STAMP)
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -r requirements.txt -r requirements-dev.txt
+	# Another MXNet build would share the mxnet/ package folder with this one: remove it first.
+	$(PY) -m pip freeze | grep -iE '^mxnet(-cu[0-9]+)?==' | cut -d= -f1 | grep -vix '$(MXNET_NAME)' \
+		| xargs -r $(PY) -m pip uninstall -q -y
+	rm -f $(VENV)/.installed*
+	$(PY) -m pip install -q -c constraints.txt '$(MXNET)' -r requirements.txt -r requirements-dev.txt
 	$(PY) -m pip install -q -c constraints.txt -e .
 	touch $(STAMP)
 

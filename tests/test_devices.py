@@ -68,6 +68,22 @@ def test_summed_gradients_of_two_replicas_equal_one_device_on_the_whole_batch():
         np.testing.assert_allclose(h2.grad().asnumpy(), h1.grad().asnumpy(), rtol=1e-4, atol=1e-6)
 
 
+def test_buckets_cut_the_parameters_in_order_and_each_bucket_sums_its_own_gradients():
+    from ssdsgd.worker.devices import _bucket_bounds
+    assert _bucket_bounds([3, 3, 3, 10, 1], 6) == [(0, 2), (2, 3), (3, 4), (4, 5)]
+    assert _bucket_bounds([5], 1) == [(0, 1)]
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    data, label = _batch(9)
+    nets = [_net("mlp", TWO) for _ in range(2)]
+    whole, cut = (DeviceReplicas.of_net(net, params, TWO, **kw) for (net, params), kw in
+                  zip(nets, ({}, {"bucket_values": 2000})))
+    assert len(whole.buckets) == 1 and len(cut.buckets) > 3
+    for r, (net, _) in zip((whole, cut), nets):
+        r.forward_backward(net, loss_fn, data, label)
+    for a, b in zip(whole.host, cut.host):
+        np.testing.assert_array_equal(a.grad().asnumpy(), b.grad().asnumpy())
+
+
 def test_one_replica_on_the_host_is_the_parameters_own_arrays():
     """train.devices: 1 on CPU is the single-device path: the clients get the parameters' own arrays."""
     net, params = _net("mlp", [HOST])
@@ -274,7 +290,8 @@ def test_gpu_check_sum_fails_when_a_replicas_gradient_is_lost(monkeypatch):
     def first_only(self):
         gather(self)
         if not self.on_host:
-            self.staged_grads[0].array.copyto(self.grads)
+            for b in self.buckets:
+                b.staged_grads[0].array.copyto(b.grads)
     monkeypatch.setattr(DeviceReplicas, "gather", first_only)
     ok, detail = gpu_check.check_sum(TWO)
     assert not ok, detail

@@ -2,10 +2,11 @@
 its trainable parameters that the clients (ssdsgd/algorithms) and the compressor work on.
 
 A worker with D devices splits its batch over them and runs forward and backward on each replica. Then
-`gather` sums the replicas' gradients into host memory (one flat buffer per device: one copy to the host
-per device, not one per tensor), the client pushes, pulls and updates the host weights as on one device,
-and `scatter` writes the host weights back to every replica (one copy per device, then one operator that
-cuts it into the parameters). The clients see `host`: objects with the Gluon parameter's `name`,
+`gather` sums the replicas' gradients into host memory, the client pushes, pulls and updates the host
+weights as on one device, and `scatter` writes the host weights back to every replica. Both move buckets
+of consecutive parameters (BUCKET_VALUES) as one flat vector per device: one operator gathers a bucket's
+tensors into it, one copy moves it, one operator cuts it up again (per tensor, the Python calls alone
+would cost more than the copies). The clients see `host`: objects with the Gluon parameter's `name`,
 `shape`, `data()` and `grad()`, whose arrays live on the host (cpu(0)). This is the one module that reads
 a Gluon parameter through its devices; everything else reads `host`.
 
@@ -73,40 +74,42 @@ class HostParameter:
         return self._grad
 
 
+# Values per bucket: the parameters move between host and devices in buckets of consecutive parameters,
+# so that a bucket's gradients go to the host as soon as backward has produced them (backward ends with the
+# first layers), and the first layers' weights reach the devices first for the next forward.
+BUCKET_VALUES = 1 << 22
+
+
 class DeviceReplicas:
     """The model's trainable parameters (params, in the clients' order) and BatchNorm statistics (aux) on
     `contexts`, with their host copies."""
 
-    def __init__(self, params, aux, contexts):
+    def __init__(self, params, aux, contexts, bucket_values=BUCKET_VALUES):
         self.params, self.aux, self.contexts = list(params), list(aux), list(contexts)
         self.first = self.contexts[0]
         self.on_host = self.contexts == [HOST]
         if self.on_host:
             self.host = [HostParameter(p.name, p.shape, p.data(HOST), p.grad(HOST)) for p in self.params]
+            self.buckets = []
             return
         sizes = [int(np.prod(p.shape)) for p in self.params]
-        starts = np.cumsum([0] + sizes[:-1])
-        self.weights = mx.nd.zeros(sum(sizes), ctx=HOST)       # every host weight, as one flat vector
-        self.grads = mx.nd.zeros(sum(sizes), ctx=HOST)
-        cut = [(int(s), int(s) + n) for s, n in zip(starts, sizes)]
+        starts = [int(x) for x in np.cumsum([0] + sizes)]
+        self.weights = mx.nd.zeros(starts[-1], ctx=HOST)       # every host weight, as one flat vector
+        self.grads = mx.nd.zeros(starts[-1], ctx=HOST)
         self.host = [HostParameter(p.name, p.shape, self.weights[a:b].reshape(p.shape),
-                                   self.grads[a:b].reshape(p.shape)) for p, (a, b) in zip(self.params, cut)]
-        # Per device: flat views of its parameters' arrays, and one flat staging vector each way.
-        self.device_weights = [FlatViews([p.data(c) for p in self.params]) for c in self.contexts]
-        self.device_grads = [FlatViews([p.grad(c) for p in self.params]) for c in self.contexts]
-        self.staged_weights = [v.buffer(mx.nd.zeros(v.size, ctx=c)) for v, c in zip(self.device_weights,
-                                                                                     self.contexts)]
-        self.staged_grads = [v.buffer(mx.nd.zeros(v.size, ctx=c)) for v, c in zip(self.device_grads,
-                                                                                   self.contexts)]
-        self.landed_grads = [mx.nd.zeros(self.grads.size, ctx=HOST) for _ in self.contexts[1:]]
+                                   self.grads[a:b].reshape(p.shape))
+                     for p, a, b in zip(self.params, starts, starts[1:])]
+        self.buckets = [_Bucket(self.params[i:j], self.contexts, self.weights[starts[i]:starts[j]],
+                                self.grads[starts[i]:starts[j]]) for i, j in _bucket_bounds(sizes, bucket_values)]
         # The replicas start equal (Gluon initialises every context with the same values).
-        self.device_weights[0].copy_to(self.staged_weights[0])
-        self.staged_weights[0].array.copyto(self.weights)
+        for b in self.buckets:
+            b.device_weights[0].copy_to(b.staged_weights[0])
+            b.staged_weights[0].array.copyto(b.weights)
 
     @classmethod
-    def of_net(cls, net, params, contexts):
+    def of_net(cls, net, params, contexts, **kwargs):
         from ssdsgd.worker.models import aux_params
-        return cls(params, aux_params(net), contexts)
+        return cls(params, aux_params(net), contexts, **kwargs)
 
     # ---- a step ---------------------------------------------------------------------------------------
     def split(self, data, label):
@@ -128,26 +131,16 @@ class DeviceReplicas:
         return losses[0] if self.on_host else mx.nd.concat(*[x.as_in_context(HOST) for x in losses], dim=0)
 
     def gather(self):
-        """host grad <- the sum of the replicas' gradients."""
-        if self.on_host:
-            return
-        for views, staged in zip(self.device_grads, self.staged_grads):
-            views.copy_to(staged)
-        # The first device's sum lands in the host gradient, the others beside it, then one sum.
-        self.staged_grads[0].array.copyto(self.grads)
-        for staged, landed in zip(self.staged_grads[1:], self.landed_grads):
-            staged.array.copyto(landed)
-        if self.landed_grads:
-            mx.nd.add_n(self.grads, *self.landed_grads, out=self.grads)
+        """host grad <- the sum of the replicas' gradients (the last layers' bucket first: their gradients
+        are ready first)."""
+        for b in reversed(self.buckets):
+            b.gather()
 
     def scatter(self):
         """Every replica's weights <- the host weights (queued after whatever last wrote them: a pull
         that lands later still lands first)."""
-        if self.on_host:
-            return
-        for views, staged in zip(self.device_weights, self.staged_weights):
-            self.weights.copyto(staged.array)
-            views.copy_from(staged)
+        for b in self.buckets:
+            b.scatter()
 
     # ---- state -----------------------------------------------------------------------------------------
     def aux_arrays(self):
@@ -181,6 +174,45 @@ class DeviceReplicas:
         arrays = {name: (host_of[id(p)] if id(p) in host_of else p.data(self.first)).as_in_context(HOST)
                   for name, p in net._collect_params_with_prefix().items()}
         mx.nd.save(path, arrays)
+
+
+def _bucket_bounds(sizes, most):
+    """[(first, end)] parameter index ranges of at most `most` values each (a larger parameter alone)."""
+    bounds, first, total = [], 0, 0
+    for i, n in enumerate(sizes):
+        if i > first and total + n > most:
+            bounds.append((first, i))
+            first, total = i, 0
+        total += n
+    return bounds + [(first, len(sizes))]
+
+
+class _Bucket:
+    """Consecutive parameters that move together: their slices of the host's flat weights and gradients
+    and, per device, flat views of their arrays and a flat staging vector each way."""
+
+    def __init__(self, params, contexts, weights, grads):
+        self.weights, self.grads = weights, grads
+        self.device_weights = [FlatViews([p.data(c) for p in params]) for c in contexts]
+        self.device_grads = [FlatViews([p.grad(c) for p in params]) for c in contexts]
+        self.staged_weights = [v.buffer(mx.nd.zeros(v.size, ctx=c)) for v, c in zip(self.device_weights, contexts)]
+        self.staged_grads = [v.buffer(mx.nd.zeros(v.size, ctx=c)) for v, c in zip(self.device_grads, contexts)]
+        self.landed = [mx.nd.zeros(grads.size, ctx=HOST) for _ in contexts[1:]]
+
+    def gather(self):
+        for views, staged in zip(self.device_grads, self.staged_grads):
+            views.copy_to(staged)
+        # The first device's sum lands in the host gradient, the others beside it, then one sum.
+        self.staged_grads[0].array.copyto(self.grads)
+        for staged, landed in zip(self.staged_grads[1:], self.landed):
+            staged.array.copyto(landed)
+        if self.landed:
+            mx.nd.add_n(self.grads, *self.landed, out=self.grads)
+
+    def scatter(self):
+        for views, staged in zip(self.device_weights, self.staged_weights):
+            self.weights.copyto(staged.array)
+            views.copy_from(staged)
 
 
 def _checked(arrays, key, shape):

@@ -139,3 +139,19 @@ def test_the_layer_test_sees_an_upward_import(tmp_path):
     path.write_text("def f():\n    from ssdsgd.launch.launcher import run_job\n")
     assert [_layer_of(t) for t in _imports(str(path), "ssdsgd.config")] == [len(LAYERS) - 1]
 
+
+
+# What only ssdsgd/worker/devices.py may do: place arrays on devices and read a parameter through them.
+DEVICE_WORDS = ("mx.gpu(", "mx.cpu(", "list_ctx", "list_grad", "list_data", "split_and_load", "as_in_context")
+
+
+def test_the_algorithms_and_the_compressor_know_nothing_of_devices():
+    """They work on the host arrays the worker's DeviceReplicas hands them (the jobs on CPU replicas in
+    tests/test_devices.py show it at run time; this keeps the code from starting to name devices)."""
+    found = []
+    for folder in ("algorithms", "compression"):
+        for path in _python_files(os.path.join(ROOT, "ssdsgd", folder)):
+            with open(path) as f:
+                text = f.read()
+            found += [f"{os.path.relpath(path, ROOT)}: {w}" for w in DEVICE_WORDS if w in text]
+    assert not found, found

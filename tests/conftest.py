@@ -8,7 +8,8 @@ first: a file of few tests is mostly real jobs, and the many quick unit tests fi
 """
 
 # By wall time in `make test --durations` (slowest first); a file missing here only starts later.
-SLOWEST_FIRST = ["test_shipped_configs.py", "test_reliability.py", "test_cluster.py", "test_chaos.py", "test_devices.py",
+SLOWEST_FIRST = ["test_shipped_configs.py", "test_reliability.py", "test_cluster.py", "test_chaos.py",
+                 "test_devices.py",
                  "test_data_jobs.py", "test_stock_compat.py", "test_downlink.py", "test_manifest.py",
                  "test_reproduce.py", "test_membership.py", "test_compression.py", "test_bitmap_coding.py",
                  "test_bench_step.py", "test_jobs.py", "test_wire_and_warmup.py", "test_bench_tools.py",

@@ -86,12 +86,16 @@ def test_cifar10_forms_train_evaluate_and_resume(tmp_path, form):
         os.makedirs(str(root))
         write_cifar_archive(root, form.split("_")[0], make_cifar_arrays())
     if form == "recordio":          # checkpoint and resume once; the archives train and evaluate one epoch
-        train_checkpoint_resume(tmp_path, SSD_TOPK, f"data.root={root}", "train.batch_size=8",
-                                steps_per_epoch=6)         # 100 // (2 x 8)
+        job, _ = train_checkpoint_resume(tmp_path, SSD_TOPK, f"data.root={root}", "train.batch_size=8",
+                                         steps_per_epoch=6)         # 100 // (2 x 8)
     else:
         job = run_job(tmp_path, SSD_TOPK, *FAST, f"data.root={root}", "train.batch_size=8", "train.epochs=1",
                       f"checkpoint.dir={tmp_path / 'ck'}")
         assert check_finished(job)["steps"] == 6
+    # The run says which form data.format auto found, and how many images it read.
+    where = root / "cifar-10-python.tar.gz" if form == "py_archive" else root / "cifar-10-binary.tar.gz"
+    source = f"recordio form in {root}" if form == "recordio" else f"archive form in {where}"
+    assert f"data: cifar10 ({source}): 100 training images, 10 test images" in job.output, job.output[:3000]
     # The archive is read as it is, never unpacked next to it.
     expected = {"recordio": {"train.rec", "train.idx", "test.rec", "test.idx"},
                 "bin_archive": {"cifar-10-binary.tar.gz"}, "py_archive": {"cifar-10-python.tar.gz"}}[form]

@@ -3,6 +3,7 @@ the official archive unpacks to), the official .tar.gz archives themselves, or i
 of the 32x32 images. Whatever the form, the images are read whole into memory as uint8 and
 augmented per batch with gluoncv's CIFAR-10 recipe (crop of the 4-pixel padded image, flip, normalise).
 """
+import dataclasses
 import os
 import pickle
 import tarfile
@@ -42,7 +43,8 @@ def build_cifar10(root, shape, num_classes, augment, shard, split, fmt):
         y_train = np.concatenate([labels for _, labels in parts[:5]])
         x_test, y_test = parts[5]
     transform = _cifar_train_transform if augment else _cifar_eval_transform
-    return in_memory_bundle(x_train, y_train, x_test, y_test, shard, split, (3, 32, 32), transform, _cifar_normalize)
+    bundle = in_memory_bundle(x_train, y_train, x_test, y_test, shard, split, (3, 32, 32), transform, _cifar_normalize)
+    return dataclasses.replace(bundle, source=f"{form} form in {path}")
 
 
 def _cifar_candidates(root):

@@ -26,6 +26,7 @@ class DataBundle:
     image_shape: tuple  # (C, H, W)
     eval_set: str = "test"  # what `test` holds: "test" or "validation"
     notes: tuple = ()       # what the user should know of how the data was cut (rank 0 prints them)
+    source: str = ""        # where it was read from, and in which form where a data set has several
 
 
 VALIDATION_SEED = 20240607  # fixed: every run and seed validates on the same images

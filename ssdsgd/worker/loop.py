@@ -116,7 +116,7 @@ def _log_steps(run, counters, epoch, step, loss, rec):
                   lr=run.schedule(step), residual_norm=run.client.residual_norm())
     if run.kv.rank == 0:
         print(f"epoch {epoch} step {step}/{run.total_steps} loss {mean_loss:.4f} "
-              f"{ips:.1f} img/s push {human_bytes(w['push'] / w['n'])}/step "
+              f"{ips:.1f} img/s (this worker) push {human_bytes(w['push'] / w['n'])}/step "
               f"pull {human_bytes(w['pull'] / w['n'])}/step "
               f"staleness {rec.staleness}, {_progress(run, epoch, step, now)}", flush=True)
     counters.new_window(now)

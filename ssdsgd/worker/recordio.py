@@ -158,7 +158,7 @@ def build_imagenet(root, shape, num_classes, augment, preprocess_threads, shard)
                              augment=augment, preprocess_threads=preprocess_threads, **shard),
         test=RecordTestSet(paths["val.rec"], num_val, shape=shape,
                            preprocess_threads=preprocess_threads),
-        num_classes=num_classes, image_shape=shape)
+        num_classes=num_classes, image_shape=shape, source=f"RecordIO in {root}")
 
 
 def _check_recordio(rec, idx, num_classes):

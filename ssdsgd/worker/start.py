@@ -150,9 +150,17 @@ def _write_run_record(path, config_file, resumed_from):
                                               resumed_from=resumed_from))
 
 
+def data_line(cfg, data):
+    """'data: cifar10 (binary form in /data/cifar10): 50,000 training images, 10,000 test images'."""
+    source = f" ({data.source})" if data.source else ""
+    return (f"data: {cfg.data.dataset}{source}: {data.train.num_samples:,} training images, "
+            f"{data.test.num_samples:,} {data.eval_set} images")
+
+
 def _print_start(run, steps_per_epoch):
     from ssdsgd.ps.commands import num_servers
     cfg = run.cfg
+    print(data_line(cfg, run.data), flush=True)
     print(f"{cfg.name}: {cfg.algorithm.type} + compression {cfg.compression.type}, {run.kv.num_workers} workers, "
           f"{num_servers(run.kv)} servers, {steps_per_epoch} steps/epoch, {run.total_steps} steps, "
           f"{sum(p.data().size for p in run.params)} parameters", flush=True)

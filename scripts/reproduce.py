@@ -1,17 +1,19 @@
 """SSGD, SSD-SGD and SSD-SGD + top-k 1% side by side on your data, with the shipped configs.
 
     python scripts/reproduce.py --suite cifar10 --data ROOT [--hostfile FILE --interface IF] [--epochs N]
-        [--seeds 0 1 2] [--set KEY=VALUE ...] [--out results/reproduce_cifar10] [--keep-done]
+        [--seeds 0 1 2] [--set KEY=VALUE ...] [--out runs/reproduce_cifar10] [--keep-done]
 
 Runs configs/<suite>_*_{ssgd,ssd,ssd_topk}.yaml one job at a time (seeds interleaved), each with
 data.root=ROOT; with --hostfile on your cluster over ssh, without it on this machine. --epochs shortens
-every variant alike (a check that the path works, not the recipe's result). Writes to --out:
-runs.csv (a row per job), table.md (final accuracy, speed and traffic per variant), accuracy.png (test
-accuracy per epoch), logs/<job>.log, runs/ (each job's run folder) and manifest.json (command,
-configs, commit, machine, date). Refuses an --out that already holds results, unless --keep-done: then
-the jobs finished there are kept (run folders, logs, rows) and only the others run, a job with a
-checkpoint from an interrupted attempt resuming it. The config overrides of every job are checked before
-anything starts. SIGTERM or SIGINT ends the running job (its process group) and the script (exit 128+N).
+every variant alike (a check that the path works, not the recipe's result); an SSD-SGD job that ends
+before its synchronous warm-up does ran as SSGD, which it says at once and marks in the table. Writes to
+--out: runs.csv (a row per job), table.md (final accuracy, speed and traffic per variant), accuracy.png
+(accuracy against epochs and against training time), logs/<job>.log, runs/ (each job's run folder) and
+manifest.json (command, configs, commit, machine, date). Refuses an --out that already holds results,
+unless --keep-done: then the jobs finished there are kept (run folders, logs, rows) and only the others
+run, a job with a checkpoint from an interrupted attempt resuming it. The config overrides of every job
+are checked before anything starts. SIGTERM or SIGINT ends the running job (its process group) and the
+script (exit 128+N).
 """
 import argparse
 import os
@@ -150,6 +152,11 @@ def run_job(label, config, seed, sets, out, stopper):
     return dict(row, **summary_row(read_summary(folder)))
 
 
+def never_left_warmup(row):
+    """Did this SSD-SGD job end before its delay stage began (it then ran as SSGD)?"""
+    return row.get("delay_stage_steps") in (0, "0")
+
+
 def table(rows):
     ok = [r for r in rows if r["rc"] == 0 and "final_acc" in r]
     which = sorted({r["eval_set"] for r in ok}) or ["test"]
@@ -166,6 +173,8 @@ def table(rows):
         med = {k: statistics.median(r[k] for r in rs)
                for k in ("images_per_sec", "push_bytes_per_step", "pull_bytes_per_step", "wall_seconds")}
         note = f" ({failed} failed)" if failed else ""
+        if all(never_left_warmup(r) for r in rs):
+            note += " (never left its warm-up: ran as SSGD)"
         lines.append(f"| {label}{note} | {statistics.mean(accs):.4f}{spread} | {' '.join(f'{a:.4f}' for a in accs)} "
                      f"| {med['images_per_sec']:.1f} | {med['push_bytes_per_step']:.0f} "
                      f"| {med['pull_bytes_per_step']:.0f} | {med['wall_seconds']:.0f} |")
@@ -173,13 +182,10 @@ def table(rows):
                                 "seeds; images/s of all workers, from each job's summary.json.")
 
 
-def plot(rows, out):
-    """accuracy.png: the evaluated accuracy after each epoch, mean over seeds, one line per variant."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.2), layout="constrained")
-    tags = set()
+def accuracy_curves(rows, out):
+    """{variant: [(epoch, training seconds so far, accuracy)]}, means over seeds at each evaluated epoch, and
+    the evaluation set's name. Training seconds: the epochs' own time, evaluations left out."""
+    curves, tags = {}, set()
     for label, _ in VARIANTS:
         per_epoch = {}
         for r in rows:
@@ -187,17 +193,42 @@ def plot(rows, out):
                 continue
             tag = ACC_TAG[r["eval_set"]]
             tags.add(r["eval_set"])
+            seconds = 0.0
             for m in read_metrics(os.path.join(out, r["run_dir"])):
                 if f"{tag}_acc" in m:
-                    per_epoch.setdefault(m["epoch"] + 1, []).append(m[f"{tag}_acc"])
-        if per_epoch:
-            epochs = sorted(per_epoch)
-            ax.plot(epochs, [100 * statistics.mean(per_epoch[e]) for e in epochs], marker="o", label=label)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel(f"{'/'.join(sorted(tags)) or 'test'} accuracy (%), mean over seeds")
-    ax.set_title("Accuracy after each epoch")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+                    seconds += m.get("epoch_seconds", 0.0)
+                    per_epoch.setdefault(m["epoch"] + 1, []).append((seconds, m[f"{tag}_acc"]))
+        curves[label] = [(e, statistics.mean(t for t, _ in got), statistics.mean(a for _, a in got))
+                         for e, got in sorted(per_epoch.items())]
+    return curves, "/".join(sorted(tags)) or "test"
+
+
+def plot(rows, out):
+    """accuracy.png: the evaluated accuracy (a fraction, as the tables give it), mean over seeds, one line per
+    variant, against epochs and against training seconds."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+    curves, which = accuracy_curves(rows, out)
+    fig, (by_epoch, by_time) = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")
+    for label, points in curves.items():
+        if points:
+            epochs, seconds, accs = zip(*points)
+            by_epoch.plot(epochs, accs, marker="o", label=label)
+            by_time.plot(seconds, accs, marker="o", label=label)
+    epochs_seen = sorted({e for points in curves.values() for e, _, _ in points})
+    if 0 < len(epochs_seen) <= 20:
+        by_epoch.set_xticks(epochs_seen)          # whole epochs only, however few
+    else:
+        by_epoch.xaxis.set_major_locator(MaxNLocator(integer=True))
+    by_epoch.set_xlabel("epoch")
+    by_time.set_xlabel("training seconds (evaluations left out)")
+    for ax in (by_epoch, by_time):
+        ax.set_ylabel(f"{which} accuracy, mean over seeds")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+    fig.suptitle("Accuracy after each epoch")
     path = os.path.join(out, "accuracy.png")
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -215,7 +246,7 @@ def parse_args(argv):
     ap.add_argument("--epochs", type=int, help="train every variant this many epochs (default: the configs')")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every job")
-    ap.add_argument("--out", help="results folder (default results/reproduce_<suite>)")
+    ap.add_argument("--out", help="results folder (default runs/reproduce_<suite>, beside the run folders)")
     ap.add_argument("--keep-done", action="store_true",
                     help="continue in an --out that holds results: keep its finished jobs, run the others")
     args = ap.parse_args(argv)
@@ -230,7 +261,7 @@ def parse_args(argv):
     if args.hostfile and not args.interface and args.suite != "imagenet":
         ap.error(f"--interface: required with --hostfile for the {args.suite} configs, which name none "
                  f"(the network interface the hosts share, e.g. eth0)")
-    out = os.path.abspath(args.out or os.path.join(ROOT, "results", f"reproduce_{args.suite}"))
+    out = os.path.abspath(args.out or os.path.join("runs", f"reproduce_{args.suite}"))
     if os.path.exists(os.path.join(out, MANIFEST)) and not args.keep_done:
         ap.error(f"--out: {out} already holds results ({MANIFEST}); --keep-done keeps its finished jobs and runs "
                  f"the rest, or choose another folder")
@@ -256,6 +287,10 @@ def run_jobs(jobs, rows, sets, out, stopper):
         write_csv(os.path.join(out, "runs.csv"), rows)          # after every job: a partial result survives
         done, elapsed = i + 1, time.monotonic() - t0
         state = "ok" if rows[-1]["rc"] == 0 else f"FAILED (exit {rows[-1]['rc']}, see {rows[-1]['log']})"
+        if never_left_warmup(rows[-1]):
+            print(f"reproduce.py: warning: {label}, seed {seed} ended within its synchronous warm-up "
+                  f"({rows[-1]['steps']} steps), so it ran as SSGD: train longer (--epochs) or shorten "
+                  f"algorithm.warmup_iters (--set) to compare SSD-SGD", flush=True)
         print(f"[{done}/{len(jobs)}] {state}; {elapsed / 60:.1f} min so far, about "
               f"{elapsed / done * (len(jobs) - done) / 60:.1f} min to go", flush=True)
 

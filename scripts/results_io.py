@@ -135,7 +135,9 @@ def summary_row(s):
     return {"eval_set": eval_set, "final_acc": acc, "best_acc": s[f"best_{ACC_TAG[eval_set]}_acc"],
             "images_per_sec": s["images_per_sec"], "wall_seconds": s["wall_seconds"], "steps": s["steps"],
             "push_bytes_per_step": s["bytes_per_step"]["push"], "pull_bytes_per_step": s["bytes_per_step"]["pull"],
-            "max_staleness": s["max_staleness"], "mean_staleness": s["mean_staleness"]}
+            "max_staleness": s["max_staleness"], "mean_staleness": s["mean_staleness"],
+            # SSD-SGD's steps after its synchronous warm-up (None for the others): 0 means it ran as SSGD.
+            "delay_stage_steps": s["after_warmup"]["steps"] if s["algorithm"] == "ssd" else None}
 
 
 def read_jsonl(path):

@@ -469,6 +469,29 @@ def test_non_ascii_mac_refused():
         commands.verify(b"SSDSGD1:\xff\xfe:{\"op\": \"x\"}", SECRET)
 
 
+def test_a_replayed_command_is_refused_and_the_senders_next_one_taken():
+    seen = {}
+    first, second = commands.sign({"op": "save", "dir": "/ck/epoch-0002"}, SECRET), commands.sign({"op": "x"}, SECRET)
+    assert commands.verify(first, SECRET, seen) == {"op": "save", "dir": "/ck/epoch-0002"}
+    with pytest.raises(CommandError, match="replayed command"):
+        commands.verify(first, SECRET, seen)
+    assert commands.verify(second, SECRET, seen) == {"op": "x"}
+    with pytest.raises(CommandError, match="replayed command"):
+        commands.verify(first, SECRET, seen)           # an older one, later, too
+
+
+def _signed_body(body):
+    """A correctly signed command of any JSON text (sign() only makes commands of a dict)."""
+    import hashlib
+    import hmac
+    return f"SSDSGD1:{hmac.new(SECRET.encode(), body.encode(), hashlib.sha256).hexdigest()}:{body}"
+
+
+def test_a_command_without_sender_and_number_is_refused():
+    with pytest.raises(CommandError, match="no sender and sequence number"):
+        commands.verify(_signed_body('{"op":"x"}'), SECRET)
+
+
 def test_wrong_secret_refused():
     raw = commands.sign({"op": "x"}, SECRET)
     with pytest.raises(CommandError):
@@ -502,7 +525,7 @@ def test_malformed_and_opless_commands_refused():
     with pytest.raises(CommandError):
         commands.verify(commands.sign({"no_op": 1}, SECRET), SECRET)
     with pytest.raises(CommandError):
-        commands.verify(commands.sign([1, 2], SECRET), SECRET)
+        commands.verify(_signed_body("[1,2]"), SECRET)
 
 
 def test_cluster_stall_timeout_can_be_off_and_ssh_options():

@@ -268,6 +268,7 @@ def run_server():
             self.stock = None
             self.updater_installed = False
             self.roll_call = RollCall(secret)
+            self.senders = {}          # sender -> the last sequence number taken (commands.verify)
             self.proof_keys = set(proof_keys(commands.num_servers(kvstore)))
 
         def _update(self, key, recv, stored):
@@ -279,7 +280,7 @@ def run_server():
         def _controller(self):
             def ctl(cmd_id, body, _):
                 try:
-                    msg = commands.verify(body, secret)
+                    msg = commands.verify(body, secret, self.senders)
                 except commands.CommandError as err:
                     print(f"ssdsgd server: refused command (head {cmd_id}): {err}", file=sys.stderr,
                           flush=True)

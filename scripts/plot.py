@@ -1,6 +1,6 @@
 """PNG plots of benchmark results and training runs (matplotlib, Agg backend: no display needed).
 
-  python scripts/plot.py --csv bench_results/runs.csv --out bench_results/
+  python scripts/plot.py --csv results/bench_network/runs.csv --out results/bench_network/
       throughput.png      images/s per algorithm, grouped by link rate (median, min-max bars), with the
                           compute bound (N x one worker without communication) as a dashed line
       bytes_per_step.png  kernel (loopback tx) bytes per training step per algorithm and rate

@@ -13,7 +13,7 @@ import pytest
 from ssdsgd.config import SCHEMA
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULT_ROOTS = ("results", "bench_results")
+RESULT_ROOTS = ("results",)
 # Paths the README shows as examples of files a user would add; they are not meant to exist.
 EXAMPLE_PATHS = {"ssdsgd/compression/maxk.py", "ssdsgd/algorithms/toy.py"}   # the extending examples
 

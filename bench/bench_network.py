@@ -946,8 +946,8 @@ def communication_share(agg):
 
 
 def check_targets(agg, topology=None):
-    """Human-readable verdicts of the project's targets (listed, with where they stand, in the README's
-    "Throughput on a bandwidth-limited link" section): loopback, the original targets; hosts, issue
+    """Human-readable verdicts of the project's targets (where they stand: docs/results.md,
+    "How much faster on a slow link?"): loopback, the original targets; hosts, issue
     12's acceptance at TARGET_RATE per host link."""
     topology = topology or agg.get("topology") or "loopback"
     out = _host_targets(agg) if topology == "hosts" else _loopback_targets(agg)

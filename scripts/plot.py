@@ -37,7 +37,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 
 DPI = 110
 TARGET_LABEL = "target: SSGD's final accuracy"
-# Each accuracy figure's x axis: (file, axis label, title words). The clocks are the README's.
+# Each accuracy figure's x axis: (file, axis label, title words). The clocks are docs/results.md's.
 CLOCKS = {
     "seconds": ("accuracy_vs_time.png", "wall seconds since launch", "wall-clock time"),
     "train_seconds": ("accuracy_vs_train_time.png", "training seconds (wall seconds minus evaluations)",

@@ -58,7 +58,7 @@ class BufferState:
         self.scale = 1.0 / (num_workers * batch_size)
         self.momentum = momentum
         # SSD-SGD's steps-delay stage (rounds >= warmup) may run with its own momentum: stale
-        # gradients act like extra momentum, see the README's Fashion-MNIST ablation.
+        # gradients act like extra momentum, see docs/design.md, "Momentum of the steps-delay stage".
         self.delay_momentum = momentum if delay_momentum is None else delay_momentum
         self.warmup = warmup
         self.wd = wd

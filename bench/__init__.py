@@ -3,7 +3,7 @@
   netns.py            network namespaces with a shaped loopback (root; ip, tc)
   vcluster.py         a virtual cluster: one namespace, link and sshd per host (the multi-host tests)
   procs.py            a job's processes on this machine and their ps-lite roles (the tests, scripts/chaos.py)
-  bench_network.py    throughput on bandwidth-limited links, per-host or loopback (-> bench_results/)
+  bench_network.py    throughput on bandwidth-limited links, per-host or loopback (-> results/bench_network/)
   bench_step.py       one worker's step time, imperative vs hybridized (-> results/bench_step/)
   bench_host_step.py  a sparse SSD-SGD worker's host work per step
   bench_server.py     the server's CPU time per round (-> results/bench_server/)

@@ -36,7 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
 from scripts.results_io import write_csv, write_manifest, write_text
 
-# The time-to-accuracy setting of the README's Fashion-MNIST runs.
+# The time-to-accuracy setting of the Fashion-MNIST runs of docs/results.md.
 DEFAULT_SETS = ["compression.density=0.1", "compression.momentum_masking=false", "model.hybridize=false"]
 
 

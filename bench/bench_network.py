@@ -43,7 +43,7 @@ Usage (root; ip and tc from iproute2; hosts also sshd, ssh, ssh-keygen from open
   python bench/bench_network.py --topology loopback   # the same on one shared loopback
   python bench/bench_network.py --quick --out /tmp/bench_quick
   python bench/bench_network.py --algorithms ssgd,ssd_topk --rates 0,50 --steps 40 --repeats 1
-  python bench/bench_network.py --table-only --out bench_results   # re-make table.md from runs.csv
+  python bench/bench_network.py --table-only --out results/bench_network   # re-make table.md from runs.csv
 """
 import argparse
 import contextlib
@@ -946,8 +946,8 @@ def communication_share(agg):
 
 
 def check_targets(agg, topology=None):
-    """Human-readable verdicts of the project's targets (listed, with where they stand, in the README's
-    "Throughput on a bandwidth-limited link" section): loopback, the original targets; hosts, issue
+    """Human-readable verdicts of the project's targets (where they stand: docs/results.md,
+    "How much faster on a slow link?"): loopback, the original targets; hosts, issue
     12's acceptance at TARGET_RATE per host link."""
     topology = topology or agg.get("topology") or "loopback"
     out = _host_targets(agg) if topology == "hosts" else _loopback_targets(agg)
@@ -1049,7 +1049,7 @@ def parse_args(argv=None):
     ap.add_argument("--rates", help=f"link rates in Mbit/s, 0 = unlimited (default {FULL['rates']})")
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS),
                     help="comma-separated subset of: " + ", ".join(ALGORITHMS))
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench_results"), help="output folder")
+    ap.add_argument("--out", default=os.path.join(ROOT, "results", "bench_network"), help="output folder")
     ap.add_argument("--config", default=os.path.join(ROOT, DEFAULT_CONFIG), help="base config")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="extra config override for every job (repeatable)")

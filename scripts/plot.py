@@ -1,6 +1,6 @@
 """PNG plots of benchmark results and training runs (matplotlib, Agg backend: no display needed).
 
-  python scripts/plot.py --csv bench_results/runs.csv --out bench_results/
+  python scripts/plot.py --csv results/bench_network/runs.csv --out results/bench_network/
       throughput.png      images/s per algorithm, grouped by link rate (median, min-max bars), with the
                           compute bound (N x one worker without communication) as a dashed line
       bytes_per_step.png  kernel (loopback tx) bytes per training step per algorithm and rate
@@ -37,7 +37,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 
 DPI = 110
 TARGET_LABEL = "target: SSGD's final accuracy"
-# Each accuracy figure's x axis: (file, axis label, title words). The clocks are the README's.
+# Each accuracy figure's x axis: (file, axis label, title words). The clocks are docs/results.md's.
 CLOCKS = {
     "seconds": ("accuracy_vs_time.png", "wall seconds since launch", "wall-clock time"),
     "train_seconds": ("accuracy_vs_train_time.png", "training seconds (wall seconds minus evaluations)",

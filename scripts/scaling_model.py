@@ -40,9 +40,9 @@ network stacks keep up with the link (no CPU per byte) and keep the servers' CPU
 all the runs given (none without runs: `project` alone).
 
 Usage:
-  python scripts/scaling_model.py validate bench_results/hosts_steps60_v2/runs.csv [more runs.csv ...]
+  python scripts/scaling_model.py validate results/hosts_steps60_v2/runs.csv [more runs.csv ...]
   python scripts/scaling_model.py project [runs.csv ...]   # the runs fit the servers' CPU per message
-  python scripts/scaling_model.py all bench_results/hosts_steps60_v2/runs.csv   # both; what the folder holds
+  python scripts/scaling_model.py all results/hosts_steps60_v2/runs.csv   # both; what the folder holds
 Options: --out DIR (default results/scaling_model), --config / --set (the base config and overrides the
 benchmark ran with; default: read from the manifest.json next to each runs.csv, else bench_network's),
 --fit-on RUNS.csv (the SSGD rows `overlap` is fitted on), --cores (of the machine the runs ran on).
@@ -60,7 +60,7 @@ from scripts.results_io import (COMPUTE_BOUND, rate_name, read_csv, results_fold
 
 FRAME, MSS, ACK, SEGMENTS_PER_ACK = 1514, 1448, 66, 2     # Ethernet frame of a full TCP segment, its ACK
 OUT = "results/scaling_model"
-FIT_ON = "bench_results/hosts_steps60_v2/runs.csv"
+FIT_ON = "results/hosts_steps60_v2/runs.csv"
 SERVER_FITS = "results/bench_server/fits.csv"
 SELECTION = "results/bench_selection/bench.csv"
 BENCH_MODEL = {"cifar_resnet20_v1": "resnet20", "resnet50_v1": "resnet50"}   # model -> bench_server/selection

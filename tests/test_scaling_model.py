@@ -52,7 +52,7 @@ def test_round_bytes_spread_over_the_servers_and_pull_every_delay_steps():
 
 
 def test_the_benchmark_layout_gives_the_measured_push_and_pull():
-    """bench_results/hosts_steps60_v2: rank 0 pushed 21,976 and pulled 43,961 bytes a step (the
+    """results/hosts_steps60_v2: rank 0 pushed 21,976 and pulled 43,961 bytes a step (the
     pulls' mean includes the odd dense resync) with the shipped top-k settings, 2 workers, 1 server."""
     from bench.bench_network import ALGORITHMS
     cfg = _cfg(*ALGORITHMS["ssd_topk_sparse"][1])

@@ -35,8 +35,8 @@ def ring_zeros(size, down, ring):
     return mx.nd.zeros(RingLayout.of_plan(size, down, ring).length)
 
 
-# A compressed round takes this many pushes' bytes: the pull stays at twice a push at any N (one push's
-# worth of fp32 pairs lost 2.8 points against the exact downlink at 8 workers, Fashion-MNIST seed 0).
+# A compressed round takes this many pushes' bytes: the pull stays at twice a push at any N (why two:
+# docs/design.md, "Compressed downlink").
 COMPRESSED_PUSHES = 2
 
 

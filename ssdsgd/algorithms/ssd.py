@@ -326,9 +326,9 @@ class RoundClient(Client):
 
     def _poll_order(self, buffers):
         """The buffers in the order to wait on their clocks, rotated by this worker's rank: most of a
-        wait's clock polls fall on the first buffer polled, and with the same first buffer for every
-        worker its server spent 1.5x the others' CPU per step (4 servers,
-        results/server_balance_clock_polls); rotated, the workers' polls spread over the servers."""
+        wait's clock polls fall on the first buffer polled, so with the same first buffer for every
+        worker its server would take more than its share of the polls; rotated, the workers' polls
+        spread over the servers (measured: docs/design.md, "Speed past two workers and one server")."""
         buffers = list(buffers)
         first = self.kv.rank % len(buffers) if buffers else 0
         return buffers[first:] + buffers[:first]

@@ -8,8 +8,8 @@ its own, so N pushes of g/(N*B) make one synchronous step's worth of progress.
 
 MXNet places a key on server (key * 9973) % S (arrays of MXNET_KVSTORE_BIGARRAY_BOUND elements or more
 it splits over all servers): the parameters' keys are chosen so that each lands on the least-loaded
-server (balanced_keys). Numbered 0..n-1, one of 4 servers held 1.32x the mean of ResNet-20's elements
-and sent and received 1.32x the mean bytes (results/server_balance_before).
+server (balanced_keys); keys numbered 0..n-1 would leave the servers' shares uneven (measured:
+docs/design.md, "Speed past two workers and one server").
 """
 import os
 

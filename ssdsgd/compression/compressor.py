@@ -1,9 +1,12 @@
 """Sparsifiers: pick exactly k entries of a flat gradient, on the host (numpy).
 
 Exactly k, always: every worker then pushes the same number of values per tensor, so mailbox
-sizes are fixed and equal across workers (SAFusion's inter-worker alignment). select(x, k, key,
-step) takes a 1-D float32 numpy array and returns k distinct int64 indices, in any order (top-k's
-are increasing).
+sizes are fixed and equal across workers (SAFusion's inter-worker alignment).
+
+The contract (stated here only): select(x, k, key, step) takes x, a 1-D float32 numpy array on the
+host (the tensor's accumulated gradient), and returns k distinct integer indices into it as a numpy
+array (int64), in any order (top-k's are increasing); key and step name the tensor and the step, for
+seeded randomness. The encoder (encoders.py) gathers the values and packs them for the wire (codec.py).
 
 Why on the host: see encoders.py, which copies each sparse buffer's gradient there once per step.
 

@@ -215,8 +215,8 @@ def allocate_by_threshold(accs, counts, whole):
     Per-tensor quotas proportional to size starve tensors whose few values carry large gradients
     (the classifier, the first convolution, BatchNorm); this spends the same budget where the
     accumulated gradient is. It costs one O(n) partition of the buffer;
-    compression.allocate_every sets how often it runs (every step by default: quotas kept for 10
-    steps cost 18 points of accuracy on Fashion-MNIST, see the README).
+    compression.allocate_every sets how often it runs (every step by default; why: docs/design.md,
+    "Sparsification ahead of fusion").
     accs: the tensors' accumulated gradients (1-D numpy); whole: indices of tensors sent whole."""
     part = [j for j in range(len(accs)) if j not in whole]
     budget = sum(counts[j] for j in part)

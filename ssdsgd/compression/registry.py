@@ -2,7 +2,7 @@
 
 compression.type is "none" (dense pushes), "2bit" (MXNet's native compression, stock KVStore path
 only) or the name of a registered sparsifier. A sparsifier is a class with
-`select(x, k, key, step)` -> k float32 indices of the flat NDArray x (see compressor.py), built as
+`select(x, k, key, step)` (its contract: compressor.py), built as
 `cls(seed=seed)`, registered with `@register("name")` in its module; that module is imported by
 ssdsgd/compression/__init__.py (one line), so the name is known wherever this package is.
 

@@ -42,7 +42,7 @@ HELLO_TIMEOUT = 5.0
 WORKER_TIMEOUT = 2 * HELLO_TIMEOUT
 PROOF_BASE_KEY = (1 << 20) + 16  # far above any plan key, past the probe and tally keys
 TAG_PIECES = 8                 # a 128-bit tag as 16-bit pieces, each exact in a float32
-PRIVATE_NETWORK = "keep the job's ports on a private network (README, Reliability)"
+PRIVATE_NETWORK = "keep the job's ports on a private network (README: A private network)"
 
 
 def proof_keys(num_servers):

@@ -1,9 +1,8 @@
 """The compressed downlink's slot payload: a round's (index, value) pairs at about 2 bytes a pair.
 
 Under `compression.downlink: compressed` a round may carry two pushes' bytes. As float32 (index,
-value) pairs that is two pushes' values, and at 8 workers the round sum holds about six: three
-quarters of every round waited in the servers' error feedback, 1.2 points below the exact downlink
-on a Fashion-MNIST validation split. Packed, the same bytes carry about three times the values:
+value) pairs that is two pushes' values; packed, the same bytes carry about three times the values
+(why it matters: docs/design.md, "Compressed downlink"):
 
 - each value as one byte, a float with 4 significant bits: sign, a 4-bit exponent below the round's
   largest (16 octaves) and 3 mantissa bits. What rounding changes, and any value more than 16 octaves

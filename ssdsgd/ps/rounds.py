@@ -26,9 +26,8 @@ compressed downlink (a ring stage with a packed slot) the servers apply, and pub
 itself but its top-`cap` values after adding the servers' own error feedback (as DoubleSqueeze does),
 rounded to the packed slot's one-byte values and cut to what fits its bytes (ssdsgd.ps.ring_packing):
 C_t = pack(G_t + e_t), e_{t+1} = G_t + e_t - C_t. e stays in gradient units whatever
-compression.rescale_held says: carried to each round's rate like the workers' memory, its stale sums
-reached the weights undamped late in a run and cost 2.9-3.8 points at 4 workers (seeds 0-1 of
-results/accuracy_fmnist_scale_rescaled against _scale_compressed_rescaled). The servers' weights are then
+compression.rescale_held says: the decaying rate damps its stale sums (why: docs/design.md, "Held
+values at their own step's learning rate"). The servers' weights are then
 exactly what the workers' replicas rebuild from the published rounds; what the rounds have not yet
 carried waits in e.
 """
@@ -59,7 +58,7 @@ class BufferState:
         self.scale = 1.0 / (num_workers * batch_size)
         self.momentum = momentum
         # SSD-SGD's steps-delay stage (rounds >= warmup) may run with its own momentum: stale
-        # gradients act like extra momentum, see the README's Fashion-MNIST ablation.
+        # gradients act like extra momentum, see docs/design.md, "Momentum of the steps-delay stage".
         self.delay_momentum = momentum if delay_momentum is None else delay_momentum
         self.warmup = warmup
         self.wd = wd

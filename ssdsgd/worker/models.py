@@ -72,10 +72,9 @@ def inference_graph(net):
     current weights and BatchNorm statistics, however they were changed (in place, set_data, a
     checkpoint load), and holds no copy of them.
 
-    The evaluation of an imperative model (model.hybridize: false) runs through it: on the CPU of the
-    README's measurements the imperative model trains faster, but the static graph infers in 0.72x
-    the time (0.67x with 2 processes at once; ResNet-20, batch 128, one thread each,
-    results/bench_step_eval), with the same kernels and so the same outputs."""
+    The evaluation of an imperative model (model.hybridize: false) runs through it: the static graph
+    runs the same kernels, so gives the same outputs, and infers faster (measured: docs/design.md,
+    "Outputs")."""
     from mxnet import gluon, sym
     data = sym.var("data", dtype="float32")     # typed, or SymbolBlock warns that it cannot infer it
     graph = gluon.SymbolBlock(net(data), data, params=net.collect_params())

@@ -141,7 +141,7 @@ def build_imagenet(root, shape, num_classes, augment, preprocess_threads, shard)
     if missing:
         # im2rec writes <prefix>.lst/.rec/.idx, so prefixes inside the data folder put the
         # files where they belong.
-        # One line, like every bad-data message (README: What you see when something goes wrong).
+        # One line, like every bad-data message (docs/design.md: What you see when something goes wrong).
         train, val = os.path.join(shown, "train"), os.path.join(shown, "val")
         raise DataError(
             f"imagenet: missing {', '.join(missing)}. Nothing is downloaded; put the im2rec "

@@ -20,6 +20,7 @@ import socket
 import time
 
 from ssdsgd.errors import JobError
+from ssdsgd.run_id import RUN_ID_FILE, run_identity, write_run_identity
 
 LOCK_FILE = ".ssdsgd.lock"
 PRIVATE_UMASK = 0o077          # run and checkpoint folders: 0700 folders, 0600 files
@@ -173,10 +174,29 @@ def latest_run_folder(cfg):
     return os.path.realpath(link) if os.path.isdir(link) else None
 
 
-def resumed_run_folder(manifest):
-    """The run folder a checkpoint's run wrote to (its manifest's run_dir), if it still exists."""
-    folder = manifest.get("run_dir")
-    return folder if isinstance(folder, str) and os.path.isdir(folder) else None
+def resume_run_folder(cfg, manifest):
+    """(the folder a resume from the checkpoint `manifest` goes on writing in, or None for a new one; why
+    a new one, or None). The recorded run_dir is used only when it holds the run that wrote the checkpoint
+    (the same run id) and the checkpoint is in that run's own checkpoint.dir: a copy of checkpoint.dir
+    resumed elsewhere is another run from there on, and gets its own folder. FolderError when run_dir is
+    an existing folder of another run, or of none."""
+    folder, run_id = manifest.get("run_dir"), manifest.get("run_id")
+    if not isinstance(folder, str) or not os.path.isdir(folder):
+        return None, "the run folder of the checkpoint's run is gone"
+    if run_id is None:
+        return None, (f"the checkpoint records no run id (written before run ids), so {folder} cannot be "
+                      f"proved to be its run's folder")
+    ident = run_identity(folder)
+    if ident is None or ident["run_id"] != run_id:
+        whose = f"it holds run {ident['run_id']}" if ident else f"it has no {RUN_ID_FILE}"
+        raise FolderError(f"--resume: the checkpoint in {cfg.checkpoint.dir} records run_dir {folder}, which is "
+                          f"not the folder of the run that wrote the checkpoint (run {run_id}; {whose}); "
+                          f"refusing to write into it: correct run_dir in the checkpoint's manifest.json, or "
+                          f"remove it to resume into a new run folder")
+    if not (ident.get("checkpoint_dir") and _same(ident["checkpoint_dir"], cfg.checkpoint.dir)):
+        return None, (f"checkpoint.dir {cfg.checkpoint.dir} is not the checkpoint.dir of the run in {folder} "
+                      f"({ident.get('checkpoint_dir')}; a copy?), so that run's folder is left as it is")
+    return folder, None
 
 
 def planned_steps(cfg, steps_per_epoch):
@@ -253,9 +273,10 @@ def prepare(cfg, resume, overwrite, what, log=print):
             held.append(lock(root, what, "checkpoint.dir"))
             _check_checkpoints(root, resume, overwrite, log)
         if resume:
-            run_dir = resumed_run_folder(resume_point(cfg)[1])      # CheckpointError if it cannot be resumed
-            if run_dir is None:
-                log("--resume: the run folder of the checkpoint's run is gone; the resumed run writes a new one")
+            # CheckpointError if it cannot be resumed, FolderError if its run_dir is not its run's folder
+            run_dir, why_new = resume_run_folder(cfg, resume_point(cfg)[1])
+            if why_new:
+                log(f"--resume: {why_new}; the resumed run writes a new run folder")
         if run_dir is None:
             run_dir = new_run_folder(cfg)
             created.append(run_dir)
@@ -268,6 +289,7 @@ def prepare(cfg, resume, overwrite, what, log=print):
         if resume:
             keep_stopped_result(run_dir, log)
         if run_dir in created:
+            write_run_identity(run_dir, root)
             point_latest(run_dir)       # last: only a run folder that exists and is locked becomes `latest`
     except BaseException:
         release(held)
@@ -305,7 +327,7 @@ def _check_checkpoints(root, resume, overwrite, log):
 
 def _remove_if_only_lock(folder):
     try:
-        if os.listdir(folder) in ([], [LOCK_FILE]):
+        if set(os.listdir(folder)) <= {LOCK_FILE, RUN_ID_FILE}:
             shutil.rmtree(folder)
     except OSError:
         pass
@@ -370,7 +392,7 @@ def start_problem(cfg, resume, overwrite):
         return _held_checkpoints_problem(root, kept)
     if resume:
         try:
-            resume_point(cfg)
-        except CheckpointError as err:
+            resume_run_folder(cfg, resume_point(cfg)[1])
+        except (CheckpointError, FolderError) as err:
             return str(err)
     return None

@@ -81,6 +81,7 @@ LAYERS = [
     {"env", "errors"},                                          # names and errors shared by everything
     {"faults", "schedule", "metrics", "compression", "provenance", "run_id"},   # leaf helpers
     {"schema"},                                                 # the config's keys and their checks
+    {"config_yaml"},                                            # reading YAML with limits
     {"idle"},                                                   # which keys the rest of a config leaves idle
     {"config"},
     {"fingerprint"},                                            # which keys a resume may change

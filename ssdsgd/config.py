@@ -19,6 +19,7 @@ from ssdsgd.schema import (  # noqa: F401  (the names the rest of the package re
     key_name, shown)
 from ssdsgd.config_yaml import MAX_BYTES, load_yaml
 from ssdsgd.metrics import human_bytes
+from ssdsgd.paths import file_problem
 
 MAX_SYNTHETIC_BYTES = 16 << 30     # a synthetic data set (train and test images), drawn in every worker's memory
 NAME_MAX = 255                     # bytes in a folder name (Linux file systems)
@@ -251,10 +252,14 @@ def apply_override(raw, keys, value):
 
 def load_config(path, overrides=()):
     """Read, override, validate. Raises ConfigError with the key path on any problem."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"--config: file not found: {path}")
-    with open(path) as f:
-        text = f.read(MAX_BYTES + 1)        # a larger file is refused, not read whole
+    problem = file_problem(path)
+    if problem:
+        raise ConfigError(f"--config: {problem}")
+    try:
+        with open(path) as f:
+            text = f.read(MAX_BYTES + 1)        # a larger file is refused, not read whole
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"--config: cannot read {path}: {getattr(err, 'strerror', None) or err}") from None
     try:
         raw = load_yaml(text)
     except yaml.YAMLError as err:

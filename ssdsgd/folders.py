@@ -14,12 +14,13 @@ Standard library only: the front end must not import mxnet.
 import fcntl
 import json
 import os
-import re
 import shutil
 import socket
 import time
 
+from ssdsgd.checkpoint_dir import _is_leftover, checkpoint_folders, remove_leftovers
 from ssdsgd.errors import JobError
+from ssdsgd.paths import folder_problem
 from ssdsgd.run_id import RUN_ID_FILE, run_identity, write_run_identity
 
 LOCK_FILE = ".ssdsgd.lock"
@@ -50,7 +51,13 @@ def _make_folder(folder, label):
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
     except OSError as err:
-        raise FolderError(f"{label}: cannot create {folder}: {err.strerror}") from None
+        raise FolderError(_cannot_create(folder, label, err.strerror)) from None
+
+
+def _cannot_create(folder, label, strerror=None):
+    """The line for a folder that cannot be made (FolderError's, and --dry-run's): what the path is, where
+    that says more than the errno (a link loop is 'File exists')."""
+    return f"{label}: cannot create {folder}: {folder_problem(folder) or strerror}"
 
 
 def lock(folder, what, label):
@@ -82,38 +89,6 @@ def lock(folder, what, label):
 
 def _same(a, b):
     return os.path.realpath(a) == os.path.realpath(b)
-
-
-def checkpoint_folders(root):
-    """Names of the epoch-* folders under root (complete or not), sorted."""
-    if not root or not os.path.isdir(root):
-        return []
-    return sorted(d for d in os.listdir(root) if d.startswith("epoch-") and os.path.isdir(os.path.join(root, d)))
-
-
-def remove_leftovers(root, log=print):
-    """Temporary files of interrupted saves, and epoch folders without a manifest (saves that never
-    completed; never used for a resume), under checkpoint.dir. Only while holding its lock."""
-    removed = []
-    for d in checkpoint_folders(root):
-        folder = os.path.join(root, d)
-        if _is_leftover(folder):
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(d + "/")
-            continue
-        for name in os.listdir(folder):
-            if ".tmp" in name:
-                os.remove(os.path.join(folder, name))
-                removed.append(f"{d}/{name}")
-    if removed:
-        log(f"checkpoint.dir {root}: removed what interrupted saves left: {', '.join(removed)}")
-    return removed
-
-
-def _is_leftover(checkpoint_folder):
-    """An epoch folder without a manifest: a save that never completed."""
-    from ssdsgd.checkpoint import MANIFEST
-    return not os.path.exists(os.path.join(checkpoint_folder, MANIFEST))
 
 
 class RunFinished(FolderError):
@@ -341,35 +316,6 @@ def release(held):
             pass
 
 
-def prune_checkpoints(root, keep, steps_per_epoch):
-    """Delete the epoch-<E> folders under root below the `keep` newest complete checkpoints (keep 0:
-    none) and below the newest one of whole epochs (a max_steps stop's partial one is replaced when
-    its resume ends that epoch; the whole one stays if that save fails). Returns those deleted."""
-    from ssdsgd.checkpoint import MANIFEST
-    if not keep or not root or not os.path.isdir(root):
-        return []
-    epochs = sorted((int(m.group(1)), d) for d in os.listdir(root) if (m := re.fullmatch(r"epoch-(\d+)", d)))
-    manifests = [(e, os.path.join(root, d, MANIFEST)) for e, d in epochs]
-    complete = [(e, path) for e, path in manifests if os.path.exists(path)]
-    if len(complete) <= keep:
-        return []
-    whole = [e for e, path in complete if _load_json(path).get("step") == e * steps_per_epoch]
-    oldest_kept = min([complete[-keep][0]] + whole[-1:])
-    removed = [os.path.join(root, d) for e, d in epochs if e < oldest_kept]
-    for folder in removed:
-        shutil.rmtree(folder)
-    return removed
-
-
-def _load_json(path):
-    try:
-        with open(path) as f:
-            d = json.load(f)
-        return d if isinstance(d, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
 def unused_name(folder, stem, ext):
     """stem + ext, or stem.2 + ext, stem.3 + ext, ...: the first not in folder, so that a file of an
     earlier attempt (a resume's record, a job's log) is kept, not replaced."""
@@ -385,14 +331,22 @@ def start_problem(cfg, resume, overwrite):
     from ssdsgd.checkpoint import CheckpointError, resume_point
     problem = _options_problem(cfg, resume, overwrite)
     root = cfg.checkpoint.dir
+    if not problem and root and folder_problem(root):
+        problem = _cannot_create(root, "checkpoint.dir")
     if problem or not (root or resume):
-        return problem
+        return problem or _run_home_problem(cfg)
     kept = [d for d in checkpoint_folders(root) if not _is_leftover(os.path.join(root, d))]   # as after the cleanup
     if kept and not resume and not overwrite:
         return _held_checkpoints_problem(root, kept)
     if resume:
         try:
-            resume_run_folder(cfg, resume_point(cfg)[1])
+            if resume_run_folder(cfg, resume_point(cfg)[1])[0]:
+                return None                 # goes on in the resumed run's folder: log.dir is not made
         except (CheckpointError, FolderError) as err:
             return str(err)
-    return None
+    return _run_home_problem(cfg)
+
+
+def _run_home_problem(cfg):
+    home = run_home(cfg)
+    return _cannot_create(home, "log.dir") if folder_problem(home) else None

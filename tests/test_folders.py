@@ -14,7 +14,7 @@ import pytest
 from jobs import ROOT, processes_with, run_job, start_job, wait_for_progress
 
 from ssdsgd import provenance
-from ssdsgd.folders import checkpoint_folders
+from ssdsgd.checkpoint_dir import checkpoint_folders
 
 SSGD = "configs/demo_digits_ssgd.yaml"
 SSD_TOPK = "configs/demo_digits_ssd_topk.yaml"
@@ -160,7 +160,7 @@ def test_final_params_on_a_full_disk(small_disk):
 
 
 def test_leftovers_of_interrupted_saves_are_removed_at_start(tmp_path):
-    from ssdsgd.folders import remove_leftovers
+    from ssdsgd.checkpoint_dir import remove_leftovers
     root = tmp_path / "ck"
     done, partial = root / "epoch-0001", root / "epoch-0002"
     done.mkdir(parents=True)

@@ -11,6 +11,7 @@ import time
 
 from ssdsgd.config import ROOTED_DATASETS
 from ssdsgd.launch.hosts import is_host_list
+from ssdsgd.paths import file_problem
 from ssdsgd.train import config_from_args, parse_args
 
 
@@ -38,8 +39,11 @@ def preflight(cfg):
     if cfg.cluster.launcher == "ssh":
         for key in ("hostfile", "ssh_identity", "ssh_config"):
             path = getattr(cfg.cluster, key)
-            if path and not os.path.isfile(path) and not (key == "hostfile" and is_host_list(path)):
-                return f"cluster.{key}: file {path} does not exist"
+            if not path or (key == "hostfile" and not os.path.lexists(path) and is_host_list(path)):
+                continue
+            problem = file_problem(path)
+            if problem:
+                return f"cluster.{key}: {problem}"
         problem = ssh_problem(cfg.cluster)
         if problem:
             return problem
@@ -265,7 +269,7 @@ def _run_with_restarts(cfg, args, run_dir):
     cluster.max_restarts times. The folder locks stay held throughout. A job that fails after its
     summary was written is not restarted: its result is complete and stays as it is (_ended)."""
     from ssdsgd.checkpoint import CheckpointError, latest, resume_point
-    from ssdsgd.folders import remove_leftovers
+    from ssdsgd.checkpoint_dir import remove_leftovers
     limit = cfg.cluster.max_restarts
     resume, previous, stuck = args.resume, None, 0
     for attempt in range(limit + 1):

@@ -60,9 +60,10 @@ def _cannot_create(folder, label, strerror=None):
     return f"{label}: cannot create {folder}: {folder_problem(folder) or strerror}"
 
 
-def lock(folder, what, label):
+def lock(folder, what, label, record=True):
     """Create `folder` (private) if needed and take its lock; returns the open lock file, which must
-    stay open as long as the job runs. FolderError naming the holder if another job has it."""
+    stay open as long as the job runs. FolderError naming the holder if another job has it. record: write
+    who holds it now (else record_holder does, once the start is sure: a refused one changes no file)."""
     _make_folder(folder, label)
     if not os.path.isdir(folder):
         raise FolderError(f"{label}: {folder} is not a folder")
@@ -77,14 +78,22 @@ def lock(folder, what, label):
         os.close(fd)
         raise FolderError(f"{label}: {folder} is in use by another job: {_holder(path)} "
                           f"(lock file {path}); wait for it to end or choose another folder") from None
+    held = os.fdopen(fd, "r+")
+    if record:
+        record_holder(held, folder, what, label)
+    return held
+
+
+def record_holder(held, folder, what, label):
+    """Write this process into the lock file `held` of `folder` (lock's), so a second job can name it."""
     info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "what": what}
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(info).encode(), 0)
+        os.ftruncate(held.fileno(), 0)
+        os.pwrite(held.fileno(), json.dumps(info).encode(), 0)
     except OSError as err:                  # a full disk, a quota: said before any process starts
-        os.close(fd)
-        raise FolderError(f"{label}: cannot write the lock file {path}: {err.strerror}") from None
-    return os.fdopen(fd, "r+")
+        held.close()
+        raise FolderError(f"{label}: cannot write the lock file {os.path.join(folder, LOCK_FILE)}: "
+                          f"{err.strerror}") from None
 
 
 def _same(a, b):
@@ -245,20 +254,21 @@ def prepare(cfg, resume, overwrite, what, log=print):
         if root:
             if not os.path.exists(root):
                 created.append(root)
-            held.append(lock(root, what, "checkpoint.dir"))
-            _check_checkpoints(root, resume, overwrite, log)
+            held.append(lock(root, what, "checkpoint.dir", record=False))
         if resume:
             # CheckpointError if it cannot be resumed, FolderError if its run_dir is not its run's folder
             run_dir, why_new = resume_run_folder(cfg, resume_point(cfg)[1])
+            done = run_dir and finished_message(run_dir, cfg)
+            if done:
+                raise RunFinished(done)     # before any file changes: the lock file's holder, leftovers
             if why_new:
                 log(f"--resume: {why_new}; the resumed run writes a new run folder")
+        if root:
+            record_holder(held[0], root, what, "checkpoint.dir")
+            _check_checkpoints(root, resume, overwrite, log)
         if run_dir is None:
             run_dir = new_run_folder(cfg)
             created.append(run_dir)
-        if resume:
-            done = finished_message(run_dir, cfg)
-            if done:
-                raise RunFinished(done)
         if not (root and _same(root, run_dir)):
             held.append(lock(run_dir, what, "run folder"))
         if resume:

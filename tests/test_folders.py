@@ -569,3 +569,29 @@ def test_a_copy_of_a_checkpoint_dir_resumed_elsewhere_leaves_the_original_run_al
     assert os.path.dirname(c.run_dir) == os.path.join(log2, "r"), c.output[-3000:]
     assert _files(a.run_dir) == before
     assert c.summary()["steps"] == 66 and processes_with(c.marker) == []
+
+
+def test_a_resume_of_a_finished_run_changes_no_file(tmp_path, monkeypatch):
+    """'nothing to resume, no file changed': not the lock files (the checkpoint.dir's was rewritten with the
+    refused start's PID), nor what an interrupted save left in checkpoint.dir."""
+    from types import SimpleNamespace
+
+    from ssdsgd.folders import RunFinished, prepare
+    first, manifest = _first_run(tmp_path)
+    (tmp_path / "runs" / "job" / os.path.basename(first) / "summary.json").write_text(
+        json.dumps({"steps": 44, "steps_per_epoch": 22}))
+    ck = tmp_path / "ck"
+    (ck / "epoch-0003").mkdir(parents=True)                        # a save that never completed
+    (ck / ".ssdsgd.lock").write_text('{"pid": 1, "host": "h", "started": 0, "what": "the finished run"}')
+    _checkpoint_of(monkeypatch, manifest)
+    cfg = _prepare_cfg(tmp_path)
+    cfg.train = SimpleNamespace(epochs=2, max_steps=None)
+
+    def state():
+        return {p: (open(p, "rb").read() if os.path.isfile(p) else None, os.stat(p, follow_symlinks=False).st_mtime_ns)
+                for top in (ck, tmp_path / "runs") for p in map(str, [top, *top.rglob("*")])}
+    before = state()
+    time.sleep(0.01)
+    with pytest.raises(RunFinished, match="no file changed"):
+        prepare(cfg, True, False, "resume of a finished run")
+    assert state() == before

@@ -225,3 +225,25 @@ def test_dry_run_of_a_log_dir_that_is_a_file_exits_2(tmp_path):
     assert proc.returncode == 2
     assert proc.stdout.endswith(f"# error: a run would stop here: log.dir: cannot create {path}/demo_digits_ssgd: "
                                 f"{path} is a file, not a folder\n"), proc.stdout[-1000:]
+
+
+@pytest.mark.parametrize("sets, said", [
+    (["checkpoint.every_epochs=1"], "no checkpoint was written yet (checkpoint.every_epochs: 1, in {ck}), so there "
+                                    "is nothing to restart from"),
+    ([], "cluster.max_restarts restarts from a checkpoint, and checkpoint.every_epochs is not set"),
+])
+def test_a_failure_before_the_first_checkpoint_says_why_it_is_not_restarted(tmp_path, capsys, monkeypatch, sets, said):
+    """Both keys set: it said 'cluster.max_restarts needs checkpoint.dir and checkpoint.every_epochs'."""
+    from types import SimpleNamespace
+
+    from ssdsgd.config import load_config
+    from ssdsgd.launch import run as front
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    cfg = load_config(os.path.join(ROOT, "configs", "demo_digits_ssgd.yaml"),
+                      ["cluster.max_restarts=2", f"checkpoint.dir={ck}", *sets])
+    monkeypatch.setattr(front, "_launch", lambda *a, **k: front.RESTARTABLE)
+    code = front._run_with_restarts(cfg, SimpleNamespace(resume=False), str(tmp_path))
+    err = capsys.readouterr().err
+    assert code == front.RESTARTABLE
+    assert err == f"run: the job failed before its first complete checkpoint; not restarted: {said.format(ck=ck)}\n"

@@ -283,8 +283,7 @@ def _run_with_restarts(cfg, args, run_dir):
             return code
         root = cfg.checkpoint.dir
         if not root or latest(root) is None:
-            print("run: the job failed before its first complete checkpoint; not restarted "
-                  "(cluster.max_restarts needs checkpoint.dir and checkpoint.every_epochs)",
+            print(f"run: the job failed before its first complete checkpoint; not restarted: {_no_checkpoint(cfg)}",
                   file=sys.stderr, flush=True)
             return code
         remove_leftovers(root, lambda msg: print(f"run: {msg}", file=sys.stderr, flush=True))
@@ -304,6 +303,18 @@ def _run_with_restarts(cfg, args, run_dir):
             print(f"run: stopped before restart {attempt + 1}; not restarted", file=sys.stderr, flush=True)
             return 130
         resume, previous = True, directory
+
+
+def _no_checkpoint(cfg):
+    """Why a failed job has no checkpoint to restart from: a key not set, or none written yet."""
+    ck = cfg.checkpoint
+    unset = [key for key, value in (("checkpoint.dir", ck.dir), ("checkpoint.every_epochs", ck.every_epochs))
+             if not value]
+    if unset:
+        return (f"cluster.max_restarts restarts from a checkpoint, and {' and '.join(unset)} "
+                f"{'is' if len(unset) == 1 else 'are'} not set")
+    return (f"no checkpoint was written yet (checkpoint.every_epochs: {ck.every_epochs}, in {ck.dir}), so there is "
+            f"nothing to restart from")
 
 
 def _launch(cfg, args, resume, run_dir, dry_run=False):

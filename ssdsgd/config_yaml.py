@@ -22,7 +22,7 @@ class _Loader(yaml.SafeLoader):
 
     def __init__(self, stream, keys=()):
         super().__init__(stream)
-        self.keys = list(keys)
+        self.keys = [key_name(k) for k in keys]
 
     def compose_node(self, parent, index):
         # PyYAML composes recursively: without this bound a 100,000-deep [[[...]]] is a RecursionError.
@@ -105,7 +105,7 @@ def load_yaml(text, keys=()):
         node = loader.get_single_node()
         if node is None:
             return None
-        _count(node, list(keys), 1, {}, set())
+        _count(node, [key_name(k) for k in keys], 1, {}, set())
         return loader.construct_document(node)
     finally:
         loader.dispose()

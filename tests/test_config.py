@@ -788,3 +788,8 @@ def test_a_run_name_with_a_control_character_is_refused(name):
 def test_a_run_name_longer_than_a_folder_name_may_be_is_refused():
     assert "at most 255 bytes" in config_error(SSGD, ["name=" + "n" * 300])
     assert load_config(SSGD, ["name=" + "n" * 255]).name == "n" * 255
+
+
+def test_a_long_key_path_of_a_set_is_cut_short_in_a_reader_limits_message():
+    msg = config_error(SSGD, ["k" * 100000 + "=" + "[" * 30 + "]" * 30])
+    assert "nested more than" in msg and len(msg) < 400, msg[:1000]

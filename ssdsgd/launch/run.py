@@ -127,8 +127,8 @@ def _own_options(ap):
 
 def dry_run(cfg, args):
     """The config as the job would run it and the launcher's plan, then what the run would refuse before
-    its processes start (the data, the host file, the interface, checkpoint.dir and --resume): exit 2 then,
-    so that a script can check a config with it. Nothing is written, nothing is started."""
+    its processes start (the data, the host file, the interface, checkpoint.dir and --resume, the folders it
+    would make): exit 2 then, so that a script can check a config with it. Nothing is written, nothing is started."""
     import yaml
 
     from ssdsgd.folders import start_problem

@@ -11,7 +11,8 @@ import os
 import sys
 
 from ssdsgd.checkpoint import RESUME_MAY_CHANGE, RESUME_MUST_MATCH
-from ssdsgd.config import SCHEMA, ListField, StrListField
+from ssdsgd.config import NAME_MAX, SCHEMA, ListField, StrListField
+from ssdsgd.config_yaml import MAX_BYTES, MAX_DEPTH, MAX_VALUES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "docs", "config.md")
@@ -45,7 +46,6 @@ NOTES = {
     "data.root": "the folder holding the data set's files; required for cifar10, mnist, fashion_mnist, imagenet",
     "data.num_classes": "imagenet (null: 1000; a label outside 0 .. num_classes - 1 is refused) and synthetic "
                         "(null: 10); the other data sets have 10",
-    "data.synthetic_samples": "training images of the synthetic data set",
     "data.augment": "training augmentation: random crop and flip as each data set's recipe does",
     "data.preprocess_threads": "imagenet: decoding threads of MXNet's ImageRecordIter per worker",
     "model.name": "small_cnn, linear, mlp, or a gluoncv model zoo name (cifar_resnet20_v1, resnet50_v1, ...)",
@@ -170,7 +170,11 @@ def render():
         "command line with `--set section.key=value` (the value is YAML: "
         "`--set train.lr_schedule.milestones=[80,120]`). "
         "An unknown key, a wrong type or a value outside its range stops the job before any process starts "
-        "(exit 2, naming the key). A key given a value that the rest of the config leaves without effect "
+        "(exit 2, naming the key; a value it quotes is cut to a short excerpt). The reader has limits, each met "
+        f"with one such line: a file of at most {MAX_BYTES >> 20} MiB, nested at most {MAX_DEPTH} levels, at most "
+        f"{MAX_VALUES:,} values once YAML aliases are expanded (no value inside itself); the run `name` has no "
+        f"control characters and at most {NAME_MAX} bytes. "
+        "A key given a value that the rest of the config leaves without effect "
         "(`algorithm.delay` when `algorithm.type` is ssgd, `compression.density` without a sparsifier) is named "
         "in a `note:` line as the job starts (and in `--dry-run`'s output), and ignored; a resume may change it. "
         "A default of `null` or `auto` is resolved when the config is loaded (the "

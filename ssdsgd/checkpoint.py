@@ -15,6 +15,8 @@ and every hash are checked; any problem stops the job before it starts, with a m
 Manifest format 2:
   {"format": 2, "fingerprint": sha256 hex, "config": {the hashed config parts}, "name": str,
    "run_dir": the run folder, absolute (optional: a resume goes on writing there),
+   "run_id": the run folder's id (optional; ssdsgd.run_id): a resume writes into run_dir only if
+             that folder holds this run (folders.resume_run_folder),
    "epochs_done": int >= 1 (the folder's E), "step": int, epochs_done <= step,
    "plan": {"kind": "rounds", "servers": S, "buffer_sizes": [int > 0, ...],
             "cost_model": {"alpha", "beta", "backward"} or null}    round-based runs
@@ -42,6 +44,7 @@ from ssdsgd.errors import CheckpointError
 from ssdsgd.fingerprint import (  # noqa: F401  (read through checkpoint by the run folders and tests)
     RESUME_MAY_CHANGE, RESUME_MUST_MATCH, differences, differing, fingerprint, fingerprint_parts, hash_parts)
 from ssdsgd.metrics import write_atomic, write_json_atomic
+from ssdsgd.run_id import run_id
 
 MANIFEST = "manifest.json"
 FORMAT = 2
@@ -100,10 +103,11 @@ def file_sha256(path):
 
 def write_manifest(directory, cfg, epochs_done, step, plan, run_dir):
     """plan: {"kind": "rounds", "buffer_sizes", "cost_model"} or {"kind": "stock"}; servers is added.
-    run_dir: the run folder (absolute), where a resume of this run goes on writing."""
+    run_dir: the run folder (absolute), where a resume of this run goes on writing; its run id goes with it."""
     files = sorted(f for f in os.listdir(directory) if FILE_NAME.fullmatch(f))
     manifest = {"format": FORMAT, "fingerprint": fingerprint(cfg), "config": fingerprint_parts(cfg),
-                "name": cfg.name, "run_dir": os.path.abspath(run_dir), "epochs_done": epochs_done, "step": step,
+                "name": cfg.name, "run_dir": os.path.abspath(run_dir),
+                "run_id": run_id(run_dir), "epochs_done": epochs_done, "step": step,
                 "plan": dict(plan, servers=cfg.cluster.servers),
                 "files": {f: file_sha256(os.path.join(directory, f)) for f in files}}
     problem = manifest_problem(manifest, cfg, epochs_done)
@@ -146,8 +150,8 @@ def manifest_problem(m, cfg, folder_epoch=None):
             return f"{key}: expected {'an object' if kind is dict else kind.__name__}, got {value!r}"
     if not SHA256.fullmatch(m["fingerprint"]):
         return f"fingerprint: not a sha256 hex digest: {m['fingerprint']!r}"
-    for key in ("name", "run_dir"):
-        if key in m and not isinstance(m[key], str):
+    for key in ("name", "run_dir", "run_id"):
+        if m.get(key) is not None and not isinstance(m[key], str):
             return f"{key}: expected str, got {m[key]!r}"
     epochs, step = m["epochs_done"], m["step"]
     if epochs < 1:

@@ -8,7 +8,6 @@ keys against each other.
 """
 import copy
 import os
-import re
 
 import yaml
 
@@ -16,39 +15,14 @@ from ssdsgd.compression.registry import NATIVE_2BIT, SPARSIFIERS, is_sparsifier,
 from ssdsgd.idle import idle_keys
 from ssdsgd.schema import (  # noqa: F401  (the names the rest of the package reads through config)
     ALGORITHMS, CIFAR_FORMATS, DATASETS, IN_MEMORY_DATASETS, MIN_SERVER_TIMEOUT, ROOTED_DATASETS, SCHEMA,
-    RING_DOWNLINKS, VALIDATION_SOURCES, ConfigError, Field, ListField, StrListField, defaults)
+    RING_DOWNLINKS, SYNTHETIC_SHAPE, VALIDATION_SOURCES, ConfigError, Field, ListField, StrListField, defaults,
+    key_name, shown)
+from ssdsgd.config_yaml import MAX_BYTES, load_yaml
+from ssdsgd.metrics import human_bytes
+from ssdsgd.paths import file_problem
 
-
-class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads `1e-3` as a string (it wants a dot); learning rates are written that way."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."))
-
-
-def _mapping_without_duplicates(loader, node, deep=False):
-    """A YAML mapping; a key given twice is an error (PyYAML would keep the last one silently, so a
-    section written twice would lose the first one's keys)."""
-    seen = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise ConfigError(f"{key}: given twice in the same section (lines {seen[key] + 1} and "
-                              f"{key_node.start_mark.line + 1})")
-        seen[key] = key_node.start_mark.line
-    return loader.construct_mapping(node, deep=deep)
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
-
-
-def _yaml_load(text):
-    return yaml.load(text, Loader=_Loader)
-
-
+MAX_SYNTHETIC_BYTES = 16 << 30     # a synthetic data set (train and test images), drawn in every worker's memory
+NAME_MAX = 255                     # bytes in a folder name (Linux file systems)
 
 
 class Config:
@@ -79,10 +53,10 @@ class Config:
 
 def _validate(schema, user, path=""):
     if not isinstance(user, dict):
-        raise ConfigError(f"{path or '<top level>'}: expected a mapping, got {user!r}")
+        raise ConfigError(f"{path or '<top level>'}: expected a mapping, got {shown(user)}")
     out = defaults(schema)
     for key, value in user.items():
-        full = f"{path}.{key}" if path else str(key)
+        full = f"{path}.{key_name(key)}" if path else key_name(key)
         if key not in schema:
             known = ", ".join(sorted(schema))
             raise ConfigError(f"{full}: unknown key (known here: {known})")
@@ -121,7 +95,7 @@ def _check_compression(c, sparsifier):
                           "back; with both off nothing is held (set compression.error_feedback: true)")
     if any(d < comp["density"] for d in comp["warmup"]):
         raise ConfigError(f"compression.warmup: a warm-up density below compression.density "
-                          f"({comp['density']}) would not be a warm-up; got {comp['warmup']}")
+                          f"({comp['density']}) would not be a warm-up; got {shown(comp['warmup'])}")
     if len(comp["warmup"]) >= c["train"]["epochs"]:
         raise ConfigError(f"compression.warmup: {len(comp['warmup'])} warm-up epochs but train.epochs is "
                           f"{c['train']['epochs']}; the run would never reach compression.density")
@@ -231,21 +205,42 @@ def _check_consistency(c):
     if d["format"] != "auto" and d["dataset"] != "cifar10":
         raise ConfigError(f"data.format: picks the form of a cifar10 copy; {d['dataset']} has one form, "
                           f"leave it auto (got {d['format']})")
+    _check_synthetic_size(c)
     if c["data"]["dataset"] in ROOTED_DATASETS and not c["data"]["root"]:
         raise ConfigError(f"data.root: required for dataset {c['data']['dataset']} "
                           "(the local folder holding the dataset files; nothing is downloaded)")
 
 
+def _check_synthetic_size(c):
+    """A synthetic data set is drawn in every worker's memory: its size, bounded before a worker tries."""
+    d, batch = c["data"], c["train"]["batch_size"]
+    if d["dataset"] != "synthetic":
+        return
+    shape = d["shape"] or SYNTHETIC_SHAPE
+    images = d["synthetic_samples"] + max(d["synthetic_samples"] // 4, batch)      # small_sets.build_synthetic
+    size = images * shape[0] * shape[1] * shape[2] * 4
+    if size > MAX_SYNTHETIC_BYTES:
+        raise ConfigError(f"data.synthetic_samples: {d['synthetic_samples']} images of {'x'.join(map(str, shape))} "
+                          f"(data.shape) and their test set are {human_bytes(size)} of float32 in each worker's "
+                          f"memory; at most {human_bytes(MAX_SYNTHETIC_BYTES)}")
+
+
 def parse_override(text):
     """'a.b=value' -> (['a', 'b'], parsed value)."""
     if "=" not in text:
-        raise ConfigError(f"--set {text!r}: expected KEY.PATH=VALUE")
+        raise ConfigError(f"--set {shown(text)}: expected KEY.PATH=VALUE")
     key, raw = text.split("=", 1)
+    keys = key.strip().split(".")
     try:
-        value = _yaml_load(raw) if raw != "" else None
+        value = load_yaml(raw, keys) if raw != "" else None
     except yaml.YAMLError as err:
-        raise ConfigError(f"{key}: cannot parse value {raw!r}: {err}") from None
-    return key.strip().split("."), value
+        raise ConfigError(f"{key_name(key)}: cannot parse value {shown(raw)}: {_one_line(err)}") from None
+    return keys, value
+
+
+def _one_line(err):
+    """A YAML error's message on one line (PyYAML's spans several, quoting the text around the fault)."""
+    return " ".join(str(err).split())[:300]
 
 
 def apply_override(raw, keys, value):
@@ -254,7 +249,7 @@ def apply_override(raw, keys, value):
         path = ".".join(keys[: i + 1])
         if not isinstance(schema, dict) or key not in schema:
             known = f" (known here: {', '.join(sorted(schema))})" if isinstance(schema, dict) else ""
-            raise ConfigError(f"{path}: unknown key{known}")
+            raise ConfigError(f"{key_name(path)}: unknown key{known}")
         schema = schema[key]
         if i == len(keys) - 1:
             if isinstance(schema, dict):
@@ -268,15 +263,20 @@ def apply_override(raw, keys, value):
 
 def load_config(path, overrides=()):
     """Read, override, validate. Raises ConfigError with the key path on any problem."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"--config: file not found: {path}")
-    with open(path) as f:
-        try:
-            raw = _yaml_load(f)
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML: {err}") from None
-        except ConfigError as err:
-            raise ConfigError(f"{path}: {err}") from None
+    problem = file_problem(path)
+    if problem:
+        raise ConfigError(f"--config: {problem}")
+    try:
+        with open(path) as f:
+            text = f.read(MAX_BYTES + 1)        # a larger file is refused, not read whole
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"--config: cannot read {path}: {getattr(err, 'strerror', None) or err}") from None
+    try:
+        raw = load_yaml(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {_one_line(err)}") from None
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
     if raw is None:
         # An empty file would silently run a default job: almost certainly the wrong file.
         raise ConfigError(f"{path}: the file is empty; a config sets at least the keys that differ "
@@ -297,10 +297,17 @@ def load_config(path, overrides=()):
 
 
 def _check_run_name(name):
-    """The run's folder is log.dir/<name>/<stamp>: a name must stay one folder inside log.dir."""
+    """The run's folder is log.dir/<name>/<stamp>: a name must stay one folder inside log.dir, one a folder
+    listing shows on one line."""
     if name in ("", ".", "..") or "/" in name or "\0" in name:
-        raise ConfigError(f"name: {name!r} is not a folder name (runs go to log.dir/<name>/; "
+        raise ConfigError(f"name: {shown(name)} is not a folder name (runs go to log.dir/<name>/; "
                           f"no '/', not '.' or '..')")
+    if not name.isprintable():
+        raise ConfigError(f"name: {shown(name)} holds a control character (a newline, a tab, ...), which would "
+                          f"be in the run folder's name")
+    if len(name.encode()) > NAME_MAX:
+        raise ConfigError(f"name: at most {NAME_MAX} bytes, the longest folder name; got {len(name.encode())} "
+                          f"({shown(name)})")
 
 
 def dump_config(cfg, path):

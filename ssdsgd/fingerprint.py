@@ -3,6 +3,8 @@ checkpoint, and the hash of the latter (written into every manifest, checked on 
 import hashlib
 import json
 
+from ssdsgd.schema import shown
+
 # Every config key is one of these two (tests/test_fingerprint.py walks SCHEMA): the keys a
 # resume may change, because they change neither the data a step sees nor the arithmetic of a step
 # (where the job runs, how long it may take, what is logged, when it stops and how it is evaluated),
@@ -72,4 +74,4 @@ def differing(saved, now, prefix=""):
 
 def differences(saved, now):
     """'key (saved in the checkpoint, value now)' for each dotted key whose values differ."""
-    return [f"{key} ({a!r} in the checkpoint, {b!r} now)" for key, a, b in differing(saved, now)]
+    return [f"{key} ({shown(a)} in the checkpoint, {shown(b)} now)" for key, a, b in differing(saved, now)]

@@ -14,12 +14,14 @@ Standard library only: the front end must not import mxnet.
 import fcntl
 import json
 import os
-import re
 import shutil
 import socket
 import time
 
+from ssdsgd.checkpoint_dir import _is_leftover, checkpoint_folders, remove_leftovers
 from ssdsgd.errors import JobError
+from ssdsgd.paths import folder_problem
+from ssdsgd.run_id import RUN_ID_FILE, run_identity, write_run_identity
 
 LOCK_FILE = ".ssdsgd.lock"
 PRIVATE_UMASK = 0o077          # run and checkpoint folders: 0700 folders, 0600 files
@@ -49,12 +51,19 @@ def _make_folder(folder, label):
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
     except OSError as err:
-        raise FolderError(f"{label}: cannot create {folder}: {err.strerror}") from None
+        raise FolderError(_cannot_create(folder, label, err.strerror)) from None
 
 
-def lock(folder, what, label):
+def _cannot_create(folder, label, strerror=None):
+    """The line for a folder that cannot be made (FolderError's, and --dry-run's): what the path is, where
+    that says more than the errno (a link loop is 'File exists')."""
+    return f"{label}: cannot create {folder}: {folder_problem(folder) or strerror}"
+
+
+def lock(folder, what, label, record=True):
     """Create `folder` (private) if needed and take its lock; returns the open lock file, which must
-    stay open as long as the job runs. FolderError naming the holder if another job has it."""
+    stay open as long as the job runs. FolderError naming the holder if another job has it. record: write
+    who holds it now (else record_holder does, once the start is sure: a refused one changes no file)."""
     _make_folder(folder, label)
     if not os.path.isdir(folder):
         raise FolderError(f"{label}: {folder} is not a folder")
@@ -69,50 +78,26 @@ def lock(folder, what, label):
         os.close(fd)
         raise FolderError(f"{label}: {folder} is in use by another job: {_holder(path)} "
                           f"(lock file {path}); wait for it to end or choose another folder") from None
+    held = os.fdopen(fd, "r+")
+    if record:
+        record_holder(held, folder, what, label)
+    return held
+
+
+def record_holder(held, folder, what, label):
+    """Write this process into the lock file `held` of `folder` (lock's), so a second job can name it."""
     info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "what": what}
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(info).encode(), 0)
+        os.ftruncate(held.fileno(), 0)
+        os.pwrite(held.fileno(), json.dumps(info).encode(), 0)
     except OSError as err:                  # a full disk, a quota: said before any process starts
-        os.close(fd)
-        raise FolderError(f"{label}: cannot write the lock file {path}: {err.strerror}") from None
-    return os.fdopen(fd, "r+")
+        held.close()
+        raise FolderError(f"{label}: cannot write the lock file {os.path.join(folder, LOCK_FILE)}: "
+                          f"{err.strerror}") from None
 
 
 def _same(a, b):
     return os.path.realpath(a) == os.path.realpath(b)
-
-
-def checkpoint_folders(root):
-    """Names of the epoch-* folders under root (complete or not), sorted."""
-    if not root or not os.path.isdir(root):
-        return []
-    return sorted(d for d in os.listdir(root) if d.startswith("epoch-") and os.path.isdir(os.path.join(root, d)))
-
-
-def remove_leftovers(root, log=print):
-    """Temporary files of interrupted saves, and epoch folders without a manifest (saves that never
-    completed; never used for a resume), under checkpoint.dir. Only while holding its lock."""
-    removed = []
-    for d in checkpoint_folders(root):
-        folder = os.path.join(root, d)
-        if _is_leftover(folder):
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(d + "/")
-            continue
-        for name in os.listdir(folder):
-            if ".tmp" in name:
-                os.remove(os.path.join(folder, name))
-                removed.append(f"{d}/{name}")
-    if removed:
-        log(f"checkpoint.dir {root}: removed what interrupted saves left: {', '.join(removed)}")
-    return removed
-
-
-def _is_leftover(checkpoint_folder):
-    """An epoch folder without a manifest: a save that never completed."""
-    from ssdsgd.checkpoint import MANIFEST
-    return not os.path.exists(os.path.join(checkpoint_folder, MANIFEST))
 
 
 class RunFinished(FolderError):
@@ -173,10 +158,29 @@ def latest_run_folder(cfg):
     return os.path.realpath(link) if os.path.isdir(link) else None
 
 
-def resumed_run_folder(manifest):
-    """The run folder a checkpoint's run wrote to (its manifest's run_dir), if it still exists."""
-    folder = manifest.get("run_dir")
-    return folder if isinstance(folder, str) and os.path.isdir(folder) else None
+def resume_run_folder(cfg, manifest):
+    """(the folder a resume from the checkpoint `manifest` goes on writing in, or None for a new one; why
+    a new one, or None). The recorded run_dir is used only when it holds the run that wrote the checkpoint
+    (the same run id) and the checkpoint is in that run's own checkpoint.dir: a copy of checkpoint.dir
+    resumed elsewhere is another run from there on, and gets its own folder. FolderError when run_dir is
+    an existing folder of another run, or of none."""
+    folder, run_id = manifest.get("run_dir"), manifest.get("run_id")
+    if not isinstance(folder, str) or not os.path.isdir(folder):
+        return None, "the run folder of the checkpoint's run is gone"
+    if run_id is None:
+        return None, (f"the checkpoint records no run id (written before run ids), so {folder} cannot be "
+                      f"proved to be its run's folder")
+    ident = run_identity(folder)
+    if ident is None or ident["run_id"] != run_id:
+        whose = f"it holds run {ident['run_id']}" if ident else f"it has no {RUN_ID_FILE}"
+        raise FolderError(f"--resume: the checkpoint in {cfg.checkpoint.dir} records run_dir {folder}, which is "
+                          f"not the folder of the run that wrote the checkpoint (run {run_id}; {whose}); "
+                          f"refusing to write into it: correct run_dir in the checkpoint's manifest.json, or "
+                          f"remove it to resume into a new run folder")
+    if not (ident.get("checkpoint_dir") and _same(ident["checkpoint_dir"], cfg.checkpoint.dir)):
+        return None, (f"checkpoint.dir {cfg.checkpoint.dir} is not the checkpoint.dir of the run in {folder} "
+                      f"({ident.get('checkpoint_dir')}; a copy?), so that run's folder is left as it is")
+    return folder, None
 
 
 def planned_steps(cfg, steps_per_epoch):
@@ -250,24 +254,27 @@ def prepare(cfg, resume, overwrite, what, log=print):
         if root:
             if not os.path.exists(root):
                 created.append(root)
-            held.append(lock(root, what, "checkpoint.dir"))
-            _check_checkpoints(root, resume, overwrite, log)
+            held.append(lock(root, what, "checkpoint.dir", record=False))
         if resume:
-            run_dir = resumed_run_folder(resume_point(cfg)[1])      # CheckpointError if it cannot be resumed
-            if run_dir is None:
-                log("--resume: the run folder of the checkpoint's run is gone; the resumed run writes a new one")
+            # CheckpointError if it cannot be resumed, FolderError if its run_dir is not its run's folder
+            run_dir, why_new = resume_run_folder(cfg, resume_point(cfg)[1])
+            done = run_dir and finished_message(run_dir, cfg)
+            if done:
+                raise RunFinished(done)     # before any file changes: the lock file's holder, leftovers
+            if why_new:
+                log(f"--resume: {why_new}; the resumed run writes a new run folder")
+        if root:
+            record_holder(held[0], root, what, "checkpoint.dir")
+            _check_checkpoints(root, resume, overwrite, log)
         if run_dir is None:
             run_dir = new_run_folder(cfg)
             created.append(run_dir)
-        if resume:
-            done = finished_message(run_dir, cfg)
-            if done:
-                raise RunFinished(done)
         if not (root and _same(root, run_dir)):
             held.append(lock(run_dir, what, "run folder"))
         if resume:
             keep_stopped_result(run_dir, log)
         if run_dir in created:
+            write_run_identity(run_dir, root)
             point_latest(run_dir)       # last: only a run folder that exists and is locked becomes `latest`
     except BaseException:
         release(held)
@@ -305,7 +312,7 @@ def _check_checkpoints(root, resume, overwrite, log):
 
 def _remove_if_only_lock(folder):
     try:
-        if os.listdir(folder) in ([], [LOCK_FILE]):
+        if set(os.listdir(folder)) <= {LOCK_FILE, RUN_ID_FILE}:
             shutil.rmtree(folder)
     except OSError:
         pass
@@ -317,35 +324,6 @@ def release(held):
             f.close()
         except OSError:
             pass
-
-
-def prune_checkpoints(root, keep, steps_per_epoch):
-    """Delete the epoch-<E> folders under root below the `keep` newest complete checkpoints (keep 0:
-    none) and below the newest one of whole epochs (a max_steps stop's partial one is replaced when
-    its resume ends that epoch; the whole one stays if that save fails). Returns those deleted."""
-    from ssdsgd.checkpoint import MANIFEST
-    if not keep or not root or not os.path.isdir(root):
-        return []
-    epochs = sorted((int(m.group(1)), d) for d in os.listdir(root) if (m := re.fullmatch(r"epoch-(\d+)", d)))
-    manifests = [(e, os.path.join(root, d, MANIFEST)) for e, d in epochs]
-    complete = [(e, path) for e, path in manifests if os.path.exists(path)]
-    if len(complete) <= keep:
-        return []
-    whole = [e for e, path in complete if _load_json(path).get("step") == e * steps_per_epoch]
-    oldest_kept = min([complete[-keep][0]] + whole[-1:])
-    removed = [os.path.join(root, d) for e, d in epochs if e < oldest_kept]
-    for folder in removed:
-        shutil.rmtree(folder)
-    return removed
-
-
-def _load_json(path):
-    try:
-        with open(path) as f:
-            d = json.load(f)
-        return d if isinstance(d, dict) else {}
-    except (OSError, ValueError):
-        return {}
 
 
 def unused_name(folder, stem, ext):
@@ -363,14 +341,22 @@ def start_problem(cfg, resume, overwrite):
     from ssdsgd.checkpoint import CheckpointError, resume_point
     problem = _options_problem(cfg, resume, overwrite)
     root = cfg.checkpoint.dir
+    if not problem and root and folder_problem(root):
+        problem = _cannot_create(root, "checkpoint.dir")
     if problem or not (root or resume):
-        return problem
+        return problem or _run_home_problem(cfg)
     kept = [d for d in checkpoint_folders(root) if not _is_leftover(os.path.join(root, d))]   # as after the cleanup
     if kept and not resume and not overwrite:
         return _held_checkpoints_problem(root, kept)
     if resume:
         try:
-            resume_point(cfg)
-        except CheckpointError as err:
+            if resume_run_folder(cfg, resume_point(cfg)[1])[0]:
+                return None                 # goes on in the resumed run's folder: log.dir is not made
+        except (CheckpointError, FolderError) as err:
             return str(err)
-    return None
+    return _run_home_problem(cfg)
+
+
+def _run_home_problem(cfg):
+    home = run_home(cfg)
+    return _cannot_create(home, "log.dir") if folder_problem(home) else None

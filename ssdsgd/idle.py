@@ -5,7 +5,7 @@ silently, and a resume may change an idle key (ssdsgd.checkpoint), since it chan
 that asks for what the rest of the config cannot do (an fp16 wire, a density warm-up or a sparse downlink
 without a sparsifier, milestones on another schedule) is refused instead, by config.py's checks."""
 from ssdsgd.compression.registry import NATIVE_2BIT, is_sparsifier, sparsifier_names
-from ssdsgd.schema import RING_DOWNLINKS, ROOTED_DATASETS, SCHEMA, defaults
+from ssdsgd.schema import RING_DOWNLINKS, ROOTED_DATASETS, SCHEMA, defaults, shown
 
 
 def idle_keys(given, c, stock):
@@ -63,7 +63,7 @@ def idle_keys(given, c, stock):
     idle = {}
     for path, why in unused.items():
         value, was_set = value_given(path)
-        idle[".".join(path)] = f"{'.'.join(path)} = {value!r} has no effect: {why}" if was_set else None
+        idle[".".join(path)] = f"{'.'.join(path)} = {shown(value)} has no effect: {why}" if was_set else None
     return idle
 
 

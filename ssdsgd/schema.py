@@ -4,6 +4,7 @@ across keys), by the checkpoint fingerprint and by scripts/gen_config_doc.py (do
 """
 import copy
 import math
+import reprlib
 
 from ssdsgd.compression.registry import compression_types
 from ssdsgd.errors import JobError
@@ -12,6 +13,25 @@ from ssdsgd.schedule import KINDS as SCHEDULE_KINDS
 
 class ConfigError(JobError, ValueError):
     """Invalid configuration. `str(err)` starts with the offending key path."""
+
+
+SHOWN_CHARS = 100      # the longest excerpt of a value an error message quotes
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxtuple = 3, 8, 8, 8
+_SHORT.maxstring = _SHORT.maxlong = _SHORT.maxother = 60
+
+
+def shown(value):
+    """A value as an error message quotes it: its repr, cut to a short excerpt. A value can be huge (a
+    million-item list, a long string) and a message that printed all of it could fill a disk."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
+
+
+def key_name(key):
+    """A key (or dotted key path) as a message names it: as written if it is a short printable string, else
+    its excerpt."""
+    return key if isinstance(key, str) and len(key) <= SHOWN_CHARS and key.isprintable() else shown(key)
 
 
 class Field:
@@ -40,21 +60,21 @@ class Field:
         if isinstance(value, bool) and bool not in self.types:
             hint = (" (YAML reads yes, no, on, off, true and false as booleans: quote the text, "
                     "e.g. --set 'name=\"off\"')") if str in self.types else ""
-            raise ConfigError(f"{path}: expected {self._type_names()}, got {value!r}{hint}")
+            raise ConfigError(f"{path}: expected {self._type_names()}, got {shown(value)}{hint}")
         if not isinstance(value, self.types):
-            raise ConfigError(f"{path}: expected {self._type_names()}, got {value!r}")
+            raise ConfigError(f"{path}: expected {self._type_names()}, got {shown(value)}")
         # YAML reads .nan and .inf as floats; no setting here means anything with them.
         if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{path}: must be a finite number; got {value!r}")
+            raise ConfigError(f"{path}: must be a finite number; got {shown(value)}")
         choices = self.choices() if callable(self.choices) else self.choices     # callable: read when checked
         if choices is not None and value not in choices:
-            raise ConfigError(f"{path}: must be one of {', '.join(map(str, choices))}; got {value!r}")
+            raise ConfigError(f"{path}: must be one of {', '.join(map(str, choices))}; got {shown(value)}")
         if self.min is not None and value < self.min:
-            raise ConfigError(f"{path}: must be >= {self.min}; got {value!r}")
+            raise ConfigError(f"{path}: must be >= {self.min}; got {shown(value)}")
         if self.max is not None and value > self.max:
-            raise ConfigError(f"{path}: must be <= {self.max}; got {value!r}")
+            raise ConfigError(f"{path}: must be <= {self.max}; got {shown(value)}")
         if self.gt is not None and value <= self.gt:
-            raise ConfigError(f"{path}: must be > {self.gt}; got {value!r}")
+            raise ConfigError(f"{path}: must be > {self.gt}; got {shown(value)}")
         return value
 
     def _type_names(self):
@@ -68,7 +88,7 @@ def _number_list(path, value, item):
         return isinstance(v, int) or (item is float and isinstance(v, float))
     noun = "integers" if item is int else "numbers"
     if not isinstance(value, list) or not all(ok(v) for v in value):
-        raise ConfigError(f"{path}: expected a list of {noun}, got {value!r}")
+        raise ConfigError(f"{path}: expected a list of {noun}, got {shown(value)}")
     return [item(v) for v in value]
 
 
@@ -85,11 +105,11 @@ class ListField(Field):
             return None
         value = _number_list(path, value, self.item)
         if self.length is not None and len(value) != self.length:
-            raise ConfigError(f"{path}: expected {self.length} values, got {value!r}")
+            raise ConfigError(f"{path}: expected {self.length} values, got {shown(value)}")
         if any(v <= 0 for v in value):
-            raise ConfigError(f"{path}: values must be positive, got {value!r}")
+            raise ConfigError(f"{path}: values must be positive, got {shown(value)}")
         if self.max is not None and any(v > self.max for v in value):
-            raise ConfigError(f"{path}: values must be <= {self.max}, got {value!r}")
+            raise ConfigError(f"{path}: values must be <= {self.max}, got {shown(value)}")
         return value
 
 
@@ -116,7 +136,7 @@ class StrListField(Field):
 
     def check(self, path, value):
         if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-            raise ConfigError(f"{path}: expected a list of strings, got {value!r}")
+            raise ConfigError(f"{path}: expected a list of strings, got {shown(value)}")
         return list(value)
 
 
@@ -128,6 +148,7 @@ ROOTED_DATASETS = ("cifar10", "mnist", "fashion_mnist", "imagenet")   # read fro
 # data.format (cifar10): auto finds the first of the others in data.root, in this order.
 CIFAR_FORMATS = ("auto", "binary", "python", "archive", "recordio")
 RING_DOWNLINKS = ("sparse", "compressed")   # compression.downlink values that rebuild weights from the rounds' ring
+SYNTHETIC_SHAPE = (3, 32, 32)   # a synthetic data set's images when data.shape is not set
 MIN_SERVER_TIMEOUT = 3.0   # seconds: three missed touches of a liveness file (pyhooks/sitecustomize.py)
 
 SCHEMA = {
@@ -175,11 +196,13 @@ SCHEMA = {
                             "cifar-10-batches-bin/-py folder), archive (cifar-10-binary.tar.gz or "
                             "cifar-10-python.tar.gz as downloaded), recordio (im2rec train.rec and "
                             "test.rec); auto: the first found, in that order"),
-        "shape": ListField(None, nullable=True, length=3, doc="[C, H, W]"),
-        "num_classes": Field(int, None, nullable=True, min=2),
-        "synthetic_samples": Field(int, 1024, min=1),
+        "shape": ListField(None, nullable=True, length=3, max=4096, doc="[C, H, W]"),
+        "num_classes": Field(int, None, nullable=True, min=2, max=100_000),
+        "synthetic_samples": Field(int, 1024, min=1, max=10_000_000,
+                                   doc="training images of the synthetic data set (its test set: a quarter); "
+                                       "all of them at most 16 GiB of float32"),
         "augment": Field(bool, True),
-        "preprocess_threads": Field(int, 2, min=1),
+        "preprocess_threads": Field(int, 2, min=1, max=256),
         "train_per_class": Field(int, None, nullable=True, min=1,
                                  doc="keep the first n training images of each class (a fixed subset; a class "
                                      "with fewer keeps all it has). This key and the three below work on the "
@@ -199,7 +222,7 @@ SCHEMA = {
         "hybridize": Field(bool, True),
     },
     "train": {
-        "epochs": Field(int, 10, min=1),
+        "epochs": Field(int, 10, min=1, max=100_000),
         "batch_size": Field(int, 32, min=1, doc="per worker"),
         "devices": Field(int, 1, min=1, max=64,
                          doc="replicas of the model per worker (GPUs or CPU contexts, see cluster.device): the "

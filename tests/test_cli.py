@@ -157,3 +157,93 @@ def test_a_host_whose_name_does_not_resolve_is_named_before_the_run_folder_is_ma
     assert proc.stdout.endswith("; correct the name, or add it to /etc/hosts, DNS or the ssh configuration\n")
     assert len(proc.stdout.splitlines()) == 1
     assert not (tmp_path / "runs").exists()
+
+
+# ---- paths that cannot be used: named for what they are, the same by --dry-run and by the run ---------
+
+def _bad_path(tmp_path, kind):
+    """A path of `kind` under tmp_path: a folder, a file, a dangling link, a link loop, a name too long."""
+    path = tmp_path / kind.replace(" ", "_")
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "file":
+        path.write_text("x")
+    elif kind == "dangling link":
+        path.symlink_to(tmp_path / "nowhere")
+    elif kind == "link loop":
+        path.symlink_to(path)
+    else:
+        path = tmp_path / ("n" * 300)
+    return str(path)
+
+
+def test_a_folder_given_as_the_config_file_is_named_as_a_folder(tmp_path):
+    from ssdsgd.config import ConfigError, load_config
+    with pytest.raises(ConfigError, match=f"^--config: {tmp_path} is a folder, not a file$"):
+        load_config(str(tmp_path))
+    loop = _bad_path(tmp_path, "link loop")
+    with pytest.raises(ConfigError, match=f"^--config: {loop} is a symbolic link loop$"):
+        load_config(loop)
+    proc = run("--config", str(tmp_path), "--dry-run")
+    assert proc.returncode == 2 and proc.stdout == f"config error: --config: {tmp_path} is a folder, not a file\n"
+
+
+@pytest.mark.parametrize("kind, said", [("folder", "is a folder, not a file"), ("link loop", "is a symbolic link loop"),
+                                        ("dangling link", "is a symbolic link to ")])
+def test_a_host_file_that_is_not_a_file_is_named_for_what_it_is(tmp_path, kind, said):
+    from ssdsgd.config import load_config
+    from ssdsgd.launch.run import preflight
+    path = _bad_path(tmp_path, kind)
+    cfg = load_config(os.path.join(ROOT, "configs", "demo_digits_ssgd.yaml"),
+                      ["cluster.launcher=ssh", f"cluster.hostfile={path}", "cluster.interface=lo"])
+    assert preflight(cfg).startswith(f"cluster.hostfile: {path} {said}")
+
+
+@pytest.mark.parametrize("key", ["log.dir", "checkpoint.dir"])
+@pytest.mark.parametrize("kind, said", [
+    ("file", "is a file, not a folder"), ("dangling link", "is a symbolic link to "),
+    ("link loop", "is a symbolic link loop"), ("long name", "is a name of 300 bytes")])
+def test_dry_run_refuses_the_folders_the_run_cannot_make_as_the_run_does(tmp_path, key, kind, said):
+    """--dry-run said nothing where the run stopped at folder creation (exit 0 against exit 2), and a
+    checkpoint.dir that is a link loop was 'File exists': both now say what the path is, in the same line."""
+    from ssdsgd.config import load_config
+    from ssdsgd.folders import FolderError, prepare, start_problem
+    path = _bad_path(tmp_path, kind)
+    sets = [f"{key}={path}"] + ([f"log.dir={tmp_path}/runs"] if key == "checkpoint.dir" else [])
+    cfg = load_config(os.path.join(ROOT, "configs", "demo_digits_ssgd.yaml"), sets)
+    with pytest.raises(FolderError) as info:
+        prepare(cfg, False, False, "run")
+    msg = str(info.value)
+    assert msg.startswith(f"{key}: ") and said in msg, msg
+    assert start_problem(cfg, False, False) == msg
+    assert not os.path.exists(tmp_path / "runs")                  # nothing left behind
+
+
+def test_dry_run_of_a_log_dir_that_is_a_file_exits_2(tmp_path):
+    path = _bad_path(tmp_path, "file")
+    proc = run("--config", "configs/demo_digits_ssgd.yaml", "--dry-run", "--set", f"log.dir={path}")
+    assert proc.returncode == 2
+    assert proc.stdout.endswith(f"# error: a run would stop here: log.dir: cannot create {path}/demo_digits_ssgd: "
+                                f"{path} is a file, not a folder\n"), proc.stdout[-1000:]
+
+
+@pytest.mark.parametrize("sets, said", [
+    (["checkpoint.every_epochs=1"], "no checkpoint was written yet (checkpoint.every_epochs: 1, in {ck}), so there "
+                                    "is nothing to restart from"),
+    ([], "cluster.max_restarts restarts from a checkpoint, and checkpoint.every_epochs is not set"),
+])
+def test_a_failure_before_the_first_checkpoint_says_why_it_is_not_restarted(tmp_path, capsys, monkeypatch, sets, said):
+    """Both keys set: it said 'cluster.max_restarts needs checkpoint.dir and checkpoint.every_epochs'."""
+    from types import SimpleNamespace
+
+    from ssdsgd.config import load_config
+    from ssdsgd.launch import run as front
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    cfg = load_config(os.path.join(ROOT, "configs", "demo_digits_ssgd.yaml"),
+                      ["cluster.max_restarts=2", f"checkpoint.dir={ck}", *sets])
+    monkeypatch.setattr(front, "_launch", lambda *a, **k: front.RESTARTABLE)
+    code = front._run_with_restarts(cfg, SimpleNamespace(resume=False), str(tmp_path))
+    err = capsys.readouterr().err
+    assert code == front.RESTARTABLE
+    assert err == f"run: the job failed before its first complete checkpoint; not restarted: {said.format(ck=ck)}\n"

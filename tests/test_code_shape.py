@@ -79,13 +79,14 @@ def test_liveness_interval_is_the_hooks():
 # layer can be read (and tested) knowing only what lies below it. A package is one layer.
 LAYERS = [
     {"env", "errors"},                                          # names and errors shared by everything
-    {"faults", "schedule", "metrics", "compression", "provenance"},   # leaf helpers
+    {"faults", "schedule", "metrics", "compression", "provenance", "run_id", "paths"},   # leaf helpers
     {"schema"},                                                 # the config's keys and their checks
+    {"config_yaml"},                                            # reading YAML with limits
     {"idle"},                                                   # which keys the rest of a config leaves idle
     {"config"},
     {"fingerprint"},                                            # which keys a resume may change
     {"checkpoint"},
-    {"folders"},                                                # run folders: what a run leaves behind
+    {"folders", "checkpoint_dir"},                              # run folders: what a run leaves behind
     {"ps"},                                                     # the parameter-server side
     {"algorithms"},                                             # the worker's clients of the servers
     {"worker"},                                                 # the training loop, data, models

@@ -704,3 +704,115 @@ def test_eval_workers_all_is_refused_where_the_counts_cannot_be_summed():
 def test_a_setting_that_would_do_nothing_is_refused(sets, start):
     assert config_error(SSGD, sets).startswith(start)
     assert load_config(SSGD, sets[:-1] if len(sets) > 1 else ["checkpoint.every_epochs=0"])   # without it: fine
+
+
+# ---------------------------------------------------------------- a config reader with limits
+
+def _alias_bomb(levels=9):
+    """~1 KB of YAML whose milestones expand to 10^levels values: each anchor lists the previous one ten times."""
+    items = ["&a0 [1,1,1,1,1,1,1,1,1,1]"] + [f"&a{i} [" + ",".join([f"*a{i - 1}"] * 10) + "]"
+                                                 for i in range(1, levels)]
+    return f"train:\n  lr_schedule:\n    type: step\n    milestones: [{', '.join(items)}]\n"
+
+
+def _one_short_line(res):
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and len(lines[0]) < 400, (res.returncode, res.stderr[-2000:])
+    return lines[0]
+
+
+def test_an_alias_bomb_is_one_short_line_in_under_a_second(tmp_path):
+    import time
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_alias_bomb())
+    assert len(path.read_text()) < 1100
+    t0 = time.time()
+    msg = config_error(str(path))
+    assert time.time() - t0 < 1
+    assert msg.startswith(f"{path}: train.lr_schedule.milestones: ") and "aliases" in msg and len(msg) < 400, msg
+    line = _one_short_line(run_cli("ssdsgd", "--config", str(path), "--dry-run"))
+    assert "train.lr_schedule.milestones" in line
+
+
+def test_a_value_that_refers_to_itself_is_refused(tmp_path):
+    path = tmp_path / "loop.yaml"
+    path.write_text("train:\n  lr_schedule:\n    milestones: &x [1, *x]\n")
+    assert "train.lr_schedule.milestones: " in config_error(str(path))
+
+
+@pytest.mark.parametrize("where", ["file", "--set"])
+def test_deep_nesting_is_one_line_exit_2(tmp_path, where):
+    deep = "[" * 100000 + "]" * 100000
+    if where == "file":
+        path = tmp_path / "deep.yaml"
+        path.write_text(f"train:\n  lr_schedule:\n    milestones: {deep}\n")
+        res = run_cli("ssdsgd", "--config", str(path), "--dry-run")
+    else:
+        deep = "[" * 50000 + "]" * 50000            # an argument holds at most 128 KiB
+        res = run_cli("ssdsgd", "--config", SSGD, "--dry-run", "--set", f"train.lr_schedule.milestones={deep}")
+    line = _one_short_line(res)
+    assert "train.lr_schedule.milestones: " in line and "nested more than" in line, line
+
+
+def test_a_config_file_over_a_mebibyte_is_refused(tmp_path):
+    path = tmp_path / "big.yaml"
+    path.write_text("train:\n  epochs: 3\n" + "# padding\n" * 120000)
+    assert config_error(str(path)).startswith(f"{path}: the file is larger than")
+
+
+@pytest.mark.parametrize("override, key", [
+    ("train.epochs=" + "x" * 100000, "train.epochs"),
+    ("train.lr_schedule.milestones=[" + ",".join(["[1]"] * 20000) + "]", "train.lr_schedule.milestones"),
+    ("cluster.ssh_options=[" + ",".join(["1"] * 20000) + "]", "cluster.ssh_options"),
+    ("name=" + "n" * 100000, "name"),
+    ("data.shape=[3," + "9" * 5000 + ",32]", "data.shape"),
+])
+def test_a_value_quoted_in_an_error_is_cut_short(override, key):
+    msg = config_error(SSGD, [override])
+    assert msg.startswith(f"{key}: ") and len(msg) < 400, msg[:1000]
+
+
+def test_a_key_quoted_in_an_error_is_cut_short(tmp_path):
+    msg = config_error(write_yaml(tmp_path, {"train": {"k" * 100000: 1}}))
+    assert msg.startswith("train.'kkk") and "unknown key" in msg and len(msg) < 1000, msg[:1000]
+
+
+def test_the_excerpt_helper():
+    from ssdsgd.schema import shown
+    assert shown(3) == "3" and shown("off") == "'off'" and shown([1, 2]) == "[1, 2]"
+    big = shown([[1] * 10**6] * 10**3)
+    assert len(big) <= 100 and big.startswith("[[1, 1")
+
+
+@pytest.mark.parametrize("override, key", [
+    ("train.epochs=100000000000000000000000", "train.epochs"),
+    ("data.num_classes=1000000000", "data.num_classes"),
+    ("data.shape=[3,100000,100000]", "data.shape"),
+    ("data.synthetic_samples=1000000000", "data.synthetic_samples"),
+])
+def test_values_that_would_exhaust_a_machine_are_refused(override, key):
+    words = "values must be <=" if key == "data.shape" else "must be <="
+    assert config_error(SSGD, ["data.dataset=synthetic", override]).startswith(f"{key}: {words}")
+
+
+def test_a_synthetic_set_larger_than_memory_allows_is_refused():
+    # 100,000 images of 3x2048x2048 floats: 5.7 TiB a worker (the report's 112 TiB passed --dry-run)
+    msg = config_error(SSGD, ["data.dataset=synthetic", "data.synthetic_samples=100000", "data.shape=[3,2048,2048]"])
+    assert msg.startswith("data.synthetic_samples: ") and "5859.4 GB" in msg, msg
+    load_config(SSGD, ["data.dataset=synthetic", "data.synthetic_samples=4096", "data.shape=[3,224,224]"])
+
+
+@pytest.mark.parametrize("name", ["a\nb", "tab\there", "bell\x07", "del\x7f", "sep\u2028x"])
+def test_a_run_name_with_a_control_character_is_refused(name):
+    msg = config_error(SSGD, [f"name={yaml.safe_dump(name).strip()}"])
+    assert msg.startswith("name: ") and "control character" in msg and "\n" not in msg, msg
+
+
+def test_a_run_name_longer_than_a_folder_name_may_be_is_refused():
+    assert "at most 255 bytes" in config_error(SSGD, ["name=" + "n" * 300])
+    assert load_config(SSGD, ["name=" + "n" * 255]).name == "n" * 255
+
+
+def test_a_long_key_path_of_a_set_is_cut_short_in_a_reader_limits_message():
+    msg = config_error(SSGD, ["k" * 100000 + "=" + "[" * 30 + "]" * 30])
+    assert "nested more than" in msg and len(msg) < 400, msg[:1000]

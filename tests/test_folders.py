@@ -14,7 +14,7 @@ import pytest
 from jobs import ROOT, processes_with, run_job, start_job, wait_for_progress
 
 from ssdsgd import provenance
-from ssdsgd.folders import checkpoint_folders
+from ssdsgd.checkpoint_dir import checkpoint_folders
 
 SSGD = "configs/demo_digits_ssgd.yaml"
 SSD_TOPK = "configs/demo_digits_ssd_topk.yaml"
@@ -160,7 +160,7 @@ def test_final_params_on_a_full_disk(small_disk):
 
 
 def test_leftovers_of_interrupted_saves_are_removed_at_start(tmp_path):
-    from ssdsgd.folders import remove_leftovers
+    from ssdsgd.checkpoint_dir import remove_leftovers
     root = tmp_path / "ck"
     done, partial = root / "epoch-0001", root / "epoch-0002"
     done.mkdir(parents=True)
@@ -435,3 +435,163 @@ def test_dry_run_counts_the_checkpoints_a_start_keeps(tmp_path):
     (ck / "epoch-0001" / "manifest.json").write_text("{}")
     assert "already holds checkpoints (epoch-0001)" in start_problem(cfg, resume=False, overwrite=False)
 
+
+
+# ---- a resume writes only into the folder of the run its checkpoint belongs to ------------------------
+
+def _prepare_cfg(tmp_path, log="runs", ck="ck"):
+    from types import SimpleNamespace
+    return SimpleNamespace(name="job", log=SimpleNamespace(dir=str(tmp_path / log)),
+                           checkpoint=SimpleNamespace(dir=str(tmp_path / ck)))
+
+
+def _checkpoint_of(monkeypatch, manifest):
+    """resume_point answers with `manifest` (its files are not what these tests are about)."""
+    import ssdsgd.checkpoint as ckpt
+    monkeypatch.setattr(ckpt, "resume_point", lambda cfg: (os.path.join(cfg.checkpoint.dir, "epoch-0002"), manifest))
+
+
+def _first_run(tmp_path):
+    """A fresh run's folder (with its identity) and the manifest a checkpoint of it records."""
+    from ssdsgd.folders import prepare, release
+    from ssdsgd.run_id import run_identity
+    held, first = prepare(_prepare_cfg(tmp_path), False, False, "first run")
+    release(held)
+    (tmp_path / "runs" / "job" / os.path.basename(first) / "metrics.jsonl").write_text('{"step": 55}\n')
+    return first, {"run_dir": os.path.abspath(first), "run_id": run_identity(first)["run_id"]}
+
+
+def test_a_run_folder_records_its_run_id_and_its_checkpoint_dir(tmp_path):
+    from ssdsgd.run_id import run_identity
+    first, _ = _first_run(tmp_path)
+    ident = run_identity(first)
+    assert len(ident["run_id"]) == 32 and ident["checkpoint_dir"] == os.path.realpath(tmp_path / "ck")
+    assert run_identity(_first_run(tmp_path)[0])["run_id"] != ident["run_id"]      # one id a run
+
+
+def test_a_resume_goes_on_in_its_own_runs_folder(tmp_path, monkeypatch):
+    from ssdsgd.folders import prepare, release
+    first, manifest = _first_run(tmp_path)
+    _checkpoint_of(monkeypatch, manifest)
+    held, run_dir = prepare(_prepare_cfg(tmp_path), True, False, "resume")
+    release(held)
+    assert run_dir == manifest["run_dir"]
+
+
+@pytest.mark.parametrize("log", ["runs", "runs2"])
+def test_a_copied_checkpoint_resumes_into_a_new_run_folder_under_the_given_log_dir(tmp_path, monkeypatch, log):
+    """The report's case: a copy of checkpoint.dir resumed (with another log.dir, or the same) must not
+    write into the original run's folder, which has gone on from the same checkpoint."""
+    from ssdsgd.folders import prepare, release
+    from ssdsgd.run_id import run_identity
+    first, manifest = _first_run(tmp_path)
+    before = _files(first)
+    _checkpoint_of(monkeypatch, manifest)
+    said = []
+    held, run_dir = prepare(_prepare_cfg(tmp_path, log=log, ck="ck2"), True, False, "resume of a copy", said.append)
+    release(held)
+    assert os.path.dirname(run_dir) == str(tmp_path / log / "job") and run_dir != first
+    assert _files(first) == before                                 # the original run's folder is untouched
+    assert run_identity(run_dir)["checkpoint_dir"] == os.path.realpath(tmp_path / "ck2")
+    assert any(f"{tmp_path / 'ck2'} is not the checkpoint.dir of the run in {first}" in s for s in said), said
+
+
+def _files(folder):
+    return {name: open(os.path.join(folder, name), "rb").read() for name in sorted(os.listdir(folder))
+            if os.path.isfile(os.path.join(folder, name))}
+
+
+@pytest.mark.parametrize("other", ["unrelated", "another run"])
+def test_a_run_dir_that_is_not_the_runs_folder_is_refused(tmp_path, monkeypatch, other):
+    """A manifest's run_dir edited to a folder that is not the run's (another run's, or any folder) is
+    refused, naming it, by the start and by --dry-run; nothing is written anywhere."""
+    from ssdsgd.folders import FolderError, prepare, start_problem
+    first, manifest = _first_run(tmp_path)
+    if other == "unrelated":
+        target = tmp_path / "results"
+        target.mkdir()
+        (target / "keep.txt").write_text("mine")
+        manifest["run_dir"] = str(target)
+    else:
+        manifest["run_dir"] = _first_run(tmp_path)[0]
+    target = manifest["run_dir"]
+    before = _files(target)
+    runs_before = sorted(os.listdir(tmp_path / "runs" / "job"))
+    _checkpoint_of(monkeypatch, manifest)
+    cfg = _prepare_cfg(tmp_path)
+    with pytest.raises(FolderError) as info:
+        prepare(cfg, True, False, "resume")
+    msg = str(info.value)
+    assert f"records run_dir {target}, which is not the folder of the run that wrote the checkpoint" in msg, msg
+    assert "\n" not in msg
+    assert start_problem(cfg, True, False) == msg                  # --dry-run says the same
+    assert _files(target) == before
+    assert sorted(os.listdir(tmp_path / "runs" / "job")) == runs_before
+
+
+def test_a_checkpoint_without_a_run_id_resumes_into_a_new_run_folder(tmp_path, monkeypatch):
+    """Checkpoints written before run ids: their run_dir cannot be proved to be their run's, so the resume
+    writes a new run folder (nothing of the old one is replaced)."""
+    from ssdsgd.folders import prepare, release
+    first, manifest = _first_run(tmp_path)
+    os.remove(os.path.join(first, "run-id.json"))          # an old run folder, too
+    del manifest["run_id"]
+    before = _files(first)
+    _checkpoint_of(monkeypatch, manifest)
+    said = []
+    held, run_dir = prepare(_prepare_cfg(tmp_path), True, False, "resume", said.append)
+    release(held)
+    assert run_dir != first and _files(first) == before
+    assert any("records no run id" in s for s in said), said
+
+
+@pytest.mark.timeout(240)
+def test_a_copy_of_a_checkpoint_dir_resumed_elsewhere_leaves_the_original_run_alone(tmp_path):
+    """The report's reproduction with real jobs: stop at step 44, copy checkpoint.dir, take the original to
+    step 55, resume the copy with another log.dir: the copy's run gets its own folder there, and the
+    original's step-55 metrics, config.resume-step44.yaml and summary stay as they were."""
+    import shutil
+    ck, ck2 = str(tmp_path / "ck"), str(tmp_path / "ck2")
+    sets = ["checkpoint.every_epochs=1", "log.every_steps=1", "log.tensorboard=false"]
+    a = run_job(tmp_path, SSGD, *sets, f"checkpoint.dir={ck}", "train.max_steps=44", name="r")
+    assert a.rc == 0, a.output[-3000:]
+    shutil.copytree(ck, ck2)
+    b = run_job(tmp_path, SSGD, *sets, f"checkpoint.dir={ck}", "train.max_steps=55", name="r", args=["--resume"])
+    assert b.rc == 0 and b.run_dir == a.run_dir, b.output[-3000:]
+    with open(os.path.join(ck, "epoch-0003", "manifest.json")) as f:       # each checkpoint names its run
+        assert json.load(f)["run_id"] == json.load(open(os.path.join(a.run_dir, "run-id.json")))["run_id"]
+    before = _files(a.run_dir)
+    assert b.summary()["steps"] == 55 and any(r["step"] == 55 for r in b.metrics())
+    log2 = str(tmp_path / "runs2")
+    c = run_job(tmp_path, SSGD, *sets, f"checkpoint.dir={ck2}", "train.max_steps=66", f"log.dir={log2}",
+                name="r", args=["--resume"])
+    assert c.rc == 0, c.output[-3000:]
+    assert os.path.dirname(c.run_dir) == os.path.join(log2, "r"), c.output[-3000:]
+    assert _files(a.run_dir) == before
+    assert c.summary()["steps"] == 66 and processes_with(c.marker) == []
+
+
+def test_a_resume_of_a_finished_run_changes_no_file(tmp_path, monkeypatch):
+    """'nothing to resume, no file changed': not the lock files (the checkpoint.dir's was rewritten with the
+    refused start's PID), nor what an interrupted save left in checkpoint.dir."""
+    from types import SimpleNamespace
+
+    from ssdsgd.folders import RunFinished, prepare
+    first, manifest = _first_run(tmp_path)
+    (tmp_path / "runs" / "job" / os.path.basename(first) / "summary.json").write_text(
+        json.dumps({"steps": 44, "steps_per_epoch": 22}))
+    ck = tmp_path / "ck"
+    (ck / "epoch-0003").mkdir(parents=True)                        # a save that never completed
+    (ck / ".ssdsgd.lock").write_text('{"pid": 1, "host": "h", "started": 0, "what": "the finished run"}')
+    _checkpoint_of(monkeypatch, manifest)
+    cfg = _prepare_cfg(tmp_path)
+    cfg.train = SimpleNamespace(epochs=2, max_steps=None)
+
+    def state():
+        return {p: (open(p, "rb").read() if os.path.isfile(p) else None, os.stat(p, follow_symlinks=False).st_mtime_ns)
+                for top in (ck, tmp_path / "runs") for p in map(str, [top, *top.rglob("*")])}
+    before = state()
+    time.sleep(0.01)
+    with pytest.raises(RunFinished, match="no file changed"):
+        prepare(cfg, True, False, "resume of a finished run")
+    assert state() == before

@@ -281,7 +281,7 @@ def test_prune_keeps_the_newest_complete_checkpoints_and_deletes_only_older_epoc
     import json
 
     from ssdsgd.checkpoint import MANIFEST
-    from ssdsgd.folders import prune_checkpoints as prune
+    from ssdsgd.checkpoint_dir import prune_checkpoints as prune
 
     def make(e, step=None):
         (tmp_path / f"epoch-{e:04d}").mkdir()

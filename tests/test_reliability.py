@@ -322,7 +322,7 @@ def test_failure_before_any_checkpoint_is_not_restarted(tmp_path):
     job = run_job(tmp_path, SSGD, "train.epochs=2", f"checkpoint.dir={tmp_path}/ck", "checkpoint.every_epochs=1",
                   "cluster.max_restarts=3", name="early", env={"SSDSGD_TEST_FAULT": "raise:1:3"})
     assert job.rc == 1
-    assert "failed before its first complete checkpoint; not restarted" in job.output
+    assert "failed before its first complete checkpoint; not restarted: no checkpoint was written yet" in job.output
     assert "run: restart" not in job.output
     assert processes_with(job.marker) == []
 

@@ -11,6 +11,7 @@ import time
 
 from ssdsgd.config import ROOTED_DATASETS
 from ssdsgd.launch.hosts import is_host_list
+from ssdsgd.paths import file_problem
 from ssdsgd.train import config_from_args, parse_args
 
 
@@ -45,8 +46,11 @@ def preflight(cfg):
     if cfg.cluster.launcher == "ssh":
         for key in ("hostfile", "ssh_identity", "ssh_config"):
             path = getattr(cfg.cluster, key)
-            if path and not os.path.isfile(path) and not (key == "hostfile" and is_host_list(path)):
-                return f"cluster.{key}: file {path} does not exist"
+            if not path or (key == "hostfile" and not os.path.lexists(path) and is_host_list(path)):
+                continue
+            problem = file_problem(path)
+            if problem:
+                return f"cluster.{key}: {problem}"
         problem = ssh_problem(cfg.cluster)
         if problem:
             return problem
@@ -130,8 +134,8 @@ def _own_options(ap):
 
 def dry_run(cfg, args):
     """The config as the job would run it and the launcher's plan, then what the run would refuse before
-    its processes start (the data, the host file, the interface, checkpoint.dir and --resume): exit 2 then,
-    so that a script can check a config with it. Nothing is written, nothing is started."""
+    its processes start (the data, the host file, the interface, checkpoint.dir and --resume, the folders it
+    would make): exit 2 then, so that a script can check a config with it. Nothing is written, nothing is started."""
     import yaml
 
     from ssdsgd.folders import start_problem
@@ -272,7 +276,7 @@ def _run_with_restarts(cfg, args, run_dir):
     cluster.max_restarts times. The folder locks stay held throughout. A job that fails after its
     summary was written is not restarted: its result is complete and stays as it is (_ended)."""
     from ssdsgd.checkpoint import CheckpointError, latest, resume_point
-    from ssdsgd.folders import remove_leftovers
+    from ssdsgd.checkpoint_dir import remove_leftovers
     limit = cfg.cluster.max_restarts
     resume, previous, stuck = args.resume, None, 0
     for attempt in range(limit + 1):
@@ -286,8 +290,7 @@ def _run_with_restarts(cfg, args, run_dir):
             return code
         root = cfg.checkpoint.dir
         if not root or latest(root) is None:
-            print("run: the job failed before its first complete checkpoint; not restarted "
-                  "(cluster.max_restarts needs checkpoint.dir and checkpoint.every_epochs)",
+            print(f"run: the job failed before its first complete checkpoint; not restarted: {_no_checkpoint(cfg)}",
                   file=sys.stderr, flush=True)
             return code
         remove_leftovers(root, lambda msg: print(f"run: {msg}", file=sys.stderr, flush=True))
@@ -307,6 +310,18 @@ def _run_with_restarts(cfg, args, run_dir):
             print(f"run: stopped before restart {attempt + 1}; not restarted", file=sys.stderr, flush=True)
             return 130
         resume, previous = True, directory
+
+
+def _no_checkpoint(cfg):
+    """Why a failed job has no checkpoint to restart from: a key not set, or none written yet."""
+    ck = cfg.checkpoint
+    unset = [key for key, value in (("checkpoint.dir", ck.dir), ("checkpoint.every_epochs", ck.every_epochs))
+             if not value]
+    if unset:
+        return (f"cluster.max_restarts restarts from a checkpoint, and {' and '.join(unset)} "
+                f"{'is' if len(unset) == 1 else 'are'} not set")
+    return (f"no checkpoint was written yet (checkpoint.every_epochs: {ck.every_epochs}, in {ck.dir}), so there is "
+            f"nothing to restart from")
 
 
 def _launch(cfg, args, resume, run_dir, dry_run=False):

@@ -195,7 +195,7 @@ def _save_checkpoint(run, counters, epochs_done, step):
     import mxnet as mx
 
     from ssdsgd import checkpoint as ckpt
-    from ssdsgd import folders
+    from ssdsgd.checkpoint_dir import prune_checkpoints
     from ssdsgd.ps import commands
     cfg, kv, rank, client = run.cfg, run.kv, run.kv.rank, run.client
     directory = ckpt.epoch_dir(cfg.checkpoint.dir, epochs_done)
@@ -220,7 +220,7 @@ def _save_checkpoint(run, counters, epochs_done, step):
         part = "" if step >= whole else f" (epoch {epochs_done} in part: {step - whole + run.steps_per_epoch} of " \
                                         f"its {run.steps_per_epoch} steps; a resume continues inside it)"
         print(f"checkpoint saved: {directory}{part}", flush=True)
-        for old in folders.prune_checkpoints(cfg.checkpoint.dir, cfg.checkpoint.keep, run.steps_per_epoch):
+        for old in prune_checkpoints(cfg.checkpoint.dir, cfg.checkpoint.keep, run.steps_per_epoch):
             print(f"checkpoint deleted: {old} (checkpoint.keep: {cfg.checkpoint.keep})", flush=True)
 
 

@@ -3,6 +3,8 @@
 """
 import numpy as np
 
+from ssdsgd.schema import SYNTHETIC_SHAPE
+
 from ssdsgd.worker import idx
 from ssdsgd.worker.datasets import (
     DataBundle,
@@ -108,7 +110,7 @@ def build_synthetic(shape, num_classes, num_samples, shard):
 
 
 def _synthetic_shape(shape):
-    return check_shape(shape or (3, 32, 32))
+    return check_shape(shape or SYNTHETIC_SHAPE)
 
 
 def count_synthetic(shape, num_samples):

@@ -110,6 +110,7 @@ def _prepare_run_folder(cfg, kv, resume, overwrite):
     from ssdsgd.checkpoint import resume_point
     from ssdsgd.config import dump_config
     from ssdsgd.metrics import CONFIG_FILE, RUN_MANIFEST_FILE
+    from ssdsgd.run_id import run_id
     held, out_dir, point = [], os.environ.get(RUN_DIR_ENV), None
     if not os.environ.get(LOCKED_ENV):
         # Started by another launcher than ssdsgd.launch.run: nobody opens a file in the run folder before
@@ -120,7 +121,8 @@ def _prepare_run_folder(cfg, kv, resume, overwrite):
     if resume:
         point = resume_point(cfg)              # (folder, manifest), verified once per worker
     if not os.environ.get(LOCKED_ENV) and kv.rank != 0:
-        out_dir = (folders.resumed_run_folder(point[1]) if resume else None) or folders.latest_run_folder(cfg)
+        # the folder rank 0 chose: the resumed run's, or else the new one `latest` points at
+        out_dir = (folders.resume_run_folder(cfg, point[1])[0] if resume else None) or folders.latest_run_folder(cfg)
     if not out_dir or not os.path.isdir(out_dir):
         raise RuntimeError(f"the run folder {out_dir!r} does not exist (the front end or rank 0 makes it)")
     if kv.rank == 0:
@@ -129,15 +131,16 @@ def _prepare_run_folder(cfg, kv, resume, overwrite):
             name = f"config.resume-step{point[1]['step']}.yaml"
             made = folders.unused_name(out_dir, f"manifest.resume-step{point[1]['step']}", ".json")
         dump_config(cfg, os.path.join(out_dir, name))
-        _write_run_record(os.path.join(out_dir, made), name, point[0] if resume else None)
+        _write_run_record(os.path.join(out_dir, made), name, point[0] if resume else None,
+                          run_id(out_dir))
     return held, out_dir, point
 
 
-def _write_run_record(path, config_file, resumed_from):
+def _write_run_record(path, config_file, resumed_from, run_id):
     """How this run (or this resume of it) was made: the user's command (config file and every --set;
     ssdsgd-run passes it down) and each role's, the commit, the machine and the date; config_file: the
     validated config beside it. Under another launcher the user's command is not known here: the roles'
-    command stands for it."""
+    command stands for it. run_id: the run folder's (ssdsgd.run_id), which its checkpoints record."""
     import json
     import sys
 
@@ -147,7 +150,7 @@ def _write_run_record(path, config_file, resumed_from):
     role_command = [os.path.basename(sys.executable), "-m", "ssdsgd.train", *sys.argv[1:]]
     command = json.loads(os.environ[COMMAND_ENV]) if os.environ.get(COMMAND_ENV) else role_command
     write_json_atomic(path, provenance.record(command, role_command=role_command, config=config_file,
-                                              resumed_from=resumed_from))
+                                              resumed_from=resumed_from, run_id=run_id))
 
 
 def data_line(cfg, data):

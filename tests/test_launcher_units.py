@@ -333,3 +333,108 @@ def test_a_role_killed_by_sigfpe_gets_the_likely_cause():
     assert describe_returncode(-9) == 'killed by SIGKILL'
     assert describe_returncode(-8).startswith('killed by SIGFPE (an arithmetic fault in native code; reading '
                                               'ImageNet RecordIO, an image that decodes to nothing')
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_while_waiting_to_restart_is_a_stop(monkeypatch, capsys, signum):
+    """Before: SIGTERM or SIGHUP during the back-off killed ssdsgd-run at once: no message, no launcher.log
+    line, the locks not released by it, exit -signal. Now as during the job: a line saying so, exit
+    128 + signal, not restarted, the handlers put back."""
+    from ssdsgd.launch import run
+    threading.Timer(0.5, os.kill, (os.getpid(), signum)).start()
+    monkeypatch.setattr(run, 'backoff_seconds', lambda base, stuck: 5.0)
+    def mine(*args):   # without handling in the back-off, the signal lands here, not in pytest's end
+        pass
+    before = signal.signal(signum, mine)
+    try:
+        t0 = time.monotonic()
+        assert _restarts(monkeypatch, [1, 0], 2, finished=False) == (128 + signum, [False])
+        assert time.monotonic() - t0 < 3
+        assert capsys.readouterr().err.splitlines()[-1] == (f'run: received {signal.Signals(signum).name} before '
+                                                             'restart 1; not restarted')
+        assert signal.getsignal(signum) is mine   # put back
+    finally:
+        signal.signal(signum, before)
+
+
+# ssdsgd-run with the job itself stood in for: each launch writes a checkpoint (as a job that got to its epoch 2
+# would) and fails like a killed worker. The rest of the front end is the real one.
+FAILING_JOB = r'''
+import json, os, sys
+from ssdsgd.launch import run
+import ssdsgd.checkpoint, ssdsgd.folders
+
+def launch(cfg, args, resume, run_dir, dry_run=False):
+    ck = os.path.join(cfg.checkpoint.dir, "epoch-0002")
+    os.makedirs(ck, exist_ok=True)
+    with open(os.path.join(ck, "manifest.json"), "w") as f:
+        json.dump({"epochs_done": 2, "step": 20}, f)
+    print("launch: worker 1 killed by SIGKILL", file=sys.stderr, flush=True)
+    return 1
+
+run._launch = launch
+ssdsgd.checkpoint.resume_point = lambda cfg: (ssdsgd.checkpoint.latest(cfg.checkpoint.dir), None)
+sys.exit(run.main(sys.argv[1:]))
+'''
+
+
+def _failing_run(tmp_path, *sets):
+    """ssdsgd-run (as `python -m ssdsgd`, its other name) of the demo config with the job failing; returns its
+    Popen (stderr piped) and the `--set` words it was given."""
+    words = ['--set', f'log.dir={tmp_path / "runs"}', f'checkpoint.dir={tmp_path / "ck"}', 'name=demo', *sets]
+    config = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs',
+                          'demo_digits_ssd.yaml')
+    proc = subprocess.Popen([sys.executable, '-c', FAILING_JOB, '--config', config, *words], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return proc, config, words
+
+
+def _continue_line(config, words):
+    command = ' '.join([sys.executable, '-m', 'ssdsgd', '--config', config, *words, '--resume'])
+    return (f'run: to continue from the newest checkpoint, {words[2].split("=", 1)[1]}/epoch-0002 (epoch 2, '
+            f'step 20): {command}')
+
+
+@pytest.mark.timeout(60)
+def test_the_last_line_after_a_failure_names_the_checkpoint_and_the_command_to_continue(tmp_path):
+    """Before: the last line was the launcher's cleanup, with no word on how to go on. Now the final line, on
+    the terminal and in launcher.log, names the newest checkpoint and the exact command that continues."""
+    proc, config, words = _failing_run(tmp_path, 'cluster.max_restarts=0')
+    try:
+        _, err = proc.communicate(timeout=45)
+    finally:
+        end_group(proc)
+    assert proc.returncode == 1, err
+    assert err.splitlines()[-1] == _continue_line(config, words), err
+    log = (tmp_path / 'runs' / 'demo' / 'latest' / 'launcher.log').read_text()
+    assert log.splitlines()[-1] == _continue_line(config, words)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_during_the_restart_backoff_is_said_and_logged(tmp_path, signum):
+    """Before: SIGTERM or SIGHUP while ssdsgd-run waited to restart killed it (exit -15/-1), with no line on
+    the terminal or in launcher.log and its folder locks left to the kernel. Now it says so there and in
+    launcher.log, does not restart, names how to continue and exits 128 + signal."""
+    proc, config, words = _failing_run(tmp_path, 'cluster.max_restarts=2', 'cluster.restart_backoff=30')
+    try:
+        lines = []
+        for line in proc.stderr:
+            lines.append(line.rstrip('\n'))
+            if line.startswith('run: restart 1 of 2 in 30 s'):
+                break
+        assert lines and lines[-1].startswith('run: restart 1 of 2 in 30 s'), lines
+        t0 = time.monotonic()
+        os.kill(proc.pid, signum)
+        _, rest = proc.communicate(timeout=10)
+        seconds = time.monotonic() - t0
+    finally:
+        end_group(proc)
+    said = rest.splitlines()
+    assert proc.returncode == 128 + signum, lines + said
+    assert seconds < 5
+    assert said == [f'run: received {signal.Signals(signum).name} before restart 1; not restarted',
+                    _continue_line(config, words)]
+    log = (tmp_path / 'runs' / 'demo' / 'latest' / 'launcher.log').read_text()
+    assert log.splitlines()[-2:] == said

@@ -1,5 +1,6 @@
 """Unit-level tests of the launcher's parts (ssdsgd/launch/): each runs in about a second, without a job."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -438,3 +439,65 @@ def test_a_stop_during_the_restart_backoff_is_said_and_logged(tmp_path, signum):
                     _continue_line(config, words)]
     log = (tmp_path / 'runs' / 'demo' / 'latest' / 'launcher.log').read_text()
     assert log.splitlines()[-2:] == said
+
+
+# A toy job for the quiet-time notes: the worker touches its heartbeat (as ssdsgd.train does every step), goes
+# quiet for a while, then goes on; the scheduler and the server end at once unless told to stop themselves.
+QUIET_JOB = r'''
+import os, signal, sys, time
+role, toy = os.environ["DMLC_ROLE"], os.environ["TOY_DIR"]
+def touch(seconds):
+    end = time.time() + seconds
+    while time.time() < end:
+        with open(os.environ["SSDSGD_HEARTBEAT_FILE"], "a"):
+            os.utime(os.environ["SSDSGD_HEARTBEAT_FILE"])
+        time.sleep(0.1)
+if role == "server" and os.environ.get("TOY_STOP_SERVER"):
+    time.sleep(2)
+    open(os.path.join(toy, "server.pid"), "w").write(str(os.getpid()))
+    os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(2)
+elif role == "worker":
+    touch(3)
+    if os.environ.get("TOY_STOP_SERVER"):
+        touch(7)
+        os.kill(int(open(os.path.join(toy, "server.pid")).read()), signal.SIGCONT)
+    else:
+        time.sleep(8)
+    touch(2)
+'''
+
+
+def _quiet_job(tmp_path, **env):
+    from ssdsgd.launch.launcher import run_job
+    return run_job([sys.executable, '-c', QUIET_JOB], 1, 1, env={'TOY_DIR': str(tmp_path), **env},
+                   timeout=60, stall_timeout=30, server_timeout=20)
+
+
+@pytest.mark.timeout(60)
+def test_a_pause_in_the_workers_progress_is_said_as_it_happens(tmp_path, capsys):
+    """Before: a job whose steps stopped for 8 s (a host cut off for a while, say) said nothing until the stall
+    timeout, and nothing at all if it went on before. Now one line when no worker has made a step for a few
+    seconds (with the time of day), one when they go on, and the job ends as it would (exit 0)."""
+    assert _quiet_job(tmp_path) == 0
+    err = capsys.readouterr().err
+    paused = re.findall(r'^launch: (\d\d:\d\d:\d\d) no worker has made a step for 5 s \(stall timeout 30 s\)$',
+                        err, re.M)
+    went_on = re.findall(r'^launch: (\d\d:\d\d:\d\d) the workers go on after (\d+) s without a step$', err, re.M)
+    assert len(paused) == 1 and len(went_on) == 1, err
+    assert 7 <= int(went_on[0][1]) <= 10, err
+
+
+@pytest.mark.timeout(60)
+def test_a_silent_server_is_said_as_it_happens(tmp_path, capsys):
+    """Before: a server silent for 7 s (stopped, or its host cut off for a while) went unsaid until the server
+    timeout. Now one line once it has given no sign of life for a few seconds, one when it is back."""
+    assert _quiet_job(tmp_path, TOY_STOP_SERVER='1') == 0
+    err = capsys.readouterr().err
+    silent = re.findall(r'^launch: \d\d:\d\d:\d\d server 0 on localhost has given no sign of life for 5 s '
+                        r'\(server timeout 20 s\)$', err, re.M)
+    back = re.findall(r'^launch: \d\d:\d\d:\d\d server 0 on localhost is alive again after (\d+) s of silence$',
+                      err, re.M)
+    assert len(silent) == 1 and len(back) == 1, err
+    assert 6 <= int(back[0]) <= 10, err
+    assert 'no worker has made a step' not in err

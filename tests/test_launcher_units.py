@@ -501,3 +501,15 @@ def test_a_silent_server_is_said_as_it_happens(tmp_path, capsys):
     assert len(silent) == 1 and len(back) == 1, err
     assert 6 <= int(back[0]) <= 10, err
     assert 'no worker has made a step' not in err
+
+
+def test_without_a_checkpoint_the_last_line_says_so_and_how_to_start_again(tmp_path):
+    from ssdsgd.launch.run import how_to_continue
+    args = SimpleNamespace(command=['ssdsgd-run', '--config', 'c.yaml', '--overwrite', '--set', 'a=1'],
+                           argv=['--config', 'c.yaml', '--overwrite', '--set', 'a=1'], config='c.yaml', set=['a=1'])
+    cfg = SimpleNamespace(checkpoint=SimpleNamespace(dir=None))
+    assert how_to_continue(cfg, args) == ('run: checkpoint.dir is not set, so no checkpoint to continue from; to '
+                                          'start again: ssdsgd-run --config c.yaml --set a=1')
+    cfg.checkpoint.dir = str(tmp_path)
+    assert how_to_continue(cfg, args) == (f'run: no complete checkpoint in {tmp_path} to continue from; to start '
+                                          'again: ssdsgd-run --config c.yaml --set a=1')

@@ -198,8 +198,9 @@ def how_to_continue(cfg, args):
     again = head + ["--config", args.config] + (["--set", *args.set] if args.set else [])
     directory = latest(cfg.checkpoint.dir)
     if directory is None:
-        where = f"in {cfg.checkpoint.dir}" if cfg.checkpoint.dir else "(checkpoint.dir is not set)"
-        return f"run: no complete checkpoint {where} to continue from; to start again: {shlex.join(again)}"
+        why = (f"no complete checkpoint in {cfg.checkpoint.dir}" if cfg.checkpoint.dir
+               else "checkpoint.dir is not set, so no checkpoint")
+        return f"run: {why} to continue from; to start again: {shlex.join(again)}"
     try:
         with open(os.path.join(directory, MANIFEST)) as f:
             manifest = json.load(f)

@@ -7,6 +7,7 @@ touches its own every second from a thread that pyhooks/sitecustomize.py starts 
 would only show up as a stalled worker; with it, the server is named, with its host.
 """
 import os
+import re
 import signal
 import sys
 import time
@@ -59,6 +60,9 @@ def _mtime(path):
         return os.stat(path).st_mtime
     except OSError:
         return None
+
+
+PAUSE_NOTE = re.compile(r'launch: \d\d:\d\d:\d\d ')   # how _say's lines start: no failure (scripts/chaos.py)
 
 
 def _say(text):

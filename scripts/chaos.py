@@ -45,6 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
 from bench.procs import processes_with, role_of
 from scripts.results_io import job_command, run_folder, stop_on_sigterm, write_manifest, write_text
+from ssdsgd.launch.watch import PAUSE_NOTE
 from ssdsgd.metrics import read_metrics, read_summary
 
 CONFIG = os.path.join(ROOT, "configs", "demo_digits_ssd_topk.yaml")
@@ -102,6 +103,12 @@ class Job:
     def checkpoints(self):
         return sorted(d for d in os.listdir(self.ck) if os.path.exists(os.path.join(self.ck, d, "manifest.json"))) \
             if os.path.isdir(self.ck) else []
+
+
+def launcher_reported(lines):
+    """Whether the launcher reported a failure among `lines`: its pause notes (`launch: 10:00:13 no worker
+    has made a step for 5 s`) say only that the job waits."""
+    return any(line.startswith("launch: ") and not PAUSE_NOTE.match(line) for line in lines)
 
 
 def wait_until(test, seconds, what, job):
@@ -222,7 +229,7 @@ def inject(kind, rng, job, site, disk):
             if kind == "blip":
                 time.sleep(rng.uniform(*SHORT))
             else:   # until the launcher reports the job failed
-                wait_until(lambda: any(line.startswith("launch: ") for line in job.lines[seen:]), 120,
+                wait_until(lambda: launcher_reported(job.lines[seen:]), 120,
                            "launcher report of the cut link", job)
         finally:
             site.link(host, up=True)
@@ -276,7 +283,7 @@ def one_fault(i, kind, rng, job, site, disk, t_start):
     to_save = wait_until(lambda: len(job.checkpoints()) > seen, 300, "checkpoint after the fault", job)
     return {"fault": i + 1, "kind": kind, "target": target, "at_seconds": round(t0 - t_start, 2),
             "lasted_seconds": lasted, "epochs_saved": seen,
-            "restarted": job.restarts() > restarts or any(line.startswith("launch: ") for line in job.lines[lines:]),
+            "restarted": job.restarts() > restarts or launcher_reported(job.lines[lines:]),
             "seconds_to_restart": None if to_restart is None else round(to_restart, 2),
             "seconds_to_next_checkpoint": round(time.monotonic() - t0, 2) if to_restart is None
             else round(to_restart + to_save, 2)}

@@ -440,3 +440,34 @@ def test_ssh_user_identity_and_options_without_a_config_file(vc, tmp_path):
     seen = {p.name: json.loads(p.read_text()) for p in toy.iterdir()}
     assert seen["server0"]["DMLC_NODE_HOST"] == vc.addresses[1]
     assert seen["worker0"]["DMLC_NODE_HOST"] == vc.addresses[2]
+
+
+@pytest.mark.timeout(240)
+def test_a_short_outage_is_said_as_it_happens_and_in_launcher_log(vc, tmp_path):
+    """h1 (server 0) off the network for 10 s mid-run, with the default timeouts: the job rides it out.
+    Before: the pause left no trace in the output or in launcher.log. Now a line, with the time of day, once
+    no worker has made a step for a few seconds, and one when they go on, on the terminal and in
+    launcher.log; the job finishes (exit 0)."""
+    ns = vc.namespaces[HOSTS["server 0"]]
+    argv, run_dir = _run_cmd(vc, tmp_path, "train.epochs=20", "log.every_steps=2")
+    proc, out = _start(argv, tmp_path)
+    try:
+        _wait_for(lambda: os.path.exists(os.path.join(run_dir, "metrics.jsonl")), 60, "training to start")
+        time.sleep(1.0)
+        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "down"], check=True)
+        time.sleep(10.0)
+        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=True)
+        rc, text = _finish(proc, out, timeout=180)
+    finally:
+        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=True)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert rc == 0, text[-3000:]
+    paused = re.findall(r"^launch: \d\d:\d\d:\d\d no worker has made a step for \d+ s \(stall timeout 300 s\)$",
+                        text, re.M)
+    went_on = re.findall(r"^launch: \d\d:\d\d:\d\d the workers go on after (\d+) s without a step$", text, re.M)
+    assert len(paused) == 1 and len(went_on) == 1, text[-3000:]
+    assert int(went_on[0]) >= 9, text[-3000:]
+    print(f"10 s outage: {paused[0]} / the workers went on after {went_on[0]} s")
+    log = open(os.path.join(run_dir, "launcher.log")).read()
+    assert paused[0] in log and f"the workers go on after {went_on[0]} s without a step" in log, log

@@ -334,20 +334,23 @@ def test_bad_counts():
 
 @pytest.mark.timeout(30)
 def test_ssh_options_with_the_local_launcher_are_refused(tmp_path):
-    """MXNet's launch.py defaults to ssh; ours to local, which ran every role of `-H hosts ...` on this machine
-    and exited 0. Now refused in one line naming the options, the way out and exit 2, nothing started."""
+    """`--launcher local` with -H or ssh options ran every role on this machine and exited 0; refused in one line
+    naming the options, the way out and exit 2, nothing started (MXNet's launcher refuses it too). Without -H
+    the launcher is local, as in MXNet's (whose ssh needs -H), so ssh options alone are refused as well."""
     (tmp_path / 'hosts').write_text('node1\n')
-    result = subprocess.run([sys.executable, LAUNCH, '-n', '1', '-s', '1', '-H', 'hosts', '--interface', 'eth0',
-                             '--ssh-user', 'bob', '--dry-run', 'python', 'x.py'], capture_output=True, text=True,
-                            cwd=tmp_path, timeout=20)
+    result = subprocess.run([sys.executable, LAUNCH, '-n', '1', '-s', '1', '--launcher', 'local', '-H', 'hosts',
+                             '--interface', 'eth0', '--ssh-user', 'bob', '--dry-run', 'python', 'x.py'],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=20)
     assert (result.returncode, result.stdout) == (2, '')
     assert result.stderr == ("launch: -H, --interface, --ssh-user: only for the ssh launcher, but the launcher is "
-                             "local (the default here, unlike MXNet's launch.py), which runs every role on this "
-                             "machine: add --launcher ssh, or drop them\n")
-    result = subprocess.run([sys.executable, LAUNCH, '-n', '1', '--launcher', 'local', '--ssh-option', 'A=b', 'true'],
+                             "local, which runs every role on this machine: use --launcher ssh (the default with "
+                             "-H), or drop them\n")
+    result = subprocess.run([sys.executable, LAUNCH, '-n', '1', '--interface', 'eth0', '--ssh-option', 'A=b', 'true'],
                             capture_output=True, text=True, cwd=tmp_path, timeout=20)
-    assert result.returncode == 2 and result.stderr.startswith('launch: --ssh-option: only for the ssh launcher')
-    assert result.stderr.endswith('add --launcher ssh, or drop it\n')
+    assert result.returncode == 2
+    assert result.stderr == ("launch: --interface, --ssh-option: only for the ssh launcher, but the launcher is "
+                             "local (the default without -H), which runs every role on this machine: add -H HOSTFILE "
+                             "to run over ssh, or drop them\n")
     assert os.listdir(tmp_path) == ['hosts']
 
 
@@ -604,3 +607,98 @@ def test_a_killed_wrapper_is_named(tmp_path):
                 os.killpg(pgid, signal.SIGKILL)
             except (ProcessLookupError, TypeError):
                 pass
+
+
+@pytest.mark.timeout(30)
+def test_a_host_file_without_launcher_runs_over_ssh_as_in_mxnet(tmp_path):
+    """MXNet's launch.py takes ssh when -H is given without --launcher (its default). Before: refused, exit 2.
+    Now the plan runs the servers and workers over ssh on the listed hosts."""
+    (tmp_path / 'hosts').write_text('node1\nnode2\n')
+    result = subprocess.run([sys.executable, LAUNCH, '-n', '1', '-s', '1', '-H', 'hosts', '--interface', 'lo',
+                             '--dry-run', 'python', 'x.py'], capture_output=True, text=True, cwd=tmp_path, timeout=20)
+    assert result.returncode == 0, result.stderr
+    assert "server 0 on node1: ssh -o StrictHostKeyChecking=no -o BatchMode=yes node1 'bash -s'" in result.stdout
+    assert 'worker 0 on node2: ssh ' in result.stdout
+    assert os.listdir(tmp_path) == ['hosts']
+
+
+def _route_interface_here():
+    """(interface, address) of this machine's route to 10.255.255.255, as `ip route get` says, or None."""
+    out = subprocess.run(['ip', '-4', '-o', 'route', 'get', '10.255.255.255'], capture_output=True, text=True).stdout
+    found = re.search(r' dev (\S+) .*src (\S+)', out)
+    return (found[1], found[2]) if found else None
+
+
+def test_interface_found_as_mxnets_tracker_finds_it(monkeypatch):
+    """No --interface: this machine's address as MXNet 1.9.1's tracker takes it (its fully qualified name
+    resolved; its host name when that fails; a loopback answer replaced by the source address of the route
+    to 10.255.255.255), and the interface holding that address."""
+    from ssdsgd.launch import plan
+    route = _route_interface_here()
+    if route is None:
+        pytest.skip('no route to 10.255.255.255 here')
+    monkeypatch.setattr(plan.socket, 'getfqdn', lambda: 'myhost.example')
+    looked_up = []
+
+    def loopback(name):
+        looked_up.append(name)
+        return '127.0.1.1'
+    monkeypatch.setattr(plan.socket, 'gethostbyname', loopback)
+    assert plan.mxnet_interface() == (*route, 'myhost.example resolves to 127.0.1.1 (loopback): the route out')
+    assert looked_up == ['myhost.example']
+
+    def unresolvable(name):   # the qualified name fails: the host name, as MXNet's tracker falls back
+        looked_up.append(name)
+        if name == 'myhost.example':
+            raise socket.gaierror(-2, 'Name or service not known')
+        return route[1]
+    monkeypatch.setattr(plan.socket, 'gethostname', lambda: 'myhost')
+    monkeypatch.setattr(plan.socket, 'gethostbyname', unresolvable)
+    assert plan.mxnet_interface() == (*route, f'myhost resolves to {route[1]}')
+    assert looked_up[-2:] == ['myhost.example', 'myhost']
+
+
+def test_interface_not_found_is_refused_naming_the_option(monkeypatch):
+    """An address no interface here holds (a stale /etc/hosts line), or no route out: one line, exit 2,
+    saying to give --interface (MXNet's tracker would go on with an address no host can reach)."""
+    from ssdsgd.launch import plan
+    monkeypatch.setattr(plan.socket, 'getfqdn', lambda: 'myhost.example')
+    monkeypatch.setattr(plan.socket, 'gethostbyname', lambda name: '203.0.113.77')
+    with pytest.raises(UsageError, match=r'^no --interface given, and no network interface here holds 203\.0\.113'
+                                         r'\.77, the address myhost\.example resolves to .*: give --interface'):
+        plan.mxnet_interface()
+    monkeypatch.setattr(plan.socket, 'gethostbyname', lambda name: '127.0.0.1')
+
+    class NoRoute:
+        def __init__(self, *args):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def connect(self, address):
+            raise OSError(101, 'Network is unreachable')
+    monkeypatch.setattr(plan.socket, 'socket', NoRoute)
+    with pytest.raises(UsageError, match=r'^no --interface given, and myhost\.example resolves to 127\.0\.0\.1 '
+                                         r'\(loopback\) and no route leads out of this machine \(Network is '
+                                         r'unreachable\): give --interface'):
+        plan.mxnet_interface()
+
+
+@pytest.mark.timeout(30)
+def test_ssh_without_interface_says_which_it_chose(tmp_path):
+    """Before: `--launcher ssh needs --interface`, exit 2. Now one line names the interface and address."""
+    route = _route_interface_here()
+    if route is None:
+        pytest.skip('no route to 10.255.255.255 here')
+    (tmp_path / 'hosts').write_text('node1\n')
+    result = subprocess.run([sys.executable, LAUNCH, '-n', '1', '-s', '1', '--launcher', 'ssh', '-H', 'hosts',
+                             '--dry-run', 'python', 'x.py'], capture_output=True, text=True, cwd=tmp_path, timeout=20)
+    assert result.returncode == 0, result.stderr
+    chose = [line for line in result.stderr.splitlines() if 'interface' in line]
+    assert len(chose) == 1 and chose[0].startswith(f'launch: no --interface given: using {route[0]} ({route[1]}), '
+                                                   "as MXNet's launcher finds it"), result.stderr
+    assert f'DMLC_PS_ROOT_URI={route[1]}' in result.stdout and f'DMLC_INTERFACE={route[0]}' in result.stdout

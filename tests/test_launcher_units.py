@@ -1,5 +1,6 @@
 """Unit-level tests of the launcher's parts (ssdsgd/launch/): each runs in about a second, without a job."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -333,3 +334,182 @@ def test_a_role_killed_by_sigfpe_gets_the_likely_cause():
     assert describe_returncode(-9) == 'killed by SIGKILL'
     assert describe_returncode(-8).startswith('killed by SIGFPE (an arithmetic fault in native code; reading '
                                               'ImageNet RecordIO, an image that decodes to nothing')
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_while_waiting_to_restart_is_a_stop(monkeypatch, capsys, signum):
+    """Before: SIGTERM or SIGHUP during the back-off killed ssdsgd-run at once: no message, no launcher.log
+    line, the locks not released by it, exit -signal. Now as during the job: a line saying so, exit
+    128 + signal, not restarted, the handlers put back."""
+    from ssdsgd.launch import run
+    threading.Timer(0.5, os.kill, (os.getpid(), signum)).start()
+    monkeypatch.setattr(run, 'backoff_seconds', lambda base, stuck: 5.0)
+    def mine(*args):   # without handling in the back-off, the signal lands here, not in pytest's end
+        pass
+    before = signal.signal(signum, mine)
+    try:
+        t0 = time.monotonic()
+        assert _restarts(monkeypatch, [1, 0], 2, finished=False) == (128 + signum, [False])
+        assert time.monotonic() - t0 < 3
+        assert capsys.readouterr().err.splitlines()[-1] == (f'run: received {signal.Signals(signum).name} before '
+                                                             'restart 1; not restarted')
+        assert signal.getsignal(signum) is mine   # put back
+    finally:
+        signal.signal(signum, before)
+
+
+# ssdsgd-run with the job itself stood in for: each launch writes a checkpoint (as a job that got to its epoch 2
+# would) and fails like a killed worker. The rest of the front end is the real one.
+FAILING_JOB = r'''
+import json, os, sys
+from ssdsgd.launch import run
+import ssdsgd.checkpoint, ssdsgd.folders
+
+def launch(cfg, args, resume, run_dir, dry_run=False):
+    ck = os.path.join(cfg.checkpoint.dir, "epoch-0002")
+    os.makedirs(ck, exist_ok=True)
+    with open(os.path.join(ck, "manifest.json"), "w") as f:
+        json.dump({"epochs_done": 2, "step": 20}, f)
+    print("launch: worker 1 killed by SIGKILL", file=sys.stderr, flush=True)
+    return 1
+
+run._launch = launch
+ssdsgd.checkpoint.resume_point = lambda cfg: (ssdsgd.checkpoint.latest(cfg.checkpoint.dir), None)
+sys.exit(run.main(sys.argv[1:]))
+'''
+
+
+def _failing_run(tmp_path, *sets):
+    """ssdsgd-run (as `python -m ssdsgd`, its other name) of the demo config with the job failing; returns its
+    Popen (stderr piped) and the `--set` words it was given."""
+    words = ['--set', f'log.dir={tmp_path / "runs"}', f'checkpoint.dir={tmp_path / "ck"}', 'name=demo', *sets]
+    config = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs',
+                          'demo_digits_ssd.yaml')
+    proc = subprocess.Popen([sys.executable, '-c', FAILING_JOB, '--config', config, *words], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return proc, config, words
+
+
+def _continue_line(config, words):
+    command = ' '.join([sys.executable, '-m', 'ssdsgd', '--config', config, *words, '--resume'])
+    return (f'run: to continue from the newest checkpoint, {words[2].split("=", 1)[1]}/epoch-0002 (epoch 2, '
+            f'step 20): {command}')
+
+
+@pytest.mark.timeout(60)
+def test_the_last_line_after_a_failure_names_the_checkpoint_and_the_command_to_continue(tmp_path):
+    """Before: the last line was the launcher's cleanup, with no word on how to go on. Now the final line, on
+    the terminal and in launcher.log, names the newest checkpoint and the exact command that continues."""
+    proc, config, words = _failing_run(tmp_path, 'cluster.max_restarts=0')
+    try:
+        _, err = proc.communicate(timeout=45)
+    finally:
+        end_group(proc)
+    assert proc.returncode == 1, err
+    assert err.splitlines()[-1] == _continue_line(config, words), err
+    log = (tmp_path / 'runs' / 'demo' / 'latest' / 'launcher.log').read_text()
+    assert log.splitlines()[-1] == _continue_line(config, words)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_during_the_restart_backoff_is_said_and_logged(tmp_path, signum):
+    """Before: SIGTERM or SIGHUP while ssdsgd-run waited to restart killed it (exit -15/-1), with no line on
+    the terminal or in launcher.log and its folder locks left to the kernel. Now it says so there and in
+    launcher.log, does not restart, names how to continue and exits 128 + signal."""
+    proc, config, words = _failing_run(tmp_path, 'cluster.max_restarts=2', 'cluster.restart_backoff=30')
+    try:
+        lines = []
+        for line in proc.stderr:
+            lines.append(line.rstrip('\n'))
+            if line.startswith('run: restart 1 of 2 in 30 s'):
+                break
+        assert lines and lines[-1].startswith('run: restart 1 of 2 in 30 s'), lines
+        t0 = time.monotonic()
+        os.kill(proc.pid, signum)
+        _, rest = proc.communicate(timeout=10)
+        seconds = time.monotonic() - t0
+    finally:
+        end_group(proc)
+    said = rest.splitlines()
+    assert proc.returncode == 128 + signum, lines + said
+    assert seconds < 5
+    assert said == [f'run: received {signal.Signals(signum).name} before restart 1; not restarted',
+                    _continue_line(config, words)]
+    log = (tmp_path / 'runs' / 'demo' / 'latest' / 'launcher.log').read_text()
+    assert log.splitlines()[-2:] == said
+
+
+# A toy job for the quiet-time notes: the worker touches its heartbeat (as ssdsgd.train does every step), goes
+# quiet for a while, then goes on; the scheduler and the server end at once unless told to stop themselves.
+QUIET_JOB = r'''
+import os, signal, sys, time
+role, toy = os.environ["DMLC_ROLE"], os.environ["TOY_DIR"]
+def touch(seconds):
+    end = time.time() + seconds
+    while time.time() < end:
+        with open(os.environ["SSDSGD_HEARTBEAT_FILE"], "a"):
+            os.utime(os.environ["SSDSGD_HEARTBEAT_FILE"])
+        time.sleep(0.1)
+if role == "server" and os.environ.get("TOY_STOP_SERVER"):
+    time.sleep(2)
+    open(os.path.join(toy, "server.pid"), "w").write(str(os.getpid()))
+    os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(2)
+elif role == "worker":
+    touch(3)
+    if os.environ.get("TOY_STOP_SERVER"):
+        touch(7)
+        os.kill(int(open(os.path.join(toy, "server.pid")).read()), signal.SIGCONT)
+    else:
+        time.sleep(8)
+    touch(2)
+'''
+
+
+def _quiet_job(tmp_path, **env):
+    from ssdsgd.launch.launcher import run_job
+    return run_job([sys.executable, '-c', QUIET_JOB], 1, 1, env={'TOY_DIR': str(tmp_path), **env},
+                   timeout=60, stall_timeout=30, server_timeout=20)
+
+
+@pytest.mark.timeout(60)
+def test_a_pause_in_the_workers_progress_is_said_as_it_happens(tmp_path, capsys):
+    """Before: a job whose steps stopped for 8 s (a host cut off for a while, say) said nothing until the stall
+    timeout, and nothing at all if it went on before. Now one line when no worker has made a step for a few
+    seconds (with the time of day), one when they go on, and the job ends as it would (exit 0)."""
+    assert _quiet_job(tmp_path) == 0
+    err = capsys.readouterr().err
+    paused = re.findall(r'^launch: (\d\d:\d\d:\d\d) no worker has made a step for 5 s \(stall timeout 30 s\)$',
+                        err, re.M)
+    went_on = re.findall(r'^launch: (\d\d:\d\d:\d\d) the workers go on after (\d+) s without a step$', err, re.M)
+    assert len(paused) == 1 and len(went_on) == 1, err
+    assert 7 <= int(went_on[0][1]) <= 10, err
+
+
+@pytest.mark.timeout(60)
+def test_a_silent_server_is_said_as_it_happens(tmp_path, capsys):
+    """Before: a server silent for 7 s (stopped, or its host cut off for a while) went unsaid until the server
+    timeout. Now one line once it has given no sign of life for a few seconds, one when it is back."""
+    assert _quiet_job(tmp_path, TOY_STOP_SERVER='1') == 0
+    err = capsys.readouterr().err
+    silent = re.findall(r'^launch: \d\d:\d\d:\d\d server 0 on localhost has given no sign of life for 5 s '
+                        r'\(server timeout 20 s\)$', err, re.M)
+    back = re.findall(r'^launch: \d\d:\d\d:\d\d server 0 on localhost is alive again after (\d+) s of silence$',
+                      err, re.M)
+    assert len(silent) == 1 and len(back) == 1, err
+    assert 6 <= int(back[0]) <= 10, err
+    assert 'no worker has made a step' not in err
+
+
+def test_without_a_checkpoint_the_last_line_says_so_and_how_to_start_again(tmp_path):
+    from ssdsgd.launch.run import how_to_continue
+    args = SimpleNamespace(command=['ssdsgd-run', '--config', 'c.yaml', '--overwrite', '--set', 'a=1'],
+                           argv=['--config', 'c.yaml', '--overwrite', '--set', 'a=1'], config='c.yaml', set=['a=1'])
+    cfg = SimpleNamespace(checkpoint=SimpleNamespace(dir=None))
+    assert how_to_continue(cfg, args) == ('run: checkpoint.dir is not set, so no checkpoint to continue from; to '
+                                          'start again: ssdsgd-run --config c.yaml --set a=1')
+    cfg.checkpoint.dir = str(tmp_path)
+    assert how_to_continue(cfg, args) == (f'run: no complete checkpoint in {tmp_path} to continue from; to start '
+                                          'again: ssdsgd-run --config c.yaml --set a=1')

@@ -336,3 +336,99 @@ def test_sigkilled_remote_wrapper_is_named(vc, work):
     assert "connection" not in out, out
     assert elapsed < 20
     assert "every process on every host has ended" in out
+
+
+# MXNet 1.9.1's own programs (issue 61), from the user's copy of MXNet's source: SSDSGD_MXNET_SOURCE=DIR (its
+# example/image-classification and tests/nightly are used; nothing of them is in this repository).
+MXNET_SOURCE = os.environ.get("SSDSGD_MXNET_SOURCE")
+
+
+def _mxnet_copy(work, folder, names):
+    """Copy `names` (files or folders) of MXNet's source `folder` into `work`; skip the test without the source."""
+    if not MXNET_SOURCE:
+        pytest.skip("MXNet's own programs: set SSDSGD_MXNET_SOURCE to a copy of MXNet 1.9.1's source tree")
+    for name in names:
+        src = os.path.join(MXNET_SOURCE, folder, name)
+        if not os.path.exists(src):
+            pytest.fail(f"SSDSGD_MXNET_SOURCE={MXNET_SOURCE}: no {folder}/{name} there")
+        (shutil.copytree if os.path.isdir(src) else shutil.copy2)(src, work / name)
+
+
+def _tiny_mnist(folder, train=1024, test=256):
+    """MNIST's four files (idx format, gzipped) with random images: train_mnist.py reads data/ and downloads
+    nothing when they are there."""
+    import gzip
+
+    import numpy as np
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for prefix, count in (("train", train), ("t10k", test)):
+        labels = rng.integers(0, 10, count, dtype=np.uint8)
+        images = rng.integers(0, 256, (count, 28, 28), dtype=np.uint8)
+        with gzip.open(folder / f"{prefix}-labels-idx1-ubyte.gz", "wb") as f:
+            f.write(np.array([2049, count], ">u4").tobytes() + labels.tobytes())
+        with gzip.open(folder / f"{prefix}-images-idx3-ubyte.gz", "wb") as f:
+            f.write(np.array([2051, count, 28, 28], ">u4").tobytes() + images.tobytes())
+
+
+@pytest.fixture
+def users_h0(vc):
+    """h0 (the launching machine) set up as an MXNet user's machine is, so that MXNet's command line needs
+    nothing added: a default route (MXNet's launcher finds the scheduler's address through it when the host
+    name resolves to loopback, as `hostname` does here) and the cluster's ssh configuration as the system's
+    (/etc/ssh/ssh_config, which ssh reads by itself: `ip netns exec` puts /etc/netns/<namespace>/ssh there,
+    for h0's processes only)."""
+    ns = vc.namespaces[0]
+    etc = os.path.join("/etc/netns", ns)
+    os.makedirs(os.path.join(etc, "ssh"))
+    try:
+        shutil.copy(vc.ssh_config, os.path.join(etc, "ssh", "ssh_config"))
+        subprocess.run(["ip", "-n", ns, "route", "add", "default", "dev", "eth0"], check=True, timeout=10)
+        yield vc
+    finally:
+        subprocess.run(["ip", "-n", ns, "route", "del", "default", "dev", "eth0"], timeout=10)
+        shutil.rmtree(etc)
+
+
+def _stock_ssh_line(vc, cwd, args, timeout):
+    """MXNet's command line as its users type it (`python launch.py ARGS`), run on h0 in `cwd`."""
+    proc = subprocess.run(vc.exec_argv(0, [sys.executable, LAUNCH, *args]), cwd=str(cwd), env=_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
+                          start_new_session=True)
+    return proc.returncode, proc.stdout
+
+
+@pytest.mark.timeout(400)
+def test_mxnets_own_programs_over_ssh_with_their_own_command_lines(users_h0, work):
+    """Issue 61: MXNet 1.9.1's example/image-classification/train_mnist.py (dist_sync) and its nightly
+    dist_sync_kvstore.py, each with MXNet's ssh command line unchanged: no --interface (found as MXNet's
+    launcher finds it, said in one line), and the second without --launcher (ssh, MXNet's default with -H).
+    Before: both refused, exit 2. Every role on the hosts, nothing left anywhere (the vc and work fixtures)."""
+    vc = users_h0
+    example = work / "image-classification"
+    example.mkdir()
+    _mxnet_copy(example, "example/image-classification", ["train_mnist.py", "common", "symbols"])
+    _tiny_mnist(example / "data")
+    (example / "hosts").write_text("h1\nh2\nh3\n")
+    rc, out = _stock_ssh_line(vc, example, ["-n", "2", "-s", "1", "--launcher", "ssh", "-H", "hosts", "python",
+                                            "train_mnist.py", "--kv-store", "dist_sync", "--num-epochs", "1",
+                                            "--num-examples", "1024"], timeout=300)
+    assert rc == 0, out
+    chose = [line for line in out.splitlines() if "interface" in line]
+    assert len(chose) == 1, out
+    assert chose[0].startswith(f"launch: no --interface given: using eth0 ({vc.addresses[0]}), as MXNet's launcher "
+                               "finds it ("), out
+    assert chose[0].endswith(" resolves to 127.0.0.1 (loopback): the route out)"), out
+    assert len(re.findall(r"^\[worker \d\] .*Epoch\[0\] Validation-accuracy=", out, re.M)) == 2, out
+    assert "every process on every host has ended" in out
+
+    nightly = work / "nightly"
+    nightly.mkdir()
+    _mxnet_copy(nightly, "tests/nightly", ["dist_sync_kvstore.py", "test_kvstore.py"])
+    (nightly / "hosts").write_text("h1\nh2\nh3\n")
+    rc, out = _stock_ssh_line(vc, nightly, ["-n", "2", "-H", "hosts", "python", "dist_sync_kvstore.py",
+                                            "--type=gluon_type_cpu"], timeout=300)
+    assert rc == 0, out
+    assert sorted(re.findall(r"worker (\d) passed test_gluon_trainer_type", out)) == ["0", "1"], out
+    assert "every process on every host has ended" in out
+    assert not any(sign in out for sign in ("Traceback (most recent call last)", "Check failed")), out

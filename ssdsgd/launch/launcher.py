@@ -148,8 +148,8 @@ def _parser():
     p.add_argument('-n', '--num-workers', type=int, required=True, help='number of workers')
     p.add_argument('-s', '--num-servers', type=int, help='number of servers (default: the number of workers)')
     # No argparse choices: MXNet's other launchers get a line saying why they are not supported (_check_cli).
-    p.add_argument('--launcher', default='local', metavar='{local,ssh}',
-                   help='local (the default here; MXNet\'s default is ssh) or ssh')
+    p.add_argument('--launcher', metavar='{local,ssh}',
+                   help='local or ssh; default: ssh with -H (as in MXNet\'s launch.py), else local')
     p.add_argument('-H', '--hostfile',
                    help='ssh launcher: a file with one `host[:sshport] [slots=N] [interface=IF] [python=PATH]` a '
                         'line, or a list `h1:2,h2:2` (host:slots, as horovodrun and mpirun take it)')
@@ -162,8 +162,9 @@ def _parser():
                    metavar='K=V', help='environment variable for the workers only')
     p.add_argument('--timeout', type=float, help='stop the job (exit 124) after this many seconds')
     p.add_argument('--port', type=int, help='scheduler port (default: a free one)')
-    p.add_argument('--interface', help='ssh launcher (required): the network interface of this machine the hosts '
-                                       'reach it on')
+    p.add_argument('--interface', help='ssh launcher: the network interface of this machine the hosts reach it on; '
+                                       'default: the one MXNet\'s launcher finds (the address this machine\'s name '
+                                       'resolves to, or if loopback, the route out), said in one line')
     p.add_argument('--stall-timeout', type=float,
                    help='fail when a worker does not touch its heartbeat file for this many seconds')
     p.add_argument('--server-timeout', type=float,
@@ -228,15 +229,21 @@ def _refuse(message):
 
 def _check_cli(args):
     """Refuse what the CLI cannot do, naming the option (exit 2)."""
+    chosen = args.launcher is not None
+    if not chosen:
+        # As MXNet's launch.py: ssh is its default, and it needs -H (without it MXNet's fails at once).
+        args.launcher = 'ssh' if args.hostfile else 'local'
     problem = _launcher_problem(args.launcher)
     if problem:
         _refuse(problem)
     ssh_only = _ssh_only_options(args)
     if args.launcher == 'local' and ssh_only:
-        # MXNet's launch.py defaults to ssh: its `-n 2 -H hosts python train.py` must not run here on localhost.
-        _refuse(f'{", ".join(ssh_only)}: only for the ssh launcher, but the launcher is local (the default here, '
-                f'unlike MXNet\'s launch.py), which runs every role on this machine: add --launcher ssh, or drop '
-                f'{"it" if len(ssh_only) == 1 else "them"}')
+        # These would run every role on localhost, not where the user meant.
+        them = 'it' if len(ssh_only) == 1 else 'them'
+        way_out = (f'use --launcher ssh (the default with -H), or drop {them}' if chosen
+                   else f'add -H HOSTFILE to run over ssh, or drop {them}')
+        _refuse(f'{", ".join(ssh_only)}: only for the ssh launcher, but the launcher is local'
+                f'{"" if chosen else " (the default without -H)"}, which runs every role on this machine: {way_out}')
     if args.sync_dst_dir and args.launcher == 'ssh':
         _refuse(SYNC_DST_DIR_REFUSED)
     if args.sync_dst_dir:

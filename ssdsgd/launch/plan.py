@@ -48,6 +48,45 @@ def interface_ip(name):
     return address
 
 
+# MXNet's tracker (dmlc_tracker) takes a loopback answer as "no address" and asks the kernel which source
+# address it would use towards this one; connecting a UDP socket sends nothing.
+OUTSIDE = '10.255.255.255'
+
+
+def mxnet_interface():
+    """(interface, address, how) of this machine as MXNet 1.9.1's launcher finds the scheduler's address when
+    told nothing: what its fully qualified name resolves to (its host name's, if that fails); a loopback answer
+    gives way to the source address of the route to OUTSIDE. The interface is the one holding that address
+    (the scheduler's DMLC_INTERFACE). UsageError if there is none: a scheduler on an address no host reaches
+    would only show up as a job that never starts."""
+    name = socket.getfqdn()
+    try:
+        address = socket.gethostbyname(name)
+    except OSError:
+        name = socket.gethostname()
+        try:
+            address = socket.gethostbyname(name)
+        except OSError as e:
+            raise UsageError(f'no --interface given, and this machine\'s name {name} does not resolve '
+                             f'({e.strerror or e}): give --interface') from None
+    how = f'{name} resolves to {address}'
+    if address.startswith('127.'):
+        how += ' (loopback)'
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                s.connect((OUTSIDE, 1))
+            except OSError as e:
+                raise UsageError(f'no --interface given, and {how} and no route leads out of this machine '
+                                 f'({e.strerror or e}): give --interface') from None
+            address = s.getsockname()[0]
+        how += ': the route out'
+    for _, interface in socket.if_nameindex():
+        if remote.interface_ip(interface) == address:
+            return interface, address, how
+    raise UsageError(f'no --interface given, and no network interface here holds {address}, the address {how}: '
+                     f'give --interface')
+
+
 def scheduler_address(launcher, interface):
     """The address the scheduler listens on, on this machine: loopback for a local job, the address on
     `interface` (the network the hosts reach this machine on) for an ssh one."""
@@ -144,7 +183,9 @@ def plan(command, num_workers, num_servers, launcher, hostfile, env, port, inter
             raise UsageError('--launcher ssh needs -H HOSTFILE')
         hosts = read_hosts(hostfile)
         if not interface:
-            raise UsageError('--launcher ssh needs --interface (the network the hosts reach this machine on)')
+            interface, address, how = mxnet_interface()
+            print(f"launch: no --interface given: using {interface} ({address}), as MXNet's launcher finds it "
+                  f"({how})", file=sys.stderr)
         root_uri = scheduler_address(launcher, interface)
     else:
         raise UsageError(f'unknown launcher {launcher!r}')

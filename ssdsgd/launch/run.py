@@ -6,6 +6,7 @@ running `python -m ssdsgd.train` with the same config and overrides.
 import contextlib
 import os
 import shlex
+import signal
 import sys
 import time
 
@@ -166,7 +167,7 @@ def user_command(argv):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv, prog="ssdsgd-run", description=__doc__.splitlines()[0], extra=_own_options)
-    args.command = user_command(argv)
+    args.command, args.argv = user_command(argv), list(argv)
     cfg = config_from_args(args)
     if cfg is None:
         return 2
@@ -190,9 +191,34 @@ def main(argv=None):
     print(f"run folder: {run_dir}", flush=True)
     try:
         with _messages_also_in(run_dir, args.command):
-            return _run_with_restarts(cfg, args, run_dir)
+            code = _run_with_restarts(cfg, args, run_dir)
+            if code != 0:
+                print(how_to_continue(cfg, args), file=sys.stderr, flush=True)
+            return code
     finally:
         release(held)
+
+
+def how_to_continue(cfg, args):
+    """The last line after a job that did not finish: the newest checkpoint and the exact command that goes
+    on from it (the user's, with --resume; without --overwrite, which would delete the checkpoints)."""
+    import json
+
+    from ssdsgd.checkpoint import MANIFEST, latest
+    head = args.command[:len(args.command) - len(args.argv)]   # `ssdsgd-run` or `python -m ssdsgd`
+    again = head + ["--config", args.config] + (["--set", *args.set] if args.set else [])
+    directory = latest(cfg.checkpoint.dir)
+    if directory is None:
+        why = (f"no complete checkpoint in {cfg.checkpoint.dir}" if cfg.checkpoint.dir
+               else "checkpoint.dir is not set, so no checkpoint")
+        return f"run: {why} to continue from; to start again: {shlex.join(again)}"
+    try:
+        with open(os.path.join(directory, MANIFEST)) as f:
+            manifest = json.load(f)
+        at = f" (epoch {manifest['epochs_done']}, step {manifest['step']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        at = ""
+    return f"run: to continue from the newest checkpoint, {directory}{at}: {shlex.join(again + ['--resume'])}"
 
 
 RESTARTABLE = 1        # the launcher's code for a failed or stalled process (not a timeout or a stop)
@@ -305,10 +331,14 @@ def _run_with_restarts(cfg, args, run_dir):
               f"{directory}" + (" (no newer checkpoint than at the last restart)" if stuck else ""),
               file=sys.stderr, flush=True)
         try:
-            time.sleep(wait)
+            signum = _wait_unless_stopped(wait)
         except KeyboardInterrupt:   # Ctrl-C while waiting: a stop, as during the job (128 + SIGINT)
             print(f"run: stopped before restart {attempt + 1}; not restarted", file=sys.stderr, flush=True)
             return 130
+        if signum is not None:
+            print(f"run: received {signal.Signals(signum).name} before restart {attempt + 1}; not restarted",
+                  file=sys.stderr, flush=True)
+            return 128 + signum
         resume, previous = True, directory
 
 
@@ -322,6 +352,25 @@ def _no_checkpoint(cfg):
                 f"{'is' if len(unset) == 1 else 'are'} not set")
     return (f"no checkpoint was written yet (checkpoint.every_epochs: {ck.every_epochs}, in {ck.dir}), so there is "
             f"nothing to restart from")
+
+
+def _wait_unless_stopped(seconds):
+    """Sleep `seconds` before a restart; the signal (SIGTERM, SIGHUP) that stopped the wait, or None. The
+    launcher catches these during the job; between two launches nobody did, and they killed the front end
+    without a word, before launcher.log had a line of it or the folder locks were released."""
+    received = []
+    old = {s: signal.signal(s, lambda signum, frame: received.append(signum))
+           for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        end = time.monotonic() + seconds
+        while True:   # short sleeps: a handler that returns does not cut a sleep short
+            time.sleep(max(0.0, min(0.1, end - time.monotonic())))
+            if received or time.monotonic() >= end:
+                break
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    return received[0] if received else None
 
 
 def _launch(cfg, args, resume, run_dir, dry_run=False):

@@ -6,6 +6,8 @@ touches its own every second from a thread that pyhooks/sitecustomize.py starts 
 --server-timeout). A stopped (SIGSTOP), hung or cut-off server never exits, so without the second one it
 would only show up as a stalled worker; with it, the server is named, with its host.
 """
+import os
+import re
 import signal
 import sys
 import time
@@ -14,6 +16,8 @@ from ssdsgd.launch.children import group_states
 
 POLL_SECONDS = 0.1
 SHUTDOWN_GRACE = 10.0  # ps-lite servers/scheduler exit by themselves shortly after the workers
+NOTE_SECONDS = 5.0     # a pause longer than this (and than 3 usual step gaps) is said as it happens
+USUAL_GAPS = 20        # the step gaps the usual one is the median of
 
 
 def stalled_culprit(workers):
@@ -51,10 +55,78 @@ def _silent_or_stalled(watched, workers, stall_timeout, server_timeout):
     return False
 
 
+def _mtime(path):
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
+PAUSE_NOTE = re.compile(r'launch: \d\d:\d\d:\d\d ')   # how _say's lines start: no failure (scripts/chaos.py)
+
+
+def _say(text):
+    # With the time of day: launcher.log (ssdsgd-run's copy of these lines) then tells when it happened.
+    print(f'launch: {time.strftime("%H:%M:%S")} {text}', file=sys.stderr, flush=True)
+
+
+class Pauses:
+    """Says, as it happens, when the job stops making progress for longer than usual and when it goes on:
+    no worker touching its heartbeat (a step) for NOTE_SECONDS and 3 usual step gaps, or a server or the
+    scheduler not touching its liveness file (every second) for NOTE_SECONDS. A host cut off for a while,
+    a stopped role or an overloaded machine then leaves a trace though the job goes on; the timeouts alone
+    say nothing of a pause shorter than they are. Start-up is left out: only files touched once count."""
+
+    def __init__(self, workers, watched, stall_timeout, server_timeout):
+        self.workers, self.watched = workers, watched
+        self.stall_timeout, self.server_timeout = stall_timeout, server_timeout
+        self.newest_step, self.gaps, self.paused_since = None, [], None
+        self.silent = {}   # child -> when its liveness file was last touched, while it is said to be silent
+
+    def _usual_gap(self):
+        gaps = sorted(self.gaps)
+        return gaps[len(gaps) // 2] if gaps else 0.0
+
+    def check(self, now):
+        self._check_steps(now)
+        for c in self.watched:
+            self._check_liveness(c, now)
+
+    def _check_steps(self, now):
+        touched = [t for t in (_mtime(w.heartbeat) for w in self.workers if w.heartbeat) if t is not None]
+        if not touched:
+            return
+        newest = max(touched)
+        if self.newest_step is not None and newest > self.newest_step:
+            if self.paused_since is not None:
+                _say(f'the workers go on after {newest - self.paused_since:.0f} s without a step')
+                self.paused_since = None
+            self.gaps = (self.gaps + [newest - self.newest_step])[-USUAL_GAPS:]
+        self.newest_step = newest
+        limit = max(NOTE_SECONDS, 3 * self._usual_gap())
+        if (self.paused_since is None and self.gaps and now - newest > limit
+                and (self.stall_timeout is None or limit < self.stall_timeout)):
+            self.paused_since = newest
+            timeout = f' (stall timeout {self.stall_timeout:g} s)' if self.stall_timeout is not None else ''
+            _say(f'no worker has made a step for {limit:.0f} s{timeout}')
+
+    def _check_liveness(self, c, now):
+        touched = _mtime(c.liveness)
+        if touched is None or c.popen.returncode is not None:
+            return
+        if c in self.silent and touched > self.silent[c]:
+            _say(f'{c.label()} on {c.host} is alive again after {touched - self.silent.pop(c):.0f} s of silence')
+        elif c not in self.silent and now - touched > NOTE_SECONDS and NOTE_SECONDS < self.server_timeout:
+            self.silent[c] = touched
+            _say(f'{c.label()} on {c.host} has given no sign of life for {NOTE_SECONDS:g} s (server timeout '
+                 f'{self.server_timeout:g} s)')
+
+
 def supervise(children, timeout, stall_timeout, received, server_timeout=None):
     """Watch the children until the job is decided; return the exit code. Cleanup is the caller's."""
     workers = [c for c in children if c.is_worker]
     watched = [c for c in children if c.liveness] if server_timeout is not None else []
+    pauses = Pauses(workers, watched, stall_timeout, server_timeout)
     start = time.monotonic()
     workers_done_at = None
     while True:
@@ -77,4 +149,6 @@ def supervise(children, timeout, stall_timeout, received, server_timeout=None):
             return 124
         elif _silent_or_stalled(watched, workers, stall_timeout, server_timeout):
             return 1
+        else:
+            pauses.check(time.time())   # file times are wall-clock times
         time.sleep(POLL_SECONDS)

@@ -200,8 +200,9 @@ ONE_STEP = ["model.name=mlp", "train.max_steps=3", "train.eval_every_epochs=1000
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("config, sets", [
     (SSGD, []),                                                    # stock dist_sync
-    (SSD, ["algorithm.warmup_iters=0"]),                           # local updates from the first step
-    (SSD_TOPK, ["algorithm.warmup_iters=0"]),                      # top-k, sparse downlink
+    # Local updates from the first step; one buffer plan for both (cost_model's depends on measured times).
+    (SSD, ["algorithm.warmup_iters=0", "compression.buffers=one"]),
+    (SSD_TOPK, ["algorithm.warmup_iters=0", "compression.buffers=one"]),         # top-k, sparse downlink
 ], ids=["ssgd", "ssd", "ssd_topk"])
 def test_two_replicas_train_to_one_devices_weights_and_push_the_same_bytes(tmp_path, config, sets):
     """A model without BatchNorm: three steps on two replicas per worker end at the weights of one device

@@ -327,11 +327,10 @@ def _run_with_restarts(cfg, args, run_dir):
             return 2
         stuck = stuck + 1 if directory == previous else 0
         wait = backoff_seconds(cfg.cluster.restart_backoff, stuck)
-        print(f"run: restart {attempt + 1} of {limit} in {wait:g} s: the job failed (exit {code}); resuming from "
-              f"{directory}" + (" (no newer checkpoint than at the last restart)" if stuck else ""),
-              file=sys.stderr, flush=True)
+        said = (f"run: restart {attempt + 1} of {limit} in {wait:g} s: the job failed (exit {code}); resuming from "
+                f"{directory}" + (" (no newer checkpoint than at the last restart)" if stuck else ""))
         try:
-            signum = _wait_unless_stopped(wait)
+            signum = _wait_unless_stopped(wait, lambda: print(said, file=sys.stderr, flush=True))
         except KeyboardInterrupt:   # Ctrl-C while waiting: a stop, as during the job (128 + SIGINT)
             print(f"run: stopped before restart {attempt + 1}; not restarted", file=sys.stderr, flush=True)
             return 130
@@ -354,14 +353,16 @@ def _no_checkpoint(cfg):
             f"nothing to restart from")
 
 
-def _wait_unless_stopped(seconds):
-    """Sleep `seconds` before a restart; the signal (SIGTERM, SIGHUP) that stopped the wait, or None. The
-    launcher catches these during the job; between two launches nobody did, and they killed the front end
-    without a word, before launcher.log had a line of it or the folder locks were released."""
+def _wait_unless_stopped(seconds, announce):
+    """announce(), then sleep `seconds` before a restart; the signal (SIGTERM, SIGHUP) that stopped the wait, or
+    None. The launcher catches these during the job; between two launches nobody did, and they killed the front
+    end without a word, before launcher.log had a line of it or the folder locks were released. The handlers
+    are in place before the announcement, so a stop that answers it is caught."""
     received = []
     old = {s: signal.signal(s, lambda signum, frame: received.append(signum))
            for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
+        announce()
         end = time.monotonic() + seconds
         while True:   # short sleeps: a handler that returns does not cut a sleep short
             time.sleep(max(0.0, min(0.1, end - time.monotonic())))

@@ -15,7 +15,7 @@ from ssdsgd.compression import kernels
 from ssdsgd.compression.compressor import top_magnitudes
 from ssdsgd.compression.encoders import SparseEncoder, make_encoders
 from ssdsgd.compression.memory import Memory
-from ssdsgd.compression.quotas import quotas_from_candidates
+from ssdsgd.compression.quotas import kth_largest, kth_smallest, quotas_from_candidates
 from ssdsgd.config import load_config
 
 TOPK_CONFIG = "configs/demo_digits_ssd_topk.yaml"
@@ -61,7 +61,7 @@ class NumpyMemory(Memory):
         return val
 
 
-def numpy_top_among(found, values, bounds, counts, fits, tau, out):
+def numpy_top_among(found, values, bounds, counts, fits, kths, out):
     """kernels.top_among as the encoders did it with numpy: top_magnitudes per tensor."""
     pos = 0
     for j in np.flatnonzero(fits):
@@ -87,7 +87,7 @@ def gradient(rng, n, kind):
 def same_bits(a, b):
     a, b = np.asarray(a), np.asarray(b)
     assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, b.dtype, a.shape, b.shape)
-    np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+    np.testing.assert_array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8))
 
 
 MEMORIES = [dict(error_feedback=True, momentum=0.9), dict(error_feedback=True, momentum=0.0),
@@ -182,8 +182,9 @@ def test_candidates_and_the_largest_count_a_nan_above_every_number():
 
 @pytest.mark.parametrize("seed", range(6))
 def test_top_among_takes_what_top_magnitudes_takes(seed):
-    """The k largest of each tensor's candidates, ties at the k-th going to the first, with and
-    without the quotas' threshold (tau), a quota of the whole tensor, NaN among the values."""
+    """The k largest of each tensor's candidates, ties at the k-th going to the first, with the
+    thresholds of quotas.kth_largest: by partitions, or the quotas' threshold (tau) where it gives the
+    same; quotas of the whole tensor, of one, NaN among the values (the partitions then)."""
     rng = np.random.default_rng(seed)
     sizes = rng.integers(1, 3000, 9)
     values = np.abs(gradient(rng, int(sizes.sum()), ["normal", "ties", "zeros"][seed % 3]))
@@ -193,15 +194,38 @@ def test_top_among_takes_what_top_magnitudes_takes(seed):
     found = np.sort(rng.choice(10 * values.size, values.size, replace=False)).astype(np.int64)
     counts = np.array([max(1, n // 3) for n in sizes], np.int64)
     counts[2] = sizes[2]                                  # the whole tensor
-    quotas, tau = quotas_from_candidates(values, bounds, [int(c) for c in counts], set())
-    for counts, tau in ((counts, np.float32(np.nan)), (np.array(quotas, np.int64), np.float32(tau))):
+    quotas, *around = quotas_from_candidates(values, bounds, [int(c) for c in counts], set())
+    above, ties = around[1:]
+    for j in range(len(sizes)):
+        v = values[bounds[j]:bounds[j + 1]]
+        assert (above[j], ties[j]) == ((v > around[0]).sum(), (v == around[0]).sum())
+    for counts, around in ((counts, None), (np.array(quotas, np.int64), around)):
         fits = counts <= sizes
         fits[4] = False                                   # left to a search of its own
         want = np.empty(int(counts[fits].sum()), np.int64)
-        numpy_top_among(found, values, bounds, counts, fits, tau, want)
+        numpy_top_among(found, values, bounds, counts, fits, None, want)
         got = np.full(want.size, -1, np.int64)
-        assert kernels.top_among(found, values, bounds, counts, fits, tau, got) == want.size
+        kths = kth_largest(values, bounds, counts, fits, around)
+        assert kernels.top_among(found, values, bounds, counts, fits, kths, got) == want.size
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "zeros", "extremes"])
+def test_kth_smallest_is_the_partitions(kind):
+    """quotas.kth_smallest (kernels.kth_smallest for magnitudes: NaN and inf among them) gives what
+    np.partition gives at k, bit for bit; with a negative value (a whole tensor's -1) numpy's own."""
+    rng = np.random.default_rng(len(kind))
+    for n in (1, 2, 7, 5000, 20_000):
+        values = np.abs(gradient(rng, n, kind))
+        if n > 2:
+            values[rng.choice(n, 2, replace=False)] = [np.nan, np.inf]
+        for k in sorted({0, n // 3, n - 2, n - 1} & set(range(n))):
+            same_bits(np.float32(kth_smallest(values, k)), np.partition(values, k)[k])
+            done, kth = kernels.kth_smallest(values, k)
+            assert done
+            same_bits(np.float32(kth), np.partition(values, k)[k])
+    values = np.array([3.0, -1.0, 2.0, 0.0] * 2000, np.float32)
+    assert not kernels.kth_smallest(values, 2001)[0] and kth_smallest(values, 2001) == 0.0
 
 
 def test_sort_positions_sorts():

@@ -26,12 +26,12 @@ import numpy as np
 from mxnet.base import _LIB, check_call
 
 from ssdsgd.compression import kernels
-from ssdsgd.compression.codec import FP16_MAX, encode_message, encode_sparse
+from ssdsgd.compression.codec import FP16_MAX, encode_message, encode_sparse, sparse_message
 from ssdsgd.compression.compressor import (TopK, sample_size, sample_threshold, sampled_candidates, step_rng,
                                            top_magnitudes)
 from ssdsgd.compression.fusion import plan_for_config, tensor_counts, warmup_stages
 from ssdsgd.compression.memory import Memory
-from ssdsgd.compression.quotas import allocate_by_threshold, quotas_from_candidates
+from ssdsgd.compression.quotas import allocate_by_threshold, kth_largest, quotas_from_candidates
 from ssdsgd.compression.registry import is_sparsifier, make_compressor
 
 
@@ -77,6 +77,18 @@ class SparseEncoder:
 
     def encode(self, grads, step):
         """The payload, as a float32 NDArray (codec.encode_sparse)."""
+        idx, val = self._indices_and_values(grads, step)
+        bitmap_size = self.buffer.size if self.buffer.wire.bitmap else None
+        return mx.nd.array(encode_sparse(idx, val, self.fp16, bitmap_size), dtype=np.float32)
+
+    def message(self, grads, step, rank):
+        """encode_message of encode's payload, made on the host (codec.sparse_message)."""
+        idx, val = self._indices_and_values(grads, step)
+        msg = sparse_message(step, rank, idx, val, self.fp16, self.buffer.size if self.buffer.wire.bitmap else None)
+        return mx.nd.array(msg, dtype=msg.dtype)
+
+    def _indices_and_values(self, grads, step):
+        """This step's selection: buffer indices and their values (what encode_sparse codes)."""
         b = self.buffer
         if self.mag is None:
             self._allocate_magnitudes()
@@ -105,11 +117,7 @@ class SparseEncoder:
                      for j, acc in enumerate(accs)]
             idx = np.concatenate([i + off for (i, _), off in zip(parts, self.offsets)])
             val = np.concatenate([v for _, v in parts])
-        bitmap_size = b.size if b.wire.bitmap else None
-        return mx.nd.array(encode_sparse(idx, val, self.fp16, bitmap_size), dtype=np.float32)
-
-    def message(self, grads, step, rank):
-        return encode_message(step, rank, self.encode(grads, step), self.fp16)
+        return idx, val
 
     def _to_host(self, grads):
         """The buffer's gradients copied into one float32 host array, reused every step (a fresh
@@ -161,9 +169,8 @@ class SparseEncoder:
         floor of one) takes it."""
         b, mag = self.buffer, self.mag
         part = [j for j in range(len(b.sizes)) if j not in self.whole]
-        tau = None
         if found is not None:
-            self.counts, tau = quotas_from_candidates(values, bounds, self.counts, self.whole)
+            self.counts, *around = quotas_from_candidates(values, bounds, self.counts, self.whole)
         if not self.by_magnitude:
             return {}
         picks, counts = {}, np.array(self.counts, np.int64)
@@ -172,7 +179,8 @@ class SparseEncoder:
             bounds = np.asarray(bounds, np.int64)
             fits[part] = counts[part] <= np.diff(bounds)[part]
             taken = np.empty(int(counts[fits].sum()), np.int64)
-            kernels.top_among(found, values, bounds, counts, fits, np.float32(np.nan if tau is None else tau), taken)
+            kths = kth_largest(values, bounds, counts, fits, None if around[0] is None else around)
+            kernels.top_among(found, values, bounds, counts, fits, kths, taken)
             ends = np.cumsum(np.where(fits, counts, 0))
             for j in np.flatnonzero(fits):
                 picks[int(j)] = taken[ends[j] - counts[j]:ends[j]] - self.offsets[j]

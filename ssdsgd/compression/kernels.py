@@ -222,35 +222,72 @@ def peek(at, offset, u, g, r, mu, carry, update_u, from_u, residual, held, scale
 
 
 @njit(cache=True, nogil=True)
-def top_among(found, values, bounds, counts, fits, tau, out):
+def kth_smallest(values, k):
+    """np.partition(values, k)[k] for values that are magnitudes (no sign bit set; NaN last), by the
+    values' keys (see _NAN_KEY): a histogram of their top 16 bits (the exponent and 8 bits of the
+    mantissa) finds the bucket that holds the k-th, a partition of that bucket's keys finds it.
+    (False, 0) where a value has its sign bit set."""
+    hist = np.zeros((1 << 16) + 1, np.int32)
+    for x in values:
+        key = _bits(x)
+        if key < 0:
+            return False, np.float32(0)
+        hist[(min(key, np.int32(_NAN_KEY)) >> 15) + 1] += 1
+    below = 0
+    bucket = 0
+    while below + hist[bucket + 1] <= k:
+        below += hist[bucket + 1]
+        bucket += 1
+    keys = np.empty(hist[bucket + 1], np.int32)
+    n = 0
+    for x in values:
+        key = min(_bits(x), np.int32(_NAN_KEY))
+        if key >> 15 == bucket:
+            keys[n] = key
+            n += 1
+    key = np.partition(keys, k - below)[k - below]
+    return True, np.float32(np.nan) if key == _NAN_KEY else values[_position(values, key)]
+
+
+@njit(cache=True, nogil=True)
+def _position(values, key):
+    """The first position of values whose key is key."""
+    for i in range(values.shape[0]):
+        if min(_bits(values[i]), np.int32(_NAN_KEY)) == key:
+            return i
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def count_around(values, bounds, tau):
+    """Per tensor j, of values[bounds[j]:bounds[j + 1]]: how many are above tau, how many equal to it."""
+    above = np.zeros(bounds.shape[0] - 1, np.int64)
+    ties = np.zeros(bounds.shape[0] - 1, np.int64)
+    for j in range(bounds.shape[0] - 1):
+        for x in values[bounds[j]:bounds[j + 1]]:
+            above[j] += x > tau
+            ties[j] += x == tau
+    return above, ties
+
+
+@njit(cache=True, nogil=True)
+def top_among(found, values, bounds, counts, fits, kths, out):
     """For every tensor j with fits[j]: the counts[j] largest of values[bounds[j]:bounds[j + 1]] as
-    compressor.top_magnitudes takes them (every one above the k-th largest, then the first ones equal
-    to it; a NaN above every number), written as their entries of found, in increasing order, to out
-    after those of the fitting tensors before it. Returns the number written. tau: the threshold the
-    quotas came from (quotas.quotas_from_candidates; NaN: none). Where a tensor's quota k is at least
-    its count above tau and at most its count at or above it (and it has no NaN), its k largest are
-    every one above tau and the first ones equal to it: no partition is needed."""
+    compressor.top_magnitudes takes them, every one above kths[j] (a NaN above every number), then the
+    first ones equal to it (kths[j] NaN: the first counts[j] NaN), written as their entries of found, in
+    increasing order, to out after those of the fitting tensors before it (quotas.kth_largest gives
+    the kths). Returns the number written."""
     pos = 0
     for j in range(counts.shape[0]):
         if not fits[j]:
             continue
-        lo, n, k = bounds[j], bounds[j + 1] - bounds[j], counts[j]
-        v = values[lo:lo + n]
-        above = ties = nans = 0
-        for x in v:
-            above += x > tau
-            ties += x == tau
-            nans += x != x
-        if nans == 0 and above <= k <= above + ties:
-            kth = np.float64(tau)
-        else:
-            kth = np.partition(v, n - k)[n - k] if k < n else -np.inf
-        nan = kth != kth                  # at least k NaN: the first k of them
+        v, k, kth = values[bounds[j]:bounds[j + 1]], counts[j], kths[j]
+        nan = kth != kth
         room = k
         if not nan:
             for x in v:
                 room -= x > kth or x != x
-        for i in range(n):
+        for i in range(v.shape[0]):
             x = v[i]
             if nan:
                 take = x != x and room > 0
@@ -261,7 +298,7 @@ def top_among(found, values, bounds, counts, fits, tau, out):
                 take = x == kth and room > 0
                 room -= take
             if take:
-                out[pos] = found[lo + i]
+                out[pos] = found[bounds[j] + i]
                 pos += 1
     return pos
 
@@ -295,7 +332,9 @@ def warm():
                    np.float32(1.0), True, np.empty(8, np.int64), np.empty(8, np.float32), 0, 0)
         peek(i8, 0, f, g, f, np.float32(0.5), np.float32(1.0), True, True, True, True, False, f[:8])
     sort_positions(i8[::-1].copy())
-    top_among(i8, f[:8], np.array([0, 8], np.int64), np.array([3], np.int64), np.array([True]), np.float32(0),
-              np.empty(3, np.int64))
+    bounds = np.array([0, 8], np.int64)
+    kth_smallest(f[:8], 3)
+    count_around(f[:8], bounds, np.float32(0))
+    top_among(i8, f[:8], bounds, np.array([3], np.int64), np.array([True]), np.zeros(1), np.empty(3, np.int64))
     take(f, f, i8, True, np.empty(8, np.float32))
     _warmed.append(True)

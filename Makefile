@@ -14,6 +14,7 @@ $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -r requirements.txt -r requirements-dev.txt
 	$(PY) -m pip install -q -c constraints.txt -e .
+	$(PY) -c 'from ssdsgd.compression import kernels; kernels.warm()'  # numba's cache: compiled once here, not in a job
 	touch $(STAMP)
 
 demo: setup

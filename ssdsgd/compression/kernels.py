@@ -7,16 +7,22 @@ results are the numpy formulation's bit for bit: numba compiles without fastmath
 a multiply and an add nor reorders them. The numpy formulation is kept in tests/test_kernels.py, as the
 oracle the kernels are compared with.
 
-The pass runs chunk by chunk (CHUNK elements, within the L1 cache): each chunk's momentum, residual,
-magnitude and candidate steps read what the previous step wrote while it is still in the cache, where
-numpy's separate passes each went to memory. Candidates (the entries whose magnitude is not below a
-threshold) are flagged in a vectorised loop, then read eight flags at a time as one 64-bit word packed
-into a bit mask, whose set bits are visited with a count of trailing zeros: the cost grows with the
-candidates (about 1.25 k), not with the elements.
+The pass runs chunk by chunk (CHUNK elements, within the L1 cache). Collecting a sampled search's
+candidates (the entries whose magnitude is not below a threshold), one loop per chunk updates the
+momentum and the residual, flags the candidates and keeps the chunk's largest magnitude; the flags are
+then read eight at a time as one 64-bit word packed into a byte of a bit mask, whose set bits are
+visited by their trailing zeros: the cost grows with the candidates (about 1.25 k), not the elements.
+Otherwise the chunk's momentum, residual and magnitude loops run one after the other, each reading what
+the previous one wrote while it is still in the cache.
+
+The search's other steps are here too: the sample's magnitudes before the pass (peek, with its
+positions sorted first, sort_positions), the quotas' threshold and a tensor's k-th largest (kth_smallest,
+count_around), each tensor's top-k among its candidates (top_among), and the values sent, gathered and
+forgotten in one pass over their indices (take).
 
 Compiled on first use with cache=True (numba keeps the machine code in __pycache__ next to this file, so
-later processes load it); `warm` compiles or loads every variant the encoders call, and the encoders
-call it when they are made, so that no compilation lands in a training step.
+later processes load it); `warm` compiles or loads every variant the encoders call, and Memory calls it
+when it is made (with the encoders, at worker start-up), so that no compilation lands in a training step.
 """
 import numpy as np
 from llvmlite import ir
@@ -29,7 +35,6 @@ _PACK = np.uint64(0x0102040810204080)  # 8 flag bytes (0 or 1) of a word times t
 # do; every NaN gets _NAN_KEY, above +inf's 0x7F800000, so that a maximum of keys is np.argmax's choice.
 _NAN_KEY = 0x7F800001
 _NONE_F = np.empty(0, np.float32)
-_NONE_I = np.empty(0, np.int64)
 
 
 @intrinsic

@@ -16,7 +16,8 @@ under a decaying schedule its gradient would count less than SSGD counts it. So 
 accumulate both u and the residual are multiplied by lr_prev / lr (set_carry): the held values stay
 in weight units, each gradient is applied at its own step's rate, and without masking what the
 servers apply is exactly SSGD's (MXNet's) momentum updates, each value delayed until it is sent.
-The state is float32 numpy arrays on the host, where the encoders select (see compressor.py).
+The state is float32 numpy arrays on the host, where the encoders select (see compressor.py); the
+arithmetic runs in compiled passes (kernels.py), bit for bit the numpy operations it is written as above.
 """
 import numpy as np
 
@@ -55,6 +56,8 @@ class Memory:
         and the magnitude, to idx and val from position count, in increasing order. Returns the result,
         the new count (beyond the arrays' size the candidates are counted, not written) and the first
         position of the result's largest magnitude (a NaN's if any: np.argmax of its magnitudes)."""
+        if not self.error_feedback:
+            raise ValueError("accumulate_candidates collects from the residual: it needs error feedback")
         return self._accumulate(key, g, None, (threshold, idx, val, count, offset))
 
     def _accumulate(self, key, g, magnitude=None, candidates=None):
@@ -75,10 +78,10 @@ class Memory:
         out = r if r is not None else u if u is not None else g
         threshold, idx, val, count, offset = candidates or (np.float32(0), NONE_I, NONE_F, 0, 0)
         count, top = kernels.accumulate(out.shape[0], NONE_F if u is None else u, NONE_F if g is None else g,
-                                   NONE_F if r is None else r, mu, carry, u is not None and g is not None,
-                                   u is not None, r is not None, bool(carry != 1),
-                                   NONE_F if magnitude is None else magnitude, np.float32(threshold),
-                                   candidates is not None, idx, val, count, offset)
+                                        NONE_F if r is None else r, mu, carry, u is not None and g is not None,
+                                        u is not None, r is not None, bool(carry != 1),
+                                        NONE_F if magnitude is None else magnitude, np.float32(threshold),
+                                        candidates is not None, idx, val, count, offset)
         return out, count, top
 
     def peek(self, key, g, at, offset, out):

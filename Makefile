@@ -21,6 +21,7 @@ $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	rm -f $(VENV)/.installed*
 	$(PY) -m pip install -q -c constraints.txt '$(MXNET)' -r requirements.txt -r requirements-dev.txt
 	$(PY) -m pip install -q -c constraints.txt -e .
+	$(PY) -c 'from ssdsgd.compression import kernels; kernels.warm()'  # numba's cache: compiled once here, not in a job
 	touch $(STAMP)
 
 demo: setup

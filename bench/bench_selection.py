@@ -1,6 +1,6 @@
 """Microbenchmark of the worker's sparse encoding per step against one pass over the gradient (issue 36,
-item 6): does selection + encoding stay within about 3x `np.abs` of the whole flat gradient as the
-model grows from ResNet-20 (0.27 M values) to ResNet-50 (25.6 M)?
+item 6; issue 62, item 5): does selection + encoding stay within 2x `np.abs` of the whole flat gradient
+as the model grows from ResNet-20 (0.27 M values) to ResNet-50 (25.6 M)?
 
 Per model the parameter shapes come from the model itself (gluoncv, pretrained=False, one forward
 pass to fix the deferred shapes) and the encoders from the model's shipped SSD-SGD + top-k config
@@ -15,13 +15,16 @@ step, in this order and in the same process:
            of it, timed inside the same calls:
   read     getting the gradient to numpy: encoders.host_views (no copy, fusion ahead) or
            encoders.copy_to_host;
-  memory   Memory.accumulate and Memory.update: error feedback and momentum correction (and the
-           magnitudes, which accumulate writes in the same chunked pass);
-  select   the rest, encode - read - memory: threshold, candidates, quotas, top-k, message.
+  memory   the Memory's calls: accumulate (error feedback and momentum correction, in one compiled
+           pass, ssdsgd/compression/kernels.py; with the magnitudes a sampled search needs, or, on a
+           fused step, accumulate_candidates collecting its candidates in the same pass), peek (the
+           sample's magnitudes, before that pass), take and update (the values sent, forgotten);
+  select   the rest, encode - read - memory: threshold, quotas, top-k, message.
 The gradients are normal noise scaled per tensor by a log-uniform factor (10^-2..1, so tensors differ
 in scale as real gradients do), two sets alternated so that the memory sees a changing gradient.
 Reported: medians over the measured steps (after two warm-up steps) and the ratio encode / pass,
-per model and per compression.selection.
+per model and per compression.selection. The kernels are compiled (or loaded from numba's cache) when
+the encoders are made, before the first step, as on the worker; the manifest records numba's version.
 
     OMP_NUM_THREADS=1 python bench/bench_selection.py          # -> results/bench_selection/
     python bench/bench_selection.py --models resnet20 --steps 5 --out /tmp/x   # a quick look
@@ -33,6 +36,7 @@ import sys
 import time
 
 import mxnet as mx
+import numba
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,21 +79,27 @@ def encode_step(buffers, encoders, grads, step):
 
 class PartTimer:
     """Wall and CPU seconds spent inside chosen functions, summed until reset: installed on the
-    module (encoders' host_views, copy_to_host) or class (Memory's methods) the encoder calls."""
+    module (encoders' host_views, copy_to_host) or class (Memory's methods) the encoder calls. A call
+    made inside another timed call (Memory.take calling update) is counted once, in the outer one."""
 
     def __init__(self):
         self.spent = {}
         self.saved = []
+        self.depth = 0
 
     def wrap(self, owner, name, part):
         original = getattr(owner, name)
         self.saved.append((owner, name, original))
 
         def timed_call(*args, **kwargs):
+            if self.depth:
+                return original(*args, **kwargs)
+            self.depth += 1
             wall, cpu = time.perf_counter(), time.process_time()
             try:
                 return original(*args, **kwargs)
             finally:
+                self.depth -= 1
                 w, c = self.spent.get(part, (0.0, 0.0))
                 self.spent[part] = (w + time.perf_counter() - wall, c + time.process_time() - cpu)
         setattr(owner, name, timed_call)
@@ -115,8 +125,8 @@ def bench_model(name, selection, steps, seed):
     parts = PartTimer()
     parts.wrap(encoders_module, "host_views", "read")
     parts.wrap(encoders_module, "copy_to_host", "read")
-    parts.wrap(Memory, "accumulate", "memory")
-    parts.wrap(Memory, "update", "memory")
+    for method in ("accumulate", "accumulate_candidates", "peek", "take", "update"):
+        parts.wrap(Memory, method, "memory")
     rows = []
     try:
         for step in range(steps + 2):
@@ -174,7 +184,7 @@ def main(argv=None):
     write_text(os.path.join(args.out, "table.md"), "CPU time of the process (median per step)\n\n" + table(rows)
                + "\n\nWall time (median per step)\n\n" + table(rows, "wall"))
     write_manifest(args.out, [os.path.join(ROOT, MODELS[m][0]) for m in args.models],
-                   environment={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
+                   environment={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "numba": numba.__version__},
                    load_average_before=load_before, load_average_after=os.getloadavg(),
                    note="the machine was shared with other jobs (2 cores; the load averages above); medians "
                         "over the measured steps")

@@ -691,7 +691,7 @@ def _np_global_topk_counts(mags, budget):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_allocate_by_threshold_matches_global_topk(seed):
-    from ssdsgd.compression.encoders import allocate_by_threshold
+    from ssdsgd.compression.quotas import allocate_by_threshold
     rng = np.random.default_rng(seed)
     sizes = [50, 7, 200, 3, 31, 120]
     whole = {3}                              # tensor 3 is sent whole
@@ -722,7 +722,7 @@ def test_allocate_by_threshold_matches_global_topk(seed):
 
 
 def test_allocate_by_threshold_floor_of_one_keeps_total():
-    from ssdsgd.compression.encoders import allocate_by_threshold
+    from ssdsgd.compression.quotas import allocate_by_threshold
     rng = np.random.default_rng(5)
     counts = [4, 1, 6, 1]                    # tensor sizes 40, 10, 60, 5
     big = rng.permutation(100) + 1000.0      # distinct, interleaved between tensors 0 and 2
@@ -741,7 +741,7 @@ def test_allocate_by_threshold_floor_of_one_keeps_total():
 
 @pytest.mark.parametrize("whole", [set(), {0}], ids=["none_whole", "first_whole"])
 def test_allocate_by_threshold_all_zero_accumulators_keep_total(whole):
-    from ssdsgd.compression.encoders import allocate_by_threshold
+    from ssdsgd.compression.quotas import allocate_by_threshold
     sizes = [5, 30, 2, 64]
     counts = [5 if 0 in whole else 1, 3, 1, 6]
     accs = [np.zeros(n, np.float32) for n in sizes]
@@ -753,14 +753,14 @@ def test_allocate_by_threshold_all_zero_accumulators_keep_total(whole):
 
 
 def test_allocate_by_threshold_single_sparse_tensor_unchanged():
-    from ssdsgd.compression.encoders import allocate_by_threshold
+    from ssdsgd.compression.quotas import allocate_by_threshold
     accs = [np.arange(10.0, dtype=np.float32), np.arange(4.0, dtype=np.float32)]
     assert allocate_by_threshold(accs, [2, 4], {1}) == [2, 4]
 
 
 def test_allocate_by_threshold_sends_every_nonzero_when_budget_allows():
     """Mostly-zero accumulators (ties at 0): the global top-k takes every nonzero entry first."""
-    from ssdsgd.compression.encoders import allocate_by_threshold
+    from ssdsgd.compression.quotas import allocate_by_threshold
     a = np.zeros(20)
     a[[2, 9, 15]] = [0.5, -3.0, 1.0]
     c = np.zeros(30)

@@ -10,8 +10,8 @@ import pytest
 import ssdsgd.compression.compressor as compressor
 from jobs import ROOT, processes_with, run_job
 from ssdsgd.compression.compressor import SampledThreshold, sampled_candidates, top_magnitudes
-from ssdsgd.compression.encoders import (allocate_by_threshold, allocate_from_candidates, copy_to_host,
-                                         host_views, make_encoders)
+from ssdsgd.compression.encoders import copy_to_host, host_views, make_encoders
+from ssdsgd.compression.quotas import allocate_by_threshold, allocate_from_candidates, quotas_from_candidates
 from ssdsgd.config import ConfigError, load_config
 
 TOPK_CONFIG = "configs/demo_digits_ssd_topk.yaml"
@@ -150,8 +150,13 @@ def test_sampled_encoders_send_what_exact_encoders_send(overrides, monkeypatch):
         found = sampled_candidates(*args, **kwargs)
         narrowed.append(found is not None)
         return found
+
+    def allocated(*args, **kwargs):       # quotas from a buffer-wide search that narrowed (the fused one too)
+        narrowed.append(True)
+        return quotas_from_candidates(*args, **kwargs)
     monkeypatch.setattr(encoders_module, "sampled_candidates", counted)
     monkeypatch.setattr(compressor, "sampled_candidates", counted)
+    monkeypatch.setattr(encoders_module, "quotas_from_candidates", allocated)
     shapes = _digits_shapes()
     encoders = {}
     for selection in ("exact", "sampled"):

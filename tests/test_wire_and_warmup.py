@@ -277,3 +277,20 @@ def test_job_with_fp16_values_and_density_warmup_pushes_the_planned_bytes(tmp_pa
         assert part["push_bytes"] == 22 * per_step[k_warm] + 22 * per_step[k_final]
     assert per_step[k_final] < 0.016 * 4 * n_total                 # 6 bytes per value, not 8
     assert s["final_test_acc"] > 0.25        # learning (chance is 0.1; the fp32 run gets 0.33 in 2 epochs)
+
+
+@pytest.mark.parametrize("fp16, bitmap", [(False, False), (True, False), (False, True)])
+def test_a_sparse_message_made_on_the_host_is_encode_messages(fp16, bitmap):
+    """codec.sparse_message (what the sparse encoders push): encode_message of the encode_sparse payload,
+    dtype and bits, header included, at fp16 rounds on both sides of a digit."""
+    from ssdsgd.compression.codec import encode_message, encode_sparse, sparse_message
+    rng = np.random.default_rng(1)
+    idx = np.sort(rng.choice(5000, 300, replace=False))
+    val = rng.standard_normal(300).astype(np.float32)
+    if fp16:
+        val = val.astype(np.float16).astype(np.float32)
+    for step in (0, DIGIT - 1, DIGIT, 3 * DIGIT + 5):
+        want = encode_message(step, 3, mx.nd.array(encode_sparse(idx, val, fp16, 5000 if bitmap else None)), fp16)
+        got = sparse_message(step, 3, idx, val, fp16, 5000 if bitmap else None)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got.view(np.uint8), want.asnumpy().view(np.uint8))

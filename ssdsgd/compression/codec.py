@@ -113,14 +113,19 @@ def bitmap_indices(words, size, count):
     return idx
 
 
-def encode_header(step, rank, fp16=False):
+def header_values(step, rank, fp16=False):
     """[round, rank], or for the fp16 wire [round // 2048, round % 2048, rank]."""
-    import mxnet as mx
     if fp16:
         if not 0 <= step <= MAX_ROUND_FP16:
             raise ValueError(f"round {step} does not fit the fp16 wire header (at most {MAX_ROUND_FP16})")
-        return mx.nd.array([step // DIGIT, step % DIGIT, rank])
-    return mx.nd.array([step, rank])
+        return [step // DIGIT, step % DIGIT, rank]
+    return [step, rank]
+
+
+def encode_header(step, rank, fp16=False):
+    """The header as an NDArray (header_values)."""
+    import mxnet as mx
+    return mx.nd.array(header_values(step, rank, fp16))
 
 
 def encode_sparse(idx, val, fp16=False, bitmap_size=None):
@@ -148,6 +153,15 @@ def encode_message(step, rank, payload, fp16=False):
     import mxnet as mx
     msg = mx.nd.concat(encode_header(step, rank, fp16), payload, dim=0)
     return msg.astype(wire_dtype(fp16)) if fp16 else msg
+
+
+def sparse_message(step, rank, idx, val, fp16=False, bitmap_size=None):
+    """encode_message of the encode_sparse payload, made on the host: one numpy array of the wire's
+    dtype (every number in it is exact in float16 on that wire), so that MXNet gets the message in one
+    copy (its header array and concatenation took 1.5 ms a message, the copy 0.1)."""
+    payload = encode_sparse(idx, val, fp16, bitmap_size)
+    msg = np.concatenate([np.asarray(header_values(step, rank, fp16), np.float32), payload])
+    return msg.astype(np.float16) if fp16 else msg
 
 
 class _RepeatFinder:

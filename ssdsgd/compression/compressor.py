@@ -75,17 +75,30 @@ def sampled_candidates(a, k, rng, sample=None):
     candidates would be most of a) or the estimate came out above the k-th largest. sample: the
     sample size (default: SAMPLE_HITS entries expected above the threshold)."""
     n = a.shape[0]
-    m = sample or -(-SAMPLE_HITS * n // max(k, 1))
-    if k > n // 4 or m > n // 8:
+    m = sample_size(n, k, sample)
+    if m is None:
         return None
-    drawn = a[rng.integers(0, n, m)]                 # with replacement: O(m), no permutation
-    hits = m * k / n
-    r = min(m, int(hits + SAMPLE_MARGIN * hits ** 0.5) + 1)
-    threshold = np.partition(drawn, m - r)[m - r]    # the r-th largest of the sample
+    threshold = sample_threshold(a[rng.integers(0, n, m)], n, k)   # with replacement: O(m), no permutation
     found = np.less(a, threshold)
     np.logical_not(found, out=found)                 # at or above it, NaN included (as top_magnitudes)
     found = np.flatnonzero(found)
     return found if found.size >= k else None
+
+
+def sample_size(n, k, sample=None):
+    """The entries a sampled_candidates search for the k largest of n draws, or None where it leaves
+    the search to a partition."""
+    m = sample or -(-SAMPLE_HITS * n // max(k, 1))
+    return None if k > n // 4 or m > n // 8 else m
+
+
+def sample_threshold(drawn, n, k):
+    """The threshold of a sampled_candidates search for the k largest of n entries, from the
+    magnitudes drawn (in any order: an order statistic of them)."""
+    m = drawn.shape[0]
+    hits = m * k / n
+    r = min(m, int(hits + SAMPLE_MARGIN * hits ** 0.5) + 1)
+    return np.partition(drawn, m - r)[m - r]         # the r-th largest of the sample
 
 
 def top_magnitudes(a, k, rng=None, sample=None):

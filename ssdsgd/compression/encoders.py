@@ -25,10 +25,13 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import _LIB, check_call
 
-from ssdsgd.compression.codec import FP16_MAX, encode_message, encode_sparse
-from ssdsgd.compression.compressor import TopK, sampled_candidates, step_rng, top_magnitudes
+from ssdsgd.compression import kernels
+from ssdsgd.compression.codec import FP16_MAX, encode_message, encode_sparse, sparse_message
+from ssdsgd.compression.compressor import (TopK, sample_size, sample_threshold, sampled_candidates, step_rng,
+                                           top_magnitudes)
 from ssdsgd.compression.fusion import plan_for_config, tensor_counts, warmup_stages
 from ssdsgd.compression.memory import Memory
+from ssdsgd.compression.quotas import allocate_by_threshold, kth_largest, quotas_from_candidates
 from ssdsgd.compression.registry import is_sparsifier, make_compressor
 
 
@@ -62,6 +65,7 @@ class SparseEncoder:
         # Tensors below compression.min_dense_bytes are sent whole (every index, every value).
         self.whole = {j for j, w in enumerate(whole) if w}
         self.offsets = buffer.offsets
+        self.ends = np.cumsum(buffer.sizes, dtype=np.int64)
         self.counts = list(buffer.counts)       # k_i per tensor; their sum (the message size) is fixed
         self.allocate_every = allocate_every    # compression.allocation: gradient (0: by size, fixed)
         # compression.selection: sampled: top-k searches among sampled candidates (compressor.py). The
@@ -69,9 +73,22 @@ class SparseEncoder:
         self.sampled, self.seed = sampled, seed
         self.by_magnitude = sampled and isinstance(compressor, TopK)
         self.host = self.mag = None             # the buffer's gradient on the host, its magnitudes
+        self.room = None                        # the fused search's candidates: (indices, magnitudes)
 
     def encode(self, grads, step):
         """The payload, as a float32 NDArray (codec.encode_sparse)."""
+        idx, val = self._indices_and_values(grads, step)
+        bitmap_size = self.buffer.size if self.buffer.wire.bitmap else None
+        return mx.nd.array(encode_sparse(idx, val, self.fp16, bitmap_size), dtype=np.float32)
+
+    def message(self, grads, step, rank):
+        """encode_message of encode's payload, made on the host (codec.sparse_message)."""
+        idx, val = self._indices_and_values(grads, step)
+        msg = sparse_message(step, rank, idx, val, self.fp16, self.buffer.size if self.buffer.wire.bitmap else None)
+        return mx.nd.array(msg, dtype=msg.dtype)
+
+    def _indices_and_values(self, grads, step):
+        """This step's selection: buffer indices and their values (what encode_sparse codes)."""
         b = self.buffer
         if self.mag is None:
             self._allocate_magnitudes()
@@ -86,21 +103,21 @@ class SparseEncoder:
             pieces = self._host_pieces(grads)
             # The magnitudes are needed for a sampled search: written as the memory accumulates.
             mag = self.mag if self.sampled and (allocate or self.by_magnitude) else None
-            accs = [self.memory.accumulate(b.params[j], piece,
-                                           None if mag is None or j in self.whole else mag[off:off + n])
-                    for j, (piece, off, n) in enumerate(zip(pieces, self.offsets, b.sizes))]
-            picks = self._sampled_ahead(accs, allocate, rng) if mag is not None else {}
+            fused = self._fused_ahead(pieces, rng) if mag is not None and allocate else None
+            if fused is not None:
+                accs, picks = fused
+            else:
+                accs = [self.memory.accumulate(b.params[j], piece,
+                                               None if mag is None or j in self.whole else mag[off:off + n])
+                        for j, (piece, off, n) in enumerate(zip(pieces, self.offsets, b.sizes))]
+                picks = self._sampled_ahead(accs, allocate, rng) if mag is not None else {}
             if allocate and not self.sampled:
                 self.counts = allocate_by_threshold(accs, self.counts, self.whole)
             parts = [self._select(acc, self.counts[j], b.params[j], step, whole=j in self.whole, idx=picks.get(j))
                      for j, acc in enumerate(accs)]
             idx = np.concatenate([i + off for (i, _), off in zip(parts, self.offsets)])
             val = np.concatenate([v for _, v in parts])
-        bitmap_size = b.size if b.wire.bitmap else None
-        return mx.nd.array(encode_sparse(idx, val, self.fp16, bitmap_size), dtype=np.float32)
-
-    def message(self, grads, step, rank):
-        return encode_message(step, rank, self.encode(grads, step), self.fp16)
+        return idx, val
 
     def _to_host(self, grads):
         """The buffer's gradients copied into one float32 host array, reused every step (a fresh
@@ -134,27 +151,101 @@ class SparseEncoder:
         search of its own."""
         b, mag = self.buffer, self.mag
         part = [j for j in range(len(accs)) if j not in self.whole]
-        found = None
         if allocate and len(part) > 1:
             found = sampled_candidates(mag, sum(self.counts[j] for j in part), rng)
-            if found is None:
-                self.counts = allocate_by_threshold(accs, self.counts, self.whole)
-            else:
-                values = mag[found]
+            if found is not None:
                 # found[bounds[j]:bounds[j + 1]] are tensor j's candidates (found is increasing)
                 bounds = np.searchsorted(found, np.concatenate([[0], np.cumsum(b.sizes)]))
-                self.counts = allocate_from_candidates(values, bounds, self.counts, self.whole)
+                return self._picks(found, mag[found], bounds, rng)
+            self.counts = allocate_by_threshold(accs, self.counts, self.whole)
+        return self._picks(None, None, None, rng)
+
+    def _picks(self, found, values, bounds, rng, accs=None, tops=None):
+        """The quotas from the candidates of a buffer-wide search (found, their magnitudes values,
+        tensor j's at bounds[j]:bounds[j + 1]; found None: no search), and with top-k {tensor: its
+        indices} (see _sampled_ahead). The fused pass gives accs, the tensors' accumulated gradients
+        (self.mag does not hold their magnitudes: a tensor that needs them gets them here), and tops,
+        the position of each one's largest magnitude: a quota of 1 without candidates (allocation's
+        floor of one) takes it."""
+        b, mag = self.buffer, self.mag
+        part = [j for j in range(len(b.sizes)) if j not in self.whole]
+        if found is not None:
+            self.counts, *around = quotas_from_candidates(values, bounds, self.counts, self.whole)
         if not self.by_magnitude:
             return {}
-        picks = {}
+        picks, counts = {}, np.array(self.counts, np.int64)
+        fits = np.zeros(len(counts), bool)
+        if found is not None:                 # the tensors whose quota fits in their candidates, in one call
+            bounds = np.asarray(bounds, np.int64)
+            fits[part] = counts[part] <= np.diff(bounds)[part]
+            taken = np.empty(int(counts[fits].sum()), np.int64)
+            kths = kth_largest(values, bounds, counts, fits, None if around[0] is None else around)
+            kernels.top_among(found, values, bounds, counts, fits, kths, taken)
+            ends = np.cumsum(np.where(fits, counts, 0))
+            for j in np.flatnonzero(fits):
+                picks[int(j)] = taken[ends[j] - counts[j]:ends[j]] - self.offsets[j]
         for j in part:
             off, n, k = self.offsets[j], b.sizes[j], self.counts[j]
-            if found is not None and k <= bounds[j + 1] - bounds[j]:
-                mine = slice(bounds[j], bounds[j + 1])
-                picks[j] = found[mine][top_magnitudes(values[mine], k)] - off
-            else:
+            if not fits[j] and k == 1 and tops is not None:
+                picks[j] = np.array([tops[j]])
+            elif not fits[j]:                 # a search of its own
+                if accs is not None:
+                    np.abs(accs[j], out=mag[off:off + n])
                 picks[j] = top_magnitudes(mag[off:off + n], k, rng)
         return picks
+
+    def _fused_ahead(self, pieces, rng):
+        """The memory's pass and _sampled_ahead's search of an allocating step, in one pass: the sample's
+        magnitudes come first (Memory.peek), so the pass knows the threshold and collects the candidates
+        (Memory.accumulate_candidates) instead of writing every magnitude to be read again. (accs, picks)
+        as the two give them, or None (rng and memory untouched) where the search would not narrow, all
+        entries pass, or there is no residual; candidates overflowing their room or fewer than the
+        budget: the magnitudes are written and _sampled_ahead searches again from the same rng state."""
+        b, memory = self.buffer, self.memory
+        part = [j for j in range(len(pieces)) if j not in self.whole]
+        budget = sum(self.counts[j] for j in part)
+        m = sample_size(b.size, budget)
+        if m is None or len(part) < 2 or not memory.error_feedback:
+            return None
+        state = rng.bit_generator.state
+        threshold = sample_threshold(self._peek(pieces, rng.integers(0, b.size, m)), b.size, budget)
+        if not -1.0 < threshold:          # the entries sent whole (magnitude -1) pass too, or NaN: all do
+            rng.bit_generator.state = state
+            return None
+        if self.room is None:             # about 1.25 budget expected; the budget is the same every step
+            self.room = tuple(np.empty(2 * budget + kernels.CHUNK, t) for t in (np.int64, np.float32))
+        idx, val = self.room
+        accs, bounds, count, tops = [], [0], 0, {}
+        for j, (piece, off) in enumerate(zip(pieces, self.offsets)):
+            if j in self.whole:
+                accs.append(memory.accumulate(b.params[j], piece))
+            else:
+                acc, count, tops[j] = memory.accumulate_candidates(b.params[j], piece, threshold, idx, val, count,
+                                                                   off)
+                accs.append(acc)
+            bounds.append(count)
+        if count < budget or count > idx.shape[0]:
+            for j in part:
+                np.abs(accs[j], out=self.mag[self.offsets[j]:self.offsets[j] + b.sizes[j]])
+            rng.bit_generator.state = state
+            return accs, self._sampled_ahead(accs, True, rng)
+        return accs, self._picks(idx[:count], val[:count], bounds, rng, accs, tops)
+
+    def _peek(self, pieces, at):
+        """The buffer's magnitudes at the positions `at`, as the memory's pass will make them
+        (Memory.peek), -1 in the tensors sent whole; in increasing order of position (the order does
+        not matter to the threshold, an order statistic; in order, the reads walk memory forward)."""
+        b = self.buffer
+        at = kernels.sort_positions(at)
+        ends = np.searchsorted(at, self.ends)
+        drawn = np.empty(at.shape[0], np.float32)
+        for j, (piece, off) in enumerate(zip(pieces, self.offsets)):
+            lo, hi = ends[j - 1] if j else 0, ends[j]
+            if j in self.whole:
+                drawn[lo:hi] = -1.0
+            elif hi > lo:
+                self.memory.peek(b.params[j], piece, at[lo:hi], off, drawn[lo:hi])
+        return drawn
 
     def _select(self, acc, k, key, step, whole=False, idx=None):
         """Select (or, for a tensor sent whole, take every index; or take idx, the encoder's own
@@ -163,15 +254,15 @@ class SparseEncoder:
             idx = np.arange(acc.shape[0])
         elif idx is None:
             idx = self.compressor.select(acc, k, key, step)
-        val = acc[idx]
-        lost = None
-        if self.fp16:
-            sent = np.clip(val, -FP16_MAX, FP16_MAX).astype(np.float16).astype(np.float32)
-            val, lost = sent, val - sent
         # Every value sent (a small tensor sent whole, a 1-element tensor, a density-1 stage): keep
         # the momentum, see Memory.update.
-        self.memory.update(key, acc, idx, lost, whole=whole or k >= acc.shape[0])
-        return idx, val
+        whole = whole or k >= acc.shape[0]
+        if not self.fp16:
+            return idx, self.memory.take(key, acc, idx, whole)
+        val = acc[idx]
+        sent = np.clip(val, -FP16_MAX, FP16_MAX).astype(np.float16).astype(np.float32)
+        self.memory.update(key, acc, idx, val - sent, whole=whole)
+        return idx, sent
 
 
 def host_views(arrays):
@@ -204,64 +295,6 @@ def copy_to_host(arrays, out, offsets, sizes):
         if a.dtype != np.float32 or a.size != n or off + n > out.size:
             raise ValueError(f"gradient of {a.size} {np.dtype(a.dtype)} values for a slot of {n} float32")
         check_call(_LIB.MXNDArraySyncCopyToCPU(a.handle, ctypes.c_void_p(base + 4 * off), ctypes.c_size_t(n)))
-
-
-def allocate_by_threshold(accs, counts, whole):
-    """New k_i for the sparsified tensors of one buffer, same total (the message size is fixed):
-    as many values from each tensor as a top-k over the whole buffer would take (the entries at or
-    above the buffer's K-th largest magnitude), but at least one per tensor, so every tensor still
-    sends every step (sparsification ahead's guarantee). Tensors sent whole keep their counts.
-
-    Per-tensor quotas proportional to size starve tensors whose few values carry large gradients
-    (the classifier, the first convolution, BatchNorm); this spends the same budget where the
-    accumulated gradient is. It costs one O(n) partition of the buffer;
-    compression.allocate_every sets how often it runs (every step by default; why: docs/design.md,
-    "Sparsification ahead of fusion").
-    accs: the tensors' accumulated gradients (1-D numpy); whole: indices of tensors sent whole."""
-    part = [j for j in range(len(accs)) if j not in whole]
-    budget = sum(counts[j] for j in part)
-    if len(part) < 2:
-        return list(counts)
-    flat = np.abs(np.concatenate([accs[j] for j in part]))
-    sizes = np.array([accs[j].shape[0] for j in part])
-    mags = np.split(flat, np.cumsum(sizes)[:-1])
-    tau = np.partition(flat, flat.size - budget)[flat.size - budget]
-    above = np.array([int((m > tau).sum()) for m in mags])
-    ties = np.array([int((m == tau).sum()) for m in mags])
-    return _quotas(counts, part, above, ties, budget)
-
-
-def allocate_from_candidates(values, bounds, counts, whole):
-    """allocate_by_threshold's quotas from a sampled candidate search (compression.selection:
-    sampled): values, the magnitudes of every entry of the buffer at or above a threshold, at least
-    the budget of them (compressor.sampled_candidates), tensor j's in values[bounds[j]:bounds[j + 1]].
-    The budget's largest magnitude and every entry equal to it are among them, so the quotas are the
-    exact ones, found in O(len(values))."""
-    part = [j for j in range(len(counts)) if j not in whole]
-    budget = sum(counts[j] for j in part)
-    if len(part) < 2:
-        return list(counts)
-    tau = np.partition(values, values.size - budget)[values.size - budget]
-    ends = np.asarray(bounds)[[j + 1 for j in part]]
-    starts = np.asarray(bounds)[part]
-    above = np.concatenate([[0], np.cumsum(values > tau)])
-    ties = np.concatenate([[0], np.cumsum(values == tau)])
-    return _quotas(counts, part, above[ends] - above[starts], ties[ends] - ties[starts], budget)
-
-
-def _quotas(counts, part, above, ties, budget):
-    """counts with the sparsified tensors' (part) quotas replaced: `above` the budget's threshold
-    and a share of the `ties` at it, at least one each, `budget` in all."""
-    # Entries equal to tau (all of them when most are 0) fill the rest of the budget in tensor order.
-    want = above + np.minimum(ties, np.maximum(0, budget - above.sum() - np.concatenate([[0], np.cumsum(ties)[:-1]])))
-    new = np.maximum(want, 1)
-    # The floor of one can overshoot by at most one per tensor: take the excess from the largest quotas.
-    for _ in range(int(new.sum()) - budget):
-        new[int(np.argmax(new))] -= 1
-    out = list(counts)
-    for j, c in zip(part, new):
-        out[j] = int(c)
-    return out
 
 
 def make_encoders(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, seed=0, counts=None):

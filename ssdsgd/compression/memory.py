@@ -16,12 +16,15 @@ under a decaying schedule its gradient would count less than SSGD counts it. So 
 accumulate both u and the residual are multiplied by lr_prev / lr (set_carry): the held values stay
 in weight units, each gradient is applied at its own step's rate, and without masking what the
 servers apply is exactly SSGD's (MXNet's) momentum updates, each value delayed until it is sent.
-The state is float32 numpy arrays on the host, where the encoders select (see compressor.py).
+The state is float32 numpy arrays on the host, where the encoders select (see compressor.py); the
+arithmetic runs in compiled passes (kernels.py), bit for bit the numpy operations it is written as above.
 """
 import numpy as np
 
+from ssdsgd.compression import kernels
 
-MEMORY_CHUNK = 1 << 18          # elements per chunk of accumulate's passes (1 MiB: within L2)
+NONE_F = np.empty(0, np.float32)      # an absent array, for the kernels' fixed signatures
+NONE_I = np.empty(0, np.int64)
 
 
 class Memory:
@@ -33,6 +36,7 @@ class Memory:
         self.carry = 1.0                  # this step's factor on the held values: lr_prev / lr
         self.residual = {}
         self.velocity = {}
+        kernels.warm()                    # compiled (or loaded from numba's cache) before any step
 
     def set_carry(self, carry):
         """This step's factor on the held values, schedule.held_carry: lr_prev / lr (used with rescale
@@ -44,6 +48,19 @@ class Memory:
         feedback it is the tensor's residual itself, updated in place: call update() with it before
         the next accumulate of the same key. magnitude: an array of g's size that receives the
         result's absolute values, computed while each chunk is still in the cache."""
+        return self._accumulate(key, g, magnitude)[0]
+
+    def accumulate_candidates(self, key, g, threshold, idx, val, count, offset):
+        """accumulate, and in the same pass the candidates of a sampled search: every position i
+        whose result is not below threshold in magnitude (a NaN included) is appended, as offset + i
+        and the magnitude, to idx and val from position count, in increasing order. Returns the result,
+        the new count (beyond the arrays' size the candidates are counted, not written) and the first
+        position of the result's largest magnitude (a NaN's if any: np.argmax of its magnitudes)."""
+        if not self.error_feedback:
+            raise ValueError("accumulate_candidates collects from the residual: it needs error feedback")
+        return self._accumulate(key, g, None, (threshold, idx, val, count, offset))
+
+    def _accumulate(self, key, g, magnitude=None, candidates=None):
         u = r = None
         if self.momentum:
             u = self.velocity.get(key)
@@ -54,24 +71,42 @@ class Memory:
             r = self.residual.get(key)
             if r is None:                 # the first step: nothing held back yet
                 r = self.residual[key] = np.zeros(g.shape[0] if g is not None else u.shape[0], np.float32)
-        add = u if u is not None else g   # what the residual gets: the momentum, or the gradient
-        out = r if r is not None else add
-        # In place, chunk by chunk: no new array of the tensor's size per step (at ResNet-50's size its
-        # page faults cost more than the arithmetic), and each chunk's several passes hit the cache.
+        # In place, chunk by chunk in one compiled pass (kernels.accumulate): no new array of the
+        # tensor's size per step (at ResNet-50's size its page faults cost more than the arithmetic).
         carry = np.float32(self.carry)
         mu = np.float32(self.momentum) * carry
-        for lo in range(0, out.shape[0], MEMORY_CHUNK):
-            part = slice(lo, lo + MEMORY_CHUNK)
-            if u is not None and g is not None:
-                np.multiply(u[part], mu, out=u[part])
-                np.add(u[part], g[part], out=u[part])
-            if r is not None:
-                if carry != 1:
-                    np.multiply(r[part], carry, out=r[part])
-                np.add(r[part], add[part], out=r[part])
-            if magnitude is not None:
-                np.abs(out[part], out=magnitude[part])
-        return out
+        out = r if r is not None else u if u is not None else g
+        threshold, idx, val, count, offset = candidates or (np.float32(0), NONE_I, NONE_F, 0, 0)
+        count, top = kernels.accumulate(out.shape[0], NONE_F if u is None else u, NONE_F if g is None else g,
+                                        NONE_F if r is None else r, mu, carry, u is not None and g is not None,
+                                        u is not None, r is not None, bool(carry != 1),
+                                        NONE_F if magnitude is None else magnitude, np.float32(threshold),
+                                        candidates is not None, idx, val, count, offset)
+        return out, count, top
+
+    def peek(self, key, g, at, offset, out):
+        """out = the magnitudes accumulate(key, g) would give at the positions at - offset (an int64
+        array), the state left as it is: a sample of them, drawn before the pass that makes them all.
+        The same float32 operations as the pass (kernels.peek), so the same values bit for bit."""
+        u = self.velocity.get(key) if self.momentum else None
+        r = self.residual.get(key) if self.error_feedback else None
+        carry = np.float32(self.carry)
+        kernels.peek(at, offset, NONE_F if u is None else u, g, NONE_F if r is None else r,
+                     np.float32(self.momentum) * carry, carry, u is not None, u is not None, self.error_feedback,
+                     r is not None, bool(carry != 1), out)
+
+    def take(self, key, acc, idx, whole=False):
+        """acc[idx], then update(key, acc, idx, whole=whole): in one pass over idx (kernels.take) where
+        acc is the tensor's residual (the values sent, and their positions forgotten)."""
+        idx = np.asarray(idx, np.int64)
+        if not self.error_feedback or self.residual.get(key) is not acc:
+            val = acc[idx]
+            self.update(key, acc, idx, None, whole)
+            return val
+        clear = bool(self.momentum and self.masking and not whole)
+        val = np.empty(idx.shape[0], np.float32)
+        kernels.take(acc, self.velocity[key] if clear else NONE_F, idx, clear, val)
+        return val
 
     def update(self, key, acc, idx, lost=None, whole=False):
         """Forget what was sent: zero the sent positions of the residual (and of the momentum).

@@ -70,14 +70,16 @@ def test_summed_gradients_of_two_replicas_equal_one_device_on_the_whole_batch():
 
 def test_buckets_cut_the_parameters_in_order_and_each_bucket_sums_its_own_gradients():
     from ssdsgd.worker.devices import _bucket_bounds
-    assert _bucket_bounds([3, 3, 3, 10, 1], 6) == [(0, 2), (2, 3), (3, 4), (4, 5)]
-    assert _bucket_bounds([5], 1) == [(0, 1)]
+    assert _bucket_bounds([3, 3, 3, 10, 1], 6, 100) == [(0, 2), (2, 3), (3, 4), (4, 5)]
+    assert _bucket_bounds([5], 1, 100) == [(0, 1)]
+    assert _bucket_bounds([1, 1, 50, 1, 1], 100, 50) == [(0, 2), (2, 3), (3, 5)]      # a large one alone
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     data, label = _batch(9)
     nets = [_net("mlp", TWO) for _ in range(2)]
     whole, cut = (DeviceReplicas.of_net(net, params, TWO, **kw) for (net, params), kw in
-                  zip(nets, ({}, {"bucket_values": 2000})))
+                  zip(nets, ({}, {"bucket_values": 2000, "alone_values": 5000})))
     assert len(whole.buckets) == 1 and len(cut.buckets) > 3
+    assert {type(b).__name__ for b in cut.buckets} == {"_Alone", "_Bucket"}
     for r, (net, _) in zip((whole, cut), nets):
         r.forward_backward(net, loss_fn, data, label)
     for a, b in zip(whole.host, cut.host):

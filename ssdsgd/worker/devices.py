@@ -3,12 +3,13 @@ its trainable parameters that the clients (ssdsgd/algorithms) and the compressor
 
 A worker with D devices splits its batch over them and runs forward and backward on each replica. Then
 `gather` sums the replicas' gradients into host memory, the client pushes, pulls and updates the host
-weights as on one device, and `scatter` writes the host weights back to every replica. Both move buckets
-of consecutive parameters (BUCKET_VALUES) as one flat vector per device: one operator gathers a bucket's
-tensors into it, one copy moves it, one operator cuts it up again (per tensor, the Python calls alone
-would cost more than the copies). The clients see `host`: objects with the Gluon parameter's `name`,
-`shape`, `data()` and `grad()`, whose arrays live on the host (cpu(0)). This is the one module that reads
-a Gluon parameter through its devices; everything else reads `host`.
+weights as on one device, and `scatter` writes the host weights back to every replica. Both move small
+consecutive parameters in buckets (BUCKET_VALUES), as one flat vector per device: one operator gathers a
+bucket's tensors into it, one copy moves it, one operator cuts it up again (per tensor, the Python calls
+would cost more than the copies); a large parameter (ALONE_VALUES) moves alone, copied directly, since a
+staging copy of it would cost more than the call it saves. The clients see `host`: objects with the Gluon
+parameter's `name`, `shape`, `data()` and `grad()`, whose arrays live on the host (cpu(0)). This is the one
+module that reads a Gluon parameter through its devices; everything else reads `host`.
 
 One replica on cpu(0) is the host itself: `host` then hands out the parameter's own arrays and gather and
 scatter do nothing, which is the single-device path exactly. Several CPU replicas are cpu(1) ... cpu(D),
@@ -78,13 +79,14 @@ class HostParameter:
 # so that a bucket's gradients go to the host as soon as backward has produced them (backward ends with the
 # first layers), and the first layers' weights reach the devices first for the next forward.
 BUCKET_VALUES = 1 << 22
+ALONE_VALUES = 1 << 16        # a parameter this large moves by itself, without the flat staging copy
 
 
 class DeviceReplicas:
     """The model's trainable parameters (params, in the clients' order) and BatchNorm statistics (aux) on
     `contexts`, with their host copies."""
 
-    def __init__(self, params, aux, contexts, bucket_values=BUCKET_VALUES):
+    def __init__(self, params, aux, contexts, bucket_values=BUCKET_VALUES, alone_values=ALONE_VALUES):
         self.params, self.aux, self.contexts = list(params), list(aux), list(contexts)
         self.first = self.contexts[0]
         self.on_host = self.contexts == [HOST]
@@ -99,12 +101,12 @@ class DeviceReplicas:
         self.host = [HostParameter(p.name, p.shape, self.weights[a:b].reshape(p.shape),
                                    self.grads[a:b].reshape(p.shape))
                      for p, a, b in zip(self.params, starts, starts[1:])]
-        self.buckets = [_Bucket(self.params[i:j], self.contexts, self.weights[starts[i]:starts[j]],
-                                self.grads[starts[i]:starts[j]]) for i, j in _bucket_bounds(sizes, bucket_values)]
+        self.buckets = [(_Alone if j == i + 1 and sizes[i] >= alone_values else _Bucket)(
+            self.params[i:j], self.contexts, self.weights[starts[i]:starts[j]], self.grads[starts[i]:starts[j]])
+            for i, j in _bucket_bounds(sizes, bucket_values, alone_values)]
         # The replicas start equal (Gluon initialises every context with the same values).
         for b in self.buckets:
-            b.device_weights[0].copy_to(b.staged_weights[0])
-            b.staged_weights[0].array.copyto(b.weights)
+            b.load_first()
 
     @classmethod
     def of_net(cls, net, params, contexts, **kwargs):
@@ -176,15 +178,39 @@ class DeviceReplicas:
         mx.nd.save(path, arrays)
 
 
-def _bucket_bounds(sizes, most):
-    """[(first, end)] parameter index ranges of at most `most` values each (a larger parameter alone)."""
+def _bucket_bounds(sizes, most, alone):
+    """[(first, end)] parameter index ranges of at most `most` values each; a parameter of `alone` values or
+    more (or of more than `most`) in a range of its own."""
     bounds, first, total = [], 0, 0
     for i, n in enumerate(sizes):
-        if i > first and total + n > most:
+        if i > first and (total + n > most or n >= alone or sizes[i - 1] >= alone):
             bounds.append((first, i))
             first, total = i, 0
         total += n
     return bounds + [(first, len(sizes))]
+
+
+class _Alone:
+    """One large parameter: copied directly between its host arrays and each device."""
+
+    def __init__(self, params, contexts, weights, grads):
+        (self.param,), self.contexts = params, contexts
+        self.weights, self.grads = weights.reshape(self.param.shape), grads.reshape(self.param.shape)
+        self.landed = [mx.nd.zeros(self.param.shape, ctx=HOST) for _ in contexts[1:]]
+
+    def load_first(self):
+        self.param.data(self.contexts[0]).copyto(self.weights)
+
+    def gather(self):
+        self.param.grad(self.contexts[0]).copyto(self.grads)
+        for c, landed in zip(self.contexts[1:], self.landed):
+            self.param.grad(c).copyto(landed)
+        if self.landed:
+            mx.nd.add_n(self.grads, *self.landed, out=self.grads)
+
+    def scatter(self):
+        for c in self.contexts:
+            self.weights.copyto(self.param.data(c))
 
 
 class _Bucket:
@@ -198,6 +224,10 @@ class _Bucket:
         self.staged_weights = [v.buffer(mx.nd.zeros(v.size, ctx=c)) for v, c in zip(self.device_weights, contexts)]
         self.staged_grads = [v.buffer(mx.nd.zeros(v.size, ctx=c)) for v, c in zip(self.device_grads, contexts)]
         self.landed = [mx.nd.zeros(grads.size, ctx=HOST) for _ in contexts[1:]]
+
+    def load_first(self):
+        self.device_weights[0].copy_to(self.staged_weights[0])
+        self.staged_weights[0].array.copyto(self.weights)
 
     def gather(self):
         for views, staged in zip(self.device_grads, self.staged_grads):

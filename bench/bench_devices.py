@@ -65,7 +65,11 @@ def per_tensor(params, contexts):
     return gather, scatter
 
 
-def transfer_rows(shapes, repeats):
+MODELS = {"resnet50": ("resnet50_v1", 1000, (3, 224, 224)), "resnet20": ("cifar_resnet20_v1", 10, (3, 32, 32))}
+
+
+def transfer_rows(model, repeats):
+    shapes = parameter_shapes(*MODELS[model])
     rows = []
     for d in (1, 2, 4):
         contexts = [mx.cpu(i) for i in range(1, d + 1)]
@@ -74,7 +78,7 @@ def transfer_rows(shapes, repeats):
         gather, scatter = per_tensor(params, contexts)
         ms = medians_ms({"gather_ms": replicas.gather, "scatter_ms": replicas.scatter,
                          "per_tensor_gather_ms": gather, "per_tensor_scatter_ms": scatter}, repeats)
-        row = {"part": "transfer", "model": "resnet50", "replicas": d, "buckets": len(replicas.buckets), **ms}
+        row = {"part": "transfer", "model": model, "replicas": d, "buckets": len(replicas.buckets), **ms}
         rows.append(row)
         print(row, flush=True)
         del params, replicas
@@ -119,15 +123,17 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "bench_devices"))
     ap.add_argument("--note", default="", help="said in the manifest and the summary (e.g. other jobs ran)")
+    ap.add_argument("--transfer-model", choices=sorted(MODELS), default="resnet50",
+                    help="the parameter shapes the transfers are timed at")
     args = ap.parse_args(argv)
     out = results_folder(args.out)
-    rows = transfer_rows(parameter_shapes("resnet50_v1", 1000, (3, 224, 224)), args.repeats)
+    rows = transfer_rows(args.transfer_model, args.repeats)
     rows += overlap_rows(args.repeats)
     write_csv(os.path.join(out, "table.csv"), rows)
     lines = ["# Gather and scatter per step on CPU replicas (medians, ms)", ""]
     if args.note:
         lines += [f"Note: {args.note}", ""]
-    lines += ["| ResNet-50 size | buckets | gather | scatter | per tensor: gather | scatter |",
+    lines += [f"| {args.transfer_model} size | moves a device | gather | scatter | per tensor: gather | scatter |",
               "|---|---|---|---|---|---|"]
     for r in rows:
         if r["part"] == "transfer":

@@ -298,3 +298,19 @@ def test_gpu_check_sum_fails_when_a_replicas_gradient_is_lost(monkeypatch):
     monkeypatch.setattr(DeviceReplicas, "gather", first_only)
     ok, detail = gpu_check.check_sum(TWO)
     assert not ok, detail
+
+
+@pytest.mark.timeout(200)
+def test_bench_devices_writes_its_table_and_manifest(tmp_path):
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, "bench/bench_devices.py", "--repeats", "1", "--transfer-model", "resnet20",
+                           "--out", str(out)], cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    import csv
+    with open(out / "table.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["part"], r["replicas"]) for r in rows] == [("transfer", "1"), ("transfer", "2"), ("transfer", "4"),
+                                                         ("overlap", "2"), ("overlap", "2"), ("overlap", "2")]
+    assert all(float(r["gather_ms"]) > 0 for r in rows if r["part"] == "transfer")
+    assert (out / "manifest.json").exists() and "| resnet20 size |" in (out / "summary.md").read_text()

@@ -10,11 +10,13 @@ import argparse
 import os
 import sys
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a file: scripts.* and ssdsgd from this checkout
+from scripts.results_io import check_or_write
 from ssdsgd.checkpoint import RESUME_MAY_CHANGE, RESUME_MUST_MATCH
 from ssdsgd.config import NAME_MAX, SCHEMA, ListField, StrListField
 from ssdsgd.config_yaml import MAX_BYTES, MAX_DEPTH, MAX_VALUES
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "docs", "config.md")
 COMMAND = "python scripts/gen_config_doc.py"
 
@@ -201,23 +203,10 @@ def main(argv=None):
     ap.add_argument("--check", action="store_true", help="exit 1 if the file differs from SCHEMA; write nothing")
     ap.add_argument("--out", default=OUT)
     args = ap.parse_args(argv)
-    text = render()
-    if args.check:
-        try:
-            with open(args.out) as f:
-                same = f.read() == text
-        except FileNotFoundError:
-            same = False
-        if not same:
-            print(f"{args.out} differs from SCHEMA; run {COMMAND}", file=sys.stderr)
-            return 1
-        return 0
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write(text)
-    print(f"wrote {args.out}")
-    return 0
-
+    code = check_or_write(args.out, render(), args.check, f"{args.out} differs from SCHEMA; run {COMMAND}")
+    if not args.check:
+        print(f"wrote {args.out}")
+    return code
 
 if __name__ == "__main__":
     sys.exit(main())

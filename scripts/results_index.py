@@ -17,6 +17,9 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a file: scripts.* and ssdsgd from this checkout
+from scripts.results_io import check_or_write
+
 RESULTS = "results"
 INDEX = os.path.join(RESULTS, "README.md")
 CITE = re.compile(r"(?<![\w-])results/([\w.-]+)")
@@ -109,21 +112,8 @@ def main(argv=None):
     ap.add_argument("--check", action="store_true", help="exit 1 if the index differs from what this writes")
     ap.add_argument("--out", default=os.path.join(ROOT, INDEX), help="the index to write (default results/README.md)")
     args = ap.parse_args(argv)
-    text = render()
-    if args.check:
-        try:
-            with open(args.out) as f:
-                same = f.read() == text
-        except OSError:
-            same = False
-        if not same:
-            print(f"{args.out} is not what scripts/results_index.py writes; run python scripts/results_index.py",
-                  file=sys.stderr)
-        return 0 if same else 1
-    with open(args.out, "w") as f:
-        f.write(text)
-    return 0
-
+    stale = f"{args.out} is not what scripts/results_index.py writes; run python scripts/results_index.py"
+    return check_or_write(args.out, render(), args.check, stale)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -289,3 +289,21 @@ def stop_on_sigterm():
     background `nohup` run ignores SIGINT; SIGTERM is how it gets stopped). Returns the previous
     handler, for callers that put it back."""
     return signal.signal(signal.SIGTERM, _stop)
+
+
+def check_or_write(path, text, check, stale):
+    """A generated file: with check, 0 if `path` holds `text`, else print `stale` and return 1 (writing
+    nothing); without, write it and return 0."""
+    if check:
+        try:
+            with open(path) as f:
+                same = f.read() == text
+        except OSError:
+            same = False
+        if not same:
+            print(stale, file=sys.stderr)
+        return 0 if same else 1
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    return 0

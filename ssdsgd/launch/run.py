@@ -12,6 +12,7 @@ import time
 
 from ssdsgd.config import ROOTED_DATASETS
 from ssdsgd.launch.hosts import is_host_list
+from ssdsgd.launch.stoppable import wait_unless_stopped
 from ssdsgd.paths import file_problem
 from ssdsgd.train import config_from_args, parse_args
 
@@ -327,11 +328,10 @@ def _run_with_restarts(cfg, args, run_dir):
             return 2
         stuck = stuck + 1 if directory == previous else 0
         wait = backoff_seconds(cfg.cluster.restart_backoff, stuck)
-        print(f"run: restart {attempt + 1} of {limit} in {wait:g} s: the job failed (exit {code}); resuming from "
-              f"{directory}" + (" (no newer checkpoint than at the last restart)" if stuck else ""),
-              file=sys.stderr, flush=True)
-        try:
-            signum = _wait_unless_stopped(wait)
+        said = (f"run: restart {attempt + 1} of {limit} in {wait:g} s: the job failed (exit {code}); resuming from "
+                f"{directory}" + (" (no newer checkpoint than at the last restart)" if stuck else ""))
+        try:   # said once the wait catches SIGTERM and SIGHUP: one sent on seeing the line is a stop
+            signum = wait_unless_stopped(wait, lambda: print(said, file=sys.stderr, flush=True))
         except KeyboardInterrupt:   # Ctrl-C while waiting: a stop, as during the job (128 + SIGINT)
             print(f"run: stopped before restart {attempt + 1}; not restarted", file=sys.stderr, flush=True)
             return 130
@@ -352,25 +352,6 @@ def _no_checkpoint(cfg):
                 f"{'is' if len(unset) == 1 else 'are'} not set")
     return (f"no checkpoint was written yet (checkpoint.every_epochs: {ck.every_epochs}, in {ck.dir}), so there is "
             f"nothing to restart from")
-
-
-def _wait_unless_stopped(seconds):
-    """Sleep `seconds` before a restart; the signal (SIGTERM, SIGHUP) that stopped the wait, or None. The
-    launcher catches these during the job; between two launches nobody did, and they killed the front end
-    without a word, before launcher.log had a line of it or the folder locks were released."""
-    received = []
-    old = {s: signal.signal(s, lambda signum, frame: received.append(signum))
-           for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        end = time.monotonic() + seconds
-        while True:   # short sleeps: a handler that returns does not cut a sleep short
-            time.sleep(max(0.0, min(0.1, end - time.monotonic())))
-            if received or time.monotonic() >= end:
-                break
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-    return received[0] if received else None
 
 
 def _launch(cfg, args, resume, run_dir, dry_run=False):

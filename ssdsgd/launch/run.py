@@ -301,13 +301,16 @@ def _ended(code, limit, run_dir, cfg):
 def _run_with_restarts(cfg, args, run_dir):
     """Run the job; while it fails after a complete checkpoint, restart it with --resume, at most
     cluster.max_restarts times. The folder locks stay held throughout. A job that fails after its
-    summary was written is not restarted: its result is complete and stays as it is (_ended)."""
+    summary was written is not restarted: its result is complete and stays as it is (_ended). An ssh job's
+    restart first gives a lost host's roles to a spare, or waits for the host (spares.py)."""
     from ssdsgd.checkpoint import CheckpointError, latest, resume_point
     from ssdsgd.checkpoint_dir import remove_leftovers
-    limit = cfg.cluster.max_restarts
+    from ssdsgd.launch.spares import HostPool
+    limit, pool = cfg.cluster.max_restarts, HostPool.of(cfg)
     resume, previous, stuck = args.resume, None, 0
     for attempt in range(limit + 1):
-        code = _launch(cfg, args, resume, run_dir)
+        code = _launch(cfg, args, resume, run_dir) if pool is None else _launch(cfg, args, resume, run_dir,
+                                                                                hosts=pool.hosts)
         ended = _ended(code, limit, run_dir, cfg)
         if ended is not None:
             return ended
@@ -327,6 +330,9 @@ def _run_with_restarts(cfg, args, run_dir):
             print(f"run: not restarted: {err}", file=sys.stderr, flush=True)
             return 2
         stuck = stuck + 1 if directory == previous else 0
+        stopped = pool.before_restart(attempt + 1) if pool else None
+        if stopped is not None:   # a host lost for good, or a stop while waiting for it
+            return stopped
         wait = backoff_seconds(cfg.cluster.restart_backoff, stuck)
         said = (f"run: restart {attempt + 1} of {limit} in {wait:g} s: the job failed (exit {code}); resuming from "
                 f"{directory}" + (" (no newer checkpoint than at the last restart)" if stuck else ""))
@@ -354,7 +360,8 @@ def _no_checkpoint(cfg):
             f"nothing to restart from")
 
 
-def _launch(cfg, args, resume, run_dir, dry_run=False):
+def _launch(cfg, args, resume, run_dir, dry_run=False, hosts=None):
+    """Start the job once; hosts: the [Host] to place its roles on (spares.py), else cluster.hostfile's."""
     import json
 
     from ssdsgd.env import COMMAND_ENV, LOCKED_ENV, RUN_DIR_ENV
@@ -368,7 +375,7 @@ def _launch(cfg, args, resume, run_dir, dry_run=False):
         command.append("--resume")
     env = {LOCKED_ENV: "1", RUN_DIR_ENV: run_dir if dry_run else os.path.abspath(run_dir),   # dry run: a placeholder
            COMMAND_ENV: json.dumps(args.command)}
-    return run_job(command, cl.workers, cl.servers, launcher=cl.launcher, hostfile=cl.hostfile,
+    return run_job(command, cl.workers, cl.servers, launcher=cl.launcher, hostfile=hosts or cl.hostfile,
                    env=env, timeout=cl.timeout, dry_run=dry_run, interface=cl.interface,
                    stall_timeout=cl.stall_timeout or None, server_timeout=cl.server_timeout or None,
                    port=cl.port, ssh_options=ssh_options(cl.ssh_user, cl.ssh_identity, cl.ssh_config,

@@ -185,6 +185,43 @@ def test_a_stop_while_waiting_for_a_host_is_a_stop(capsys, stop, code, said):
     assert capsys.readouterr().err.splitlines()[-1] == said
 
 
+@pytest.mark.parametrize('during', ['first probe', 'probe while waiting'])
+def test_sigterm_during_a_probe_is_a_stop(capsys, during):
+    """A probe takes seconds (up to 15): SIGTERM then is caught too, not the end of ssdsgd-run without a word."""
+    import os
+    calls = []
+
+    def probe(hosts):
+        calls.append(hosts)
+        if len(calls) == (1 if during == 'first probe' else 2):
+            os.kill(os.getpid(), signal.SIGTERM)
+        return {h: 'no route' for h in hosts if h.name == 'h2'}
+    clock = Clock()
+    before = signal.getsignal(signal.SIGTERM)
+    pool = HostPool([H1, H2, H3, S4] if during == 'first probe' else [H1, H2, H3], 2, 1, 300.0, probe,
+                    wait=clock.wait, clock=clock)
+    assert pool.before_restart(1) == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is before          # put back
+    assert len(calls) == (1 if during == 'first probe' else 2)  # neither the spare nor h2 again was probed
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        'run: received SIGTERM before restart 1; not restarted' if during == 'first probe'
+        else 'run: received SIGTERM while waiting for h2; not restarted')
+
+
+def test_ctrl_c_during_a_probe_is_a_stop(capsys):
+    def probe(hosts):
+        raise KeyboardInterrupt
+    assert HostPool([H1, H2], 1, 1, 300.0, probe).before_restart(2) == 130
+    assert capsys.readouterr().err == 'run: stopped before restart 2; not restarted\n'
+
+
+def test_the_shipped_host_file_example_has_a_spare():
+    import os
+    example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs', 'hosts.example')
+    hosts = read_hostfile(example)
+    assert [h.name for h in hosts if h.spare] == ['node5'] and len(hosts) == 5
+
+
 def test_the_wait_for_a_host_is_cut_short_by_sigterm():
     """The real wait: SIGTERM during it ends it at once with the signal (ssdsgd-run's stop)."""
     import os

@@ -18,7 +18,7 @@ from ssdsgd.launch.hosts import placement, read_hosts
 from ssdsgd.launch.plan import roles
 from ssdsgd.launch.probe import probe_hosts
 from ssdsgd.launch.ssh import ssh_options
-from ssdsgd.launch.stoppable import wait_unless_stopped
+from ssdsgd.launch.stoppable import stops_caught, wait_unless_stopped
 from ssdsgd.launch.usage import UsageError
 
 PROBE_EVERY = 5.0   # seconds between two probes of a lost host while a restart waits for it
@@ -78,15 +78,31 @@ class HostPool:
     def before_restart(self, restart):
         """Probe the hosts that hold roles; give each one that does not answer's roles to a spare, or wait
         for it. None when the restart may go ahead, else the exit code (a stop: 128 + signal, 130 for Ctrl-C;
-        a host that stays lost: 1)."""
+        a host that stays lost: 1). SIGTERM and SIGHUP are caught throughout (a probe takes seconds)."""
+        try:
+            with stops_caught() as received:
+                return self._hosts_for_restart(restart, received)
+        except KeyboardInterrupt:
+            say(f'stopped before restart {restart}; not restarted')
+            return 130
+
+    def _hosts_for_restart(self, restart, received):
         busy, held = self.holding_roles()
         lost = self.probe(busy)
         for host in busy:
             if host in lost:
                 say(f'{host.name} ({", ".join(held[host.name])}) does not answer before restart {restart}: '
                     f'{lost[host]}')
-        waiting = [host for host in busy if host in lost and not self._replace(host, held[host.name])]
-        return self._wait_for(waiting) if waiting else None
+        waiting = []
+        for host in [h for h in busy if h in lost]:
+            if received:
+                break
+            if not self._replace(host, held[host.name]):
+                waiting.append(host)
+        if received:
+            say(f'received {signal.Signals(received[0]).name} before restart {restart}; not restarted')
+            return 128 + received[0]
+        return self._wait_for(waiting, received) if waiting else None
 
     def _replace(self, host, names):
         """Give `host`'s roles to the first spare that answers; False if none is left."""
@@ -104,7 +120,9 @@ class HostPool:
                 return True
             say(f'spare {spare.name} does not answer either ({why}); it is left out of this run')
 
-    def _wait_for(self, waiting):
+    def _wait_for(self, waiting, received):
+        """Probe the `waiting` hosts every PROBE_EVERY s until all answer (None), cluster.host_wait runs out (1)
+        or a stop (130, 128 + signal; `received`: the signals caught around it)."""
         names = ", ".join(h.name for h in waiting)
         if not self.host_wait:
             say(f'no spare left for {names}, and cluster.host_wait is 0; not restarted')
@@ -121,13 +139,15 @@ class HostPool:
                 return 1
             try:   # the first wait says it once SIGTERM and SIGHUP are caught (stoppable.py)
                 signum = self.wait(min(PROBE_EVERY, self.host_wait - (self.clock() - start)), announce)
+                if signum is None:
+                    announce, lost = None, self.probe(waiting)
+                    signum = received[0] if received else None
             except KeyboardInterrupt:
                 say(f'stopped while waiting for {names}; not restarted')
                 return 130
             if signum is not None:
                 say(f'received {signal.Signals(signum).name} while waiting for {names}; not restarted')
                 return 128 + signum
-            announce, lost = None, self.probe(waiting)
             for host in [h for h in waiting if h not in lost]:
                 say(f'{host.name} answers again after {self.clock() - start:.0f} s')
             waiting = [h for h in waiting if h in lost]

@@ -609,3 +609,26 @@ def test_without_a_spare_the_restart_waits_for_the_lost_host_up_to_host_wait(vc,
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
     _wait_for(lambda: vc.leftovers() == {}, 60, "the ssh sessions on h2 to end")
+
+
+@pytest.mark.timeout(150)
+def test_a_host_down_at_the_start_gives_its_roles_to_the_spare(vc, tmp_path):
+    """h2 (worker 0's host) is off the network before the job starts, no restarts allowed: the host file's spare
+    takes worker 0 before the first launch (before, the job failed at once: could not start on h2)."""
+    ns = vc.namespaces[HOSTS["worker 0"]]
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("h1\nh2\nh3\nh4 spare\n")
+    argv, run_dir = _run_cmd(vc, tmp_path, "train.epochs=1", "log.every_steps=11", "cluster.server_timeout=8",
+                             "cluster.stall_timeout=60", hostfile=str(hostfile), name="start")
+    subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "down"], check=True)
+    try:
+        t0 = time.monotonic()
+        rc, out = _finish(*_start(argv, tmp_path), timeout=120)
+        print(f"h2 down at the start: exit {rc} after {time.monotonic() - t0:.1f} s")
+    finally:
+        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=True)
+    assert rc == 0, out[-3000:]
+    log = open(os.path.join(run_dir, "launcher.log")).read()
+    assert re.search(r"^run: h2 \(worker 0\) does not answer at the start: .*\n"
+                     r"run: spare h4 takes over worker 0 from h2; h2 is left out of this run$", log, re.M), log
+    assert json.load(open(os.path.join(run_dir, "summary.json")))["steps"] == 22

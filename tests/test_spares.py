@@ -243,9 +243,9 @@ def _cfg(tmp_path, text, **cluster):
     return SimpleNamespace(cluster=SimpleNamespace(**{**keys, **cluster}), checkpoint=SimpleNamespace(dir='/ck'))
 
 
-def test_restarts_launch_on_the_spare_and_say_so(tmp_path, monkeypatch, capsys):
-    """ssdsgd-run's restart loop, the job and the probes stood in for: worker 0's host stops answering after the
-    first launch; the restart places worker 0 on the spare, every other role where it was."""
+def _restart_loop(monkeypatch, codes, down):
+    """ssdsgd-run's restart loop with the job and the probes stood in for: launch i exits codes[i]; down(n) is
+    the host names that do not answer once n launches ran. Returns the launches' (resume, roles by host)."""
     import ssdsgd.checkpoint
     import ssdsgd.folders
     from ssdsgd.launch import run
@@ -253,15 +253,22 @@ def test_restarts_launch_on_the_spare_and_say_so(tmp_path, monkeypatch, capsys):
 
     def launch(cfg, args, resume, run_dir, hosts=None):
         launches.append((resume, roles_by_host(hosts, 2, 1)))
-        return [1, 0][len(launches) - 1]
+        return codes[len(launches) - 1]
     monkeypatch.setattr(run, '_launch', launch)
     monkeypatch.setattr(ssdsgd.folders, 'finished_message', lambda run_dir, cfg: None)
     monkeypatch.setattr(ssdsgd.checkpoint, 'latest', lambda root: root + '/epoch-1')
     monkeypatch.setattr(ssdsgd.checkpoint, 'resume_point', lambda cfg: (cfg.checkpoint.dir + '/epoch-1', None))
     monkeypatch.setattr('ssdsgd.checkpoint_dir.remove_leftovers', lambda root, say: None)
-    monkeypatch.setattr(spares, 'probe_hosts', lambda hosts, options: {h: 'no route' for h in hosts if h.name == 'h2'})
-    cfg = _cfg(tmp_path, 'h1\nh2\nh3\nh4 spare\n')
-    assert run._run_with_restarts(cfg, SimpleNamespace(resume=False), '/runs/r') == 0
+    monkeypatch.setattr(spares, 'probe_hosts',
+                        lambda hosts, options: {h: 'no route' for h in hosts if h.name in down(len(launches))})
+    return launches, lambda cfg: run._run_with_restarts(cfg, SimpleNamespace(resume=False), '/runs/r')
+
+
+def test_restarts_launch_on_the_spare_and_say_so(tmp_path, monkeypatch, capsys):
+    """Worker 0's host stops answering after the first launch; the restart places worker 0 on the spare, every
+    other role where it was."""
+    launches, restarts = _restart_loop(monkeypatch, [1, 0], lambda n: {'h2'} if n else set())
+    assert restarts(_cfg(tmp_path, 'h1\nh2\nh3\nh4 spare\n')) == 0
     assert launches == [(False, {'h1': ['server 0'], 'h2': ['worker 0'], 'h3': ['worker 1']}),
                         (True, {'h1': ['server 0'], 'h4': ['worker 0'], 'h3': ['worker 1']})]
     assert capsys.readouterr().err.splitlines() == [
@@ -270,10 +277,40 @@ def test_restarts_launch_on_the_spare_and_say_so(tmp_path, monkeypatch, capsys):
         'run: restart 1 of 2 in 0 s: the job failed (exit 1); resuming from /ck/epoch-1']
 
 
-def test_no_pool_for_local_jobs_or_without_restarts(tmp_path):
+@pytest.mark.parametrize('max_restarts', [0, 2])
+def test_a_host_down_at_the_start_gives_its_roles_to_a_spare_whatever_max_restarts(tmp_path, monkeypatch, capsys,
+                                                                                  max_restarts):
+    launches, restarts = _restart_loop(monkeypatch, [0], lambda n: {'h1'})
+    assert restarts(_cfg(tmp_path, 'h1\nh2\nh3\nh4 spare\n', max_restarts=max_restarts)) == 0
+    assert launches == [(False, {'h4': ['server 0'], 'h2': ['worker 0'], 'h3': ['worker 1']})]
+    assert capsys.readouterr().err.splitlines() == [
+        'run: h1 (server 0) does not answer at the start: no route',
+        'run: spare h4 takes over server 0 from h1; h1 is left out of this run']
+
+
+def test_at_the_start_without_a_spare_left_the_job_starts_as_it_is(tmp_path, monkeypatch, capsys):
+    """No waiting before the first launch: the launcher names the host it cannot reach, as without spares."""
+    launches, restarts = _restart_loop(monkeypatch, [1], lambda n: {'h1', 'h4'})
+    assert restarts(_cfg(tmp_path, 'h1\nh2\nh4 spare\n', max_restarts=0)) == 1
+    assert launches == [(False, {'h1': ['server 0', 'worker 1'], 'h2': ['worker 0']})]
+    assert capsys.readouterr().err.splitlines() == [
+        'run: h1 (server 0, worker 1) does not answer at the start: no route',
+        'run: spare h4 does not answer either (no route); it is left out of this run',
+        'run: no spare left for h1; the job starts on the hosts as they are']
+
+
+def test_without_spares_nothing_is_probed_at_the_start(tmp_path, monkeypatch, capsys):
+    probed = []
+    launches, restarts = _restart_loop(monkeypatch, [0], lambda n: probed.append(n) or set())
+    assert restarts(_cfg(tmp_path, 'h1\nh2\nh3\n')) == 0
+    assert probed == [] and capsys.readouterr().err == ''
+
+
+def test_no_pool_for_local_jobs_or_without_restarts_and_spares(tmp_path):
     assert HostPool.of(_cfg(tmp_path, 'h1\n', launcher='local')) is None
     assert HostPool.of(_cfg(tmp_path, 'h1\n', max_restarts=0)) is None
-    assert HostPool.of(_cfg(tmp_path, 'h1\nh4 spare\n')).hosts == [H1, S4]
+    assert HostPool.of(_cfg(tmp_path, 'h1\n')).hosts == [H1]
+    assert HostPool.of(_cfg(tmp_path, 'h1\nh4 spare\n', max_restarts=0)).hosts == [H1, S4]
 
 
 @pytest.mark.timeout(60)

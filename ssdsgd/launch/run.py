@@ -302,11 +302,15 @@ def _run_with_restarts(cfg, args, run_dir):
     """Run the job; while it fails after a complete checkpoint, restart it with --resume, at most
     cluster.max_restarts times. The folder locks stay held throughout. A job that fails after its
     summary was written is not restarted: its result is complete and stays as it is (_ended). An ssh job's
-    restart first gives a lost host's roles to a spare, or waits for the host (spares.py)."""
+    restart first gives a lost host's roles to a spare, or waits for the host (spares.py); with spares in the
+    host file, its first launch too (without waiting)."""
     from ssdsgd.checkpoint import CheckpointError, latest, resume_point
     from ssdsgd.checkpoint_dir import remove_leftovers
     from ssdsgd.launch.spares import HostPool
     limit, pool = cfg.cluster.max_restarts, HostPool.of(cfg)
+    stopped = pool.before_start() if pool else None   # a host file with spares: a host down now is replaced too
+    if stopped is not None:
+        return stopped
     resume, previous, stuck = args.resume, None, 0
     for attempt in range(limit + 1):
         code = _launch(cfg, args, resume, run_dir) if pool is None else _launch(cfg, args, resume, run_dir,

@@ -1,11 +1,13 @@
 """Spare hosts and lost hosts across ssdsgd-run's restarts (cluster.max_restarts).
 
-The host file's `spare` lines get no role at the start. Before each restart every host that holds roles is
-probed (probe.py: a bounded `ssh HOST true`). A host that does not answer is left out for the rest of the
-run: the first spare that answers takes its place in the host list, with its slots, so that it gets exactly
-the roles the lost host had, and the job resumes from the newest checkpoint. With no spare left, the restart
-waits for the lost host, probing it every PROBE_EVERY seconds, at most cluster.host_wait seconds, then gives
-up. Each step is said on stderr, which ssdsgd-run also writes to the run folder's launcher.log.
+The host file's `spare` lines get no role at the start. Before each restart (and, when the host file lists
+spares, before the first launch) every host that holds roles is probed (probe.py: a bounded `ssh HOST true`). A
+host that does not answer is left out for the rest of the run: the first spare that answers takes its place in
+the host list, with its slots, so that it gets exactly the roles the lost host had, and the job resumes from the
+newest checkpoint. With no spare left, the restart waits for the lost host, probing it every PROBE_EVERY
+seconds, at most cluster.host_wait seconds, then gives up; the first launch does not wait (the launcher then
+names the host it cannot reach, as without spares). Each step is said on stderr, which ssdsgd-run also writes to
+the run folder's launcher.log.
 
 The checkpoint ties no state to a host (worker<rank>.npz, server-buffer<b>.npz: by rank and buffer), so a
 resume on other hosts continues the run exactly.
@@ -59,14 +61,16 @@ class HostPool:
 
     @classmethod
     def of(cls, cfg):
-        """The pool of an ssh job that may restart, else None (a host file that cannot be read now: None,
-        and the launch says why)."""
+        """The pool of an ssh job that may restart or lists spares, else None (a host file that cannot be read
+        now: None, and the launch says why)."""
         cl = cfg.cluster
-        if cl.launcher != 'ssh' or not cl.max_restarts:
+        if cl.launcher != 'ssh':
             return None
         try:
             hosts = read_hosts(cl.hostfile)
         except UsageError:
+            return None
+        if not cl.max_restarts and not any(h.spare for h in hosts):
             return None
         options = ssh_options(cl.ssh_user, cl.ssh_identity, cl.ssh_config, cl.ssh_options)
         return cls(hosts, cl.workers, cl.servers, cl.host_wait, lambda hosts: probe_hosts(hosts, options))
@@ -75,24 +79,32 @@ class HostPool:
         held = roles_by_host(self.hosts, self.num_workers, self.num_servers)
         return [h for h in dict.fromkeys(h for h in self.hosts if not h.spare) if h.name in held], held
 
+    def before_start(self):
+        """With spares left: probe the hosts that hold roles before the first launch and give the roles of one
+        that does not answer to a spare, without waiting. None, or the exit code of a stop."""
+        return self._guarded('at the start', 'started', False) if any(h.spare for h in self.hosts) else None
+
     def before_restart(self, restart):
         """Probe the hosts that hold roles; give each one that does not answer's roles to a spare, or wait
         for it. None when the restart may go ahead, else the exit code (a stop: 128 + signal, 130 for Ctrl-C;
-        a host that stays lost: 1). SIGTERM and SIGHUP are caught throughout (a probe takes seconds)."""
+        a host that stays lost: 1)."""
+        return self._guarded(f'before restart {restart}', 'restarted', True)
+
+    def _guarded(self, when, not_what, wait):
+        """_place with SIGTERM and SIGHUP caught throughout (a probe takes seconds), Ctrl-C a stop too."""
         try:
             with stops_caught() as received:
-                return self._hosts_for_restart(restart, received)
+                return self._place(when, not_what, wait, received)
         except KeyboardInterrupt:
-            say(f'stopped before restart {restart}; not restarted')
+            say(f'stopped {when}; not {not_what}')
             return 130
 
-    def _hosts_for_restart(self, restart, received):
+    def _place(self, when, not_what, wait, received):
         busy, held = self.holding_roles()
         lost = self.probe(busy)
         for host in busy:
             if host in lost:
-                say(f'{host.name} ({", ".join(held[host.name])}) does not answer before restart {restart}: '
-                    f'{lost[host]}')
+                say(f'{host.name} ({", ".join(held[host.name])}) does not answer {when}: {lost[host]}')
         waiting = []
         for host in [h for h in busy if h in lost]:
             if received:
@@ -100,8 +112,11 @@ class HostPool:
             if not self._replace(host, held[host.name]):
                 waiting.append(host)
         if received:
-            say(f'received {signal.Signals(received[0]).name} before restart {restart}; not restarted')
+            say(f'received {signal.Signals(received[0]).name} {when}; not {not_what}')
             return 128 + received[0]
+        if waiting and not wait:
+            say(f'no spare left for {", ".join(h.name for h in waiting)}; the job starts on the hosts as they are')
+            return None
         return self._wait_for(waiting, received) if waiting else None
 
     def _replace(self, host, names):

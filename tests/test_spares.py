@@ -93,9 +93,7 @@ class Clock:
     def __call__(self):
         return self.now
 
-    def wait(self, seconds, announce=None):
-        if announce is not None:
-            announce()
+    def wait(self, seconds):
         self.waits.append(seconds)
         self.now += seconds
         return None
@@ -176,7 +174,7 @@ def test_host_wait_0_gives_up_at_once(capsys):
     (signal.SIGTERM, 128 + signal.SIGTERM, 'run: received SIGTERM while waiting for h2; not restarted'),
 ])
 def test_a_stop_while_waiting_for_a_host_is_a_stop(capsys, stop, code, said):
-    def wait(seconds, announce=None):
+    def wait(seconds):
         if stop is KeyboardInterrupt:
             raise KeyboardInterrupt
         return stop

@@ -143,19 +143,17 @@ class HostPool:
             say(f'no spare left for {names}, and cluster.host_wait is 0; not restarted')
             return 1
         them = 'it' if len(waiting) == 1 else 'them'
-
-        def announce():
-            say(f'no spare left for {names}: waiting up to {self.host_wait:g} s for {them} (cluster.host_wait), '
-                f'probing every {PROBE_EVERY:g} s')
+        say(f'no spare left for {names}: waiting up to {self.host_wait:g} s for {them} (cluster.host_wait), '
+            f'probing every {PROBE_EVERY:g} s')   # SIGTERM and SIGHUP are caught already (_guarded)
         start = self.clock()
         while waiting:
             if self.clock() - start >= self.host_wait:
                 say(f'{names} did not answer within {self.host_wait:g} s (cluster.host_wait); not restarted')
                 return 1
-            try:   # the first wait says it once SIGTERM and SIGHUP are caught (stoppable.py)
-                signum = self.wait(min(PROBE_EVERY, self.host_wait - (self.clock() - start)), announce)
+            try:   # a signal in the wait ends it (its own handlers); one in a probe is in `received`
+                signum = self.wait(min(PROBE_EVERY, self.host_wait - (self.clock() - start)))
                 if signum is None:
-                    announce, lost = None, self.probe(waiting)
+                    lost = self.probe(waiting)
                     signum = received[0] if received else None
             except KeyboardInterrupt:
                 say(f'stopped while waiting for {names}; not restarted')

@@ -42,7 +42,8 @@ NOTES = {
     "cluster.launcher": "local: every process on this machine; ssh: servers and workers on the hosts of "
                         "cluster.hostfile, the scheduler on the launching machine",
     "cluster.hostfile": "ssh launcher: one host a line, `host[:sshport] [slots=N] [interface=IF] [python=PATH] "
-                        "[gpus=IDS|N]` (configs/hosts.example); required with launcher ssh, an error with local",
+                        "[gpus=IDS|N] [spare]` (configs/hosts.example; a spare gets no role until a host "
+                        "holding roles does not answer ssh); required with launcher ssh, an error with local",
     "data.dataset": "digits: scikit-learn's bundled set; synthetic: random tensors for throughput runs; the "
                     "others are read from data.root (nothing is downloaded)",
     "data.root": "the folder holding the data set's files; required for cifar10, mnist, fashion_mnist, imagenet",

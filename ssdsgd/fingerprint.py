@@ -15,6 +15,7 @@ RESUME_MAY_CHANGE = (
     "cluster.launcher", "cluster.hostfile", "cluster.interface", "cluster.timeout", "cluster.stall_timeout",
     "cluster.server_timeout", "cluster.ssh_user", "cluster.ssh_identity", "cluster.ssh_config",
     "cluster.ssh_options", "cluster.port", "cluster.max_restarts", "cluster.restart_backoff",
+    "cluster.host_wait",
     "cluster.device", "cluster.gpus",
     "data.root", "data.preprocess_threads",
     "train.max_steps", "train.eval_every_epochs", "train.eval_workers",

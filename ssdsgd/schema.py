@@ -175,7 +175,8 @@ SCHEMA = {
         "port": Field(int, None, nullable=True, min=1, max=65535, doc="scheduler port; default: a free one"),
         "max_restarts": Field(int, 0, min=0, max=100,
                               doc="a job that fails after a complete checkpoint is restarted with --resume "
-                                  "at most this many times"),
+                                  "at most this many times (ssh: a host that does not answer is first replaced "
+                                  "by a spare host, or waited for, cluster.host_wait)"),
         "device": Field(str, "cpu", choices=("cpu", "gpu"),
                         doc="what the workers train on: train.devices CPU contexts (cpu(1) ... cpu(D); one: the "
                             "process's own, as MXNet's default) or GPUs (each worker its own train.devices GPUs, "
@@ -187,6 +188,10 @@ SCHEMA = {
                                  doc="seconds before a restart, doubled for each restart in a row that found no "
                                      "newer checkpoint (at most 60 s), so a cause that persists (a full disk) "
                                      "does not use up max_restarts at once; 0: restart at once"),
+        "host_wait": Field(float, 300.0, min=0,
+                           doc="ssh launcher: seconds a restart waits for a host that does not answer ssh when no "
+                               "spare host (host file `spare`) is left to take its roles, probing it every 5 s, "
+                               "before giving up; 0: give up at once"),
     },
     "data": {
         "dataset": Field(str, "digits", choices=DATASETS),

@@ -98,7 +98,7 @@ def test_dry_run_reports_what_the_launcher_would_refuse_and_exits_2(tmp_path, ca
     assert code == 2, out + err
     assert out.splitlines()[-2:] == ["# planned processes", f"# error: a run would stop here: cluster.hostfile: bad "
                                      f"option 'cores=2' in hostfile {hostfile} (known: slots=N, interface=IF, "
-                                     f"python=PATH, gpus=IDS or gpus=N)"]
+                                     f"python=PATH, gpus=IDS or gpus=N, spare)"]
     assert "launch:" not in err
     assert os.listdir(tmp_path) == ["hosts"]
 
@@ -115,7 +115,7 @@ def test_dry_run_prints_the_plan_then_a_missing_data_root_and_exits_2(tmp_path):
 
 @pytest.mark.parametrize("hosts, interface, error", [
     ("node1 slot=2\n", "lo", "cluster.hostfile: bad option 'slot=2' in hostfile {hostfile} (known: slots=N, "
-                             "interface=IF, python=PATH, gpus=IDS or gpus=N)"),
+                             "interface=IF, python=PATH, gpus=IDS or gpus=N, spare)"),
     ("node1\n", "nosuchif0", "cluster.interface: network interface 'nosuchif0' does not exist or has no IPv4 "
                              "address"),
     ("node1\n", "", "cluster.interface: required when cluster.launcher is ssh (the network interface the hosts "

@@ -1,7 +1,8 @@
-"""Multi-host jobs on a virtual cluster (bench/vcluster.py): 4 hosts in network namespaces, one sshd each.
+"""Multi-host jobs on a virtual cluster (bench/vcluster.py): 5 hosts in network namespaces, one sshd each.
 
 h0 runs the launcher and the scheduler; the host file lists h1 h2 h3, so server 0 runs on h1, worker 0
-on h2 and worker 1 on h3. Every test checks that no process is left on any host afterwards.
+on h2 and worker 1 on h3; h4 is the spare host of the tests that lose one. Every test checks that no
+process is left on any host afterwards.
 Skipped, with the reason, where namespaces or sshd cannot be had (not root, no iproute2/openssh).
 """
 import json
@@ -28,7 +29,7 @@ STOP_SECONDS = 30   # a failed or stopped job must be gone from every host withi
 @pytest.fixture(scope="module")
 def cluster():
     try:
-        vc = vcluster.VCluster(hosts=4).create()
+        vc = vcluster.VCluster(hosts=5).create()
     except vcluster.ClusterError as e:
         pytest.skip(f"no virtual cluster here: {e}")
     try:
@@ -82,10 +83,11 @@ def _finish(proc, out, timeout):
     return rc, text
 
 
-def _role_pid(vc, role):
-    """PID of the role's own process on its host (not remote.py's `python -c` that started it)."""
+def _role_pid(vc, role, host=None):
+    """PID of the role's own process on its host (not remote.py's `python -c` that started it); host: the
+    index of the host to look on, if not the role's usual one."""
     kind, task = role.split()
-    for pid in vc.pids(HOSTS[role]):
+    for pid in vc.pids(HOSTS[role] if host is None else host):
         env = vcluster.netns.read_environ(pid)
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -471,3 +473,162 @@ def test_a_short_outage_is_said_as_it_happens_and_in_launcher_log(vc, tmp_path):
     print(f"10 s outage: {paused[0]} / the workers went on after {went_on[0]} s")
     log = open(os.path.join(run_dir, "launcher.log")).read()
     assert paused[0] in log and f"the workers go on after {went_on[0]} s without a step" in log, log
+
+
+SSD_TOPK = os.path.join(ROOT, "configs", "demo_digits_ssd_topk.yaml")
+# Strict SSD-SGD + top-k (the result does not depend on timing), a checkpoint every epoch, a lost host named
+# within the server timeout (ssh's keepalive), and long enough to cut a host off after the first checkpoint.
+SPARE_RUN = ["train.epochs=12", "log.every_steps=11", *STRICT, "checkpoint.every_epochs=1", "cluster.server_timeout=8",
+             "cluster.stall_timeout=60"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_on_hosts(cluster, tmp_path_factory):
+    """SPARE_RUN on h1 h2 h3 without a fault: the weights a run that lost a host must end with."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    argv, run_dir = _run_cmd(cluster, tmp, *SPARE_RUN, f"checkpoint.dir={tmp / 'ck'}", config=SSD_TOPK, name="C")
+    t0 = time.monotonic()
+    rc, out = _finish(*_start(argv, tmp), timeout=240)
+    assert rc == 0, out[-3000:]
+    print(f"uninterrupted run on h1-h3: {time.monotonic() - t0:.1f} s")
+    return json.load(open(os.path.join(run_dir, "summary.json")))
+
+
+def _no_role_on(vc, i):
+    """True once no process of the job (a role, its remote.py) is left on host i (its sshd sessions aside)."""
+    return not [p for p in vc.pids(i) if vcluster.netns.read_environ(p).get("DMLC_ROLE")]
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("victim", ["worker 0", "server 0"])
+def test_a_host_lost_for_good_gives_its_roles_to_the_spare_and_the_run_ends_on_the_same_weights(
+        vc, tmp_path, victim, uninterrupted_on_hosts):
+    """The host file lists h4 as a spare. Once the epoch-1 checkpoint exists, the victim's host drops off the
+    network for the rest of the run. The job fails naming the lost role; the restart finds the host does not
+    answer, gives its roles to h4 and resumes from the newest checkpoint; the run ends with the uninterrupted
+    run's weights (strict mode), the whole story in launcher.log. The roles left on the cut-off host end
+    while it is still cut off (the launcher removed the job folder); nothing is left on any host."""
+    i = HOSTS[victim]
+    host, ns = vc.hostnames[i], vc.namespaces[i]
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("h1\nh2\nh3\nh4 spare   # takes a lost host's roles\n")
+    ck = tmp_path / "ck"
+    argv, run_dir = _run_cmd(vc, tmp_path, *SPARE_RUN, f"checkpoint.dir={ck}", "cluster.max_restarts=2",
+                             config=SSD_TOPK, hostfile=str(hostfile), name="spare")
+    proc, out = _start(argv, tmp_path)
+    try:
+        _wait_for(lambda: os.path.exists(ck / "epoch-0001" / "manifest.json"), 120, "the epoch-1 checkpoint")
+        assert _no_role_on(vc, 4)   # the spare has no role before the cut
+        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "down"], check=True)
+        t0 = time.monotonic()
+        _wait_for(lambda: _no_role_on(vc, i), 120, f"the roles on the cut-off {host} to end")
+        ended = time.monotonic() - t0
+        _wait_for(lambda: _role_pid(vc, victim, host=4), 120, f"{victim} on the spare h4")
+        moved = time.monotonic() - t0
+        rc, text = _finish(proc, out, timeout=300)
+        print(f"{host} ({victim}) cut off: its roles ended {ended:.1f} s after the cut, {victim} ran on h4 "
+              f"{moved:.1f} s after it, launcher exit {rc} {time.monotonic() - t0:.1f} s after it")
+    finally:
+        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=True)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert rc == 0, text[-4000:]
+    log = open(os.path.join(run_dir, "launcher.log")).read()
+    story = [rf"launch: {victim}( \(rank \d\))? lost: ssh to {host} exited with code 255",
+             rf"run: {host} \({victim}\) does not answer before restart 1: ",
+             rf"run: spare h4 takes over {victim} from {host}; {host} is left out of this run",
+             r"run: restart 1 of 2 in 1 s: the job failed \(exit 1\); resuming from .*/ck/epoch-000\d"]
+    at = [re.search(line, log, re.M) for line in story]
+    assert all(at) and [m.start() for m in at] == sorted(m.start() for m in at), log[-4000:]
+    assert "restart 2" not in log, log[-4000:]
+    summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    assert summary["steps"] == uninterrupted_on_hosts["steps"] == 12 * 22
+    got, want = _params(summary["checkpoint"]), _params(uninterrupted_on_hosts["checkpoint"])
+    assert got.keys() == want.keys()
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    for key in ("test_acc_history", "final_test_acc"):
+        assert summary[key] == uninterrupted_on_hosts[key], key
+    # Nothing in a checkpoint names a host: the resume on other hosts read the same files.
+    for manifest in ck.glob("epoch-*/manifest.json"):
+        assert not re.search(r"\bh[0-4]\b|10\.231\.", manifest.read_text()), manifest
+    _wait_for(lambda: vc.leftovers() == {}, 60, f"the ssh sessions on {host} to end once it is back")
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("back", [True, False], ids=["host_back_in_time", "host_gone"])
+def test_without_a_spare_the_restart_waits_for_the_lost_host_up_to_host_wait(vc, tmp_path, back,
+                                                                             uninterrupted_on_hosts):
+    """No spare: worker 0's host h2 drops off the network after the epoch-1 checkpoint. Before, each restart
+    failed at once (no route to h2) and cluster.max_restarts was used up in seconds. Now the restart waits
+    for h2, probing it: back within cluster.host_wait, the run resumes on it and ends with the uninterrupted
+    run's weights; gone longer, ssdsgd-run gives up after host_wait with one restart unused, naming the command
+    that continues."""
+    host_wait = 90 if back else 8
+    ns = vc.namespaces[HOSTS["worker 0"]]
+    ck = tmp_path / "ck"
+    argv, run_dir = _run_cmd(vc, tmp_path, *SPARE_RUN, f"checkpoint.dir={ck}", "cluster.max_restarts=2",
+                             f"cluster.host_wait={host_wait}", config=SSD_TOPK, name="wait")
+    waiting = (f"run: no spare left for h2: waiting up to {host_wait} s for it (cluster.host_wait), probing "
+               f"every 5 s")
+    proc, out = _start(argv, tmp_path)
+    try:
+        _wait_for(lambda: os.path.exists(ck / "epoch-0001" / "manifest.json"), 120, "the epoch-1 checkpoint")
+        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "down"], check=True)
+        t0 = time.monotonic()
+        log = os.path.join(run_dir, "launcher.log")
+        _wait_for(lambda: waiting in open(log).read(), 120, "the wait for h2")
+        if back:
+            time.sleep(7.0)        # at least one probe during the wait finds h2 still gone
+            subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=True)
+        rc, text = _finish(proc, out, timeout=300)
+        print(f"h2 cut off{', back after the wait began' if back else ''}: launcher exit {rc} "
+              f"{time.monotonic() - t0:.1f} s after the cut")
+    finally:
+        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=True)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    said = open(log).read()
+    story = [r"launch: worker 0( \(rank \d\))? lost: ssh to h2 exited with code 255",
+             r"run: h2 \(worker 0\) does not answer before restart 1: ", re.escape(waiting)]
+    if back:
+        story += [r"run: h2 answers again after \d+ s", r"run: restart 1 of 2 in 1 s: the job failed \(exit 1\)"]
+    else:
+        story += [rf"run: h2 did not answer within {host_wait} s \(cluster.host_wait\); not restarted",
+                  r"run: to continue from the newest checkpoint, .*/ck/epoch-000\d \(epoch \d, step \d+\): .* --resume"]
+    at = [re.search(line, said, re.M) for line in story]
+    assert all(at) and [m.start() for m in at] == sorted(m.start() for m in at), said[-4000:]
+    if not back:
+        assert rc == 1 and "run: restart" not in said, said[-4000:]
+        _wait_for(lambda: vc.leftovers() == {}, 60, "the ssh sessions on h2 to end once it is back")
+        return
+    assert rc == 0, text[-4000:]
+    summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    assert summary["steps"] == uninterrupted_on_hosts["steps"]
+    got, want = _params(summary["checkpoint"]), _params(uninterrupted_on_hosts["checkpoint"])
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    _wait_for(lambda: vc.leftovers() == {}, 60, "the ssh sessions on h2 to end")
+
+
+@pytest.mark.timeout(150)
+def test_a_host_down_at_the_start_gives_its_roles_to_the_spare(vc, tmp_path):
+    """h2 (worker 0's host) is off the network before the job starts, no restarts allowed: the host file's spare
+    takes worker 0 before the first launch (before, the job failed at once: could not start on h2)."""
+    ns = vc.namespaces[HOSTS["worker 0"]]
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("h1\nh2\nh3\nh4 spare\n")
+    argv, run_dir = _run_cmd(vc, tmp_path, "train.epochs=1", "log.every_steps=11", "cluster.server_timeout=8",
+                             "cluster.stall_timeout=60", hostfile=str(hostfile), name="start")
+    subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "down"], check=True)
+    try:
+        t0 = time.monotonic()
+        rc, out = _finish(*_start(argv, tmp_path), timeout=120)
+        print(f"h2 down at the start: exit {rc} after {time.monotonic() - t0:.1f} s")
+    finally:
+        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=True)
+    assert rc == 0, out[-3000:]
+    log = open(os.path.join(run_dir, "launcher.log")).read()
+    assert re.search(r"^run: h2 \(worker 0\) does not answer at the start: .*\n"
+                     r"run: spare h4 takes over worker 0 from h2; h2 is left out of this run$", log, re.M), log
+    assert json.load(open(os.path.join(run_dir, "summary.json")))["steps"] == 22

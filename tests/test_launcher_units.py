@@ -198,7 +198,7 @@ def _restarts(monkeypatch, codes, limit, finished):
     monkeypatch.setattr(ssdsgd.folders, 'remove_leftovers', lambda root, say: None)
     monkeypatch.setattr(ssdsgd.checkpoint, 'latest', lambda root: root + '/epoch-1')
     monkeypatch.setattr(ssdsgd.checkpoint, 'resume_point', lambda cfg: (cfg.checkpoint.dir + '/epoch-1', None))
-    cfg = SimpleNamespace(cluster=SimpleNamespace(max_restarts=limit, restart_backoff=0.0),
+    cfg = SimpleNamespace(cluster=SimpleNamespace(max_restarts=limit, restart_backoff=0.0, launcher='local'),
                           checkpoint=SimpleNamespace(dir='/ck'))
     return run._run_with_restarts(cfg, SimpleNamespace(resume=False), '/runs/r'), launches
 

@@ -86,10 +86,11 @@ def run_job(command, num_workers, num_servers=None, *, launcher='local', hostfil
             role_env=None, server_timeout=None, raise_usage=False, gpus_per_worker=0, gpu_ids=None):
     """Run `command` as scheduler, servers and workers; return the exit code the CLI exits with.
 
-    num_servers defaults to num_workers (as in MXNet's launcher). ssh_options: extra ssh arguments
-    (e.g. ['-F', config, '-i', key, '-l', user, '-o', 'Opt=v']); role_env: {role: {K: V}} added for
-    that role only ('scheduler', 'server', 'worker'). gpus_per_worker, gpu_ids: each worker's own GPUs
-    (plan.plan, gpus.py). raise_usage: raise a UsageError instead of printing it
+    num_servers defaults to num_workers (as in MXNet's launcher). hostfile: a host file, a host list
+    (`h1:2,h2`) or a [Host] list (ssdsgd-run's, once a spare took a lost host's roles).
+    ssh_options: extra ssh arguments (e.g. ['-F', config, '-i', key, '-l', user, '-o', 'Opt=v']);
+    role_env: {role: {K: V}} added for that role only ('scheduler', 'server', 'worker'). gpus_per_worker,
+    gpu_ids: each worker's own GPUs (plan.plan, gpus.py). raise_usage: raise a UsageError instead of printing it
     and returning 2 (ssdsgd-run --dry-run prints it after the plan). Call from the main thread:
     SIGINT/SIGTERM handling and PR_SET_PDEATHSIG (which fires when the forking *thread* exits) both
     assume it.
@@ -151,8 +152,9 @@ def _parser():
     p.add_argument('--launcher', metavar='{local,ssh}',
                    help='local or ssh; default: ssh with -H (as in MXNet\'s launch.py), else local')
     p.add_argument('-H', '--hostfile',
-                   help='ssh launcher: a file with one `host[:sshport] [slots=N] [interface=IF] [python=PATH]` a '
-                        'line, or a list `h1:2,h2:2` (host:slots, as horovodrun and mpirun take it)')
+                   help='ssh launcher: a file with one `host[:sshport] [slots=N] [interface=IF] [python=PATH] '
+                        '[gpus=IDS] [spare]` a line (a spare gets no role here; ssdsgd-run gives it a lost host\'s '
+                        'roles), or a list `h1:2,h2:2` (host:slots, as horovodrun and mpirun take it)')
     p.add_argument('--env', type=lambda t: _env_item(t, allow_name=True), action='append', default=[],
                    metavar='K=V|NAME', help='environment variable for every process; a bare NAME passes its '
                                             'value from here (repeat for more)')

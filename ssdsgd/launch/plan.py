@@ -181,7 +181,7 @@ def plan(command, num_workers, num_servers, launcher, hostfile, env, port, inter
     elif launcher == 'ssh':
         if not hostfile:
             raise UsageError('--launcher ssh needs -H HOSTFILE')
-        hosts = read_hosts(hostfile)
+        hosts = list(hostfile) if isinstance(hostfile, list) else read_hosts(hostfile)   # a list: spares.py's
         if not interface:
             interface, address, how = mxnet_interface()
             print(f"launch: no --interface given: using {interface} ({address}), as MXNet's launcher finds it "

@@ -12,6 +12,7 @@ import time
 
 from ssdsgd.config import ROOTED_DATASETS
 from ssdsgd.launch.hosts import is_host_list
+from ssdsgd.launch.stoppable import wait_unless_stopped
 from ssdsgd.paths import file_problem
 from ssdsgd.train import config_from_args, parse_args
 
@@ -300,13 +301,20 @@ def _ended(code, limit, run_dir, cfg):
 def _run_with_restarts(cfg, args, run_dir):
     """Run the job; while it fails after a complete checkpoint, restart it with --resume, at most
     cluster.max_restarts times. The folder locks stay held throughout. A job that fails after its
-    summary was written is not restarted: its result is complete and stays as it is (_ended)."""
+    summary was written is not restarted: its result is complete and stays as it is (_ended). An ssh job's
+    restart first gives a lost host's roles to a spare, or waits for the host (spares.py); with spares in the
+    host file, its first launch too (without waiting)."""
     from ssdsgd.checkpoint import CheckpointError, latest, resume_point
     from ssdsgd.checkpoint_dir import remove_leftovers
-    limit = cfg.cluster.max_restarts
+    from ssdsgd.launch.spares import HostPool
+    limit, pool = cfg.cluster.max_restarts, HostPool.of(cfg)
+    stopped = pool.before_start() if pool else None   # a host file with spares: a host down now is replaced too
+    if stopped is not None:
+        return stopped
     resume, previous, stuck = args.resume, None, 0
     for attempt in range(limit + 1):
-        code = _launch(cfg, args, resume, run_dir)
+        code = _launch(cfg, args, resume, run_dir) if pool is None else _launch(cfg, args, resume, run_dir,
+                                                                                hosts=pool.hosts)
         ended = _ended(code, limit, run_dir, cfg)
         if ended is not None:
             return ended
@@ -326,11 +334,14 @@ def _run_with_restarts(cfg, args, run_dir):
             print(f"run: not restarted: {err}", file=sys.stderr, flush=True)
             return 2
         stuck = stuck + 1 if directory == previous else 0
+        stopped = pool.before_restart(attempt + 1) if pool else None
+        if stopped is not None:   # a host lost for good, or a stop while waiting for it
+            return stopped
         wait = backoff_seconds(cfg.cluster.restart_backoff, stuck)
         said = (f"run: restart {attempt + 1} of {limit} in {wait:g} s: the job failed (exit {code}); resuming from "
                 f"{directory}" + (" (no newer checkpoint than at the last restart)" if stuck else ""))
-        try:
-            signum = _wait_unless_stopped(wait, lambda: print(said, file=sys.stderr, flush=True))
+        try:   # said once the wait catches SIGTERM and SIGHUP: one sent on seeing the line is a stop
+            signum = wait_unless_stopped(wait, lambda: print(said, file=sys.stderr, flush=True))
         except KeyboardInterrupt:   # Ctrl-C while waiting: a stop, as during the job (128 + SIGINT)
             print(f"run: stopped before restart {attempt + 1}; not restarted", file=sys.stderr, flush=True)
             return 130
@@ -353,28 +364,8 @@ def _no_checkpoint(cfg):
             f"nothing to restart from")
 
 
-def _wait_unless_stopped(seconds, announce):
-    """announce(), then sleep `seconds` before a restart; the signal (SIGTERM, SIGHUP) that stopped the wait, or
-    None. The launcher catches these during the job; between two launches nobody did, and they killed the front
-    end without a word, before launcher.log had a line of it or the folder locks were released. The handlers
-    are in place before the announcement, so a stop that answers it is caught."""
-    received = []
-    old = {s: signal.signal(s, lambda signum, frame: received.append(signum))
-           for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        announce()
-        end = time.monotonic() + seconds
-        while True:   # short sleeps: a handler that returns does not cut a sleep short
-            time.sleep(max(0.0, min(0.1, end - time.monotonic())))
-            if received or time.monotonic() >= end:
-                break
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-    return received[0] if received else None
-
-
-def _launch(cfg, args, resume, run_dir, dry_run=False):
+def _launch(cfg, args, resume, run_dir, dry_run=False, hosts=None):
+    """Start the job once; hosts: the [Host] to place its roles on (spares.py), else cluster.hostfile's."""
     import json
 
     from ssdsgd.env import COMMAND_ENV, LOCKED_ENV, RUN_DIR_ENV
@@ -388,7 +379,7 @@ def _launch(cfg, args, resume, run_dir, dry_run=False):
         command.append("--resume")
     env = {LOCKED_ENV: "1", RUN_DIR_ENV: run_dir if dry_run else os.path.abspath(run_dir),   # dry run: a placeholder
            COMMAND_ENV: json.dumps(args.command)}
-    return run_job(command, cl.workers, cl.servers, launcher=cl.launcher, hostfile=cl.hostfile,
+    return run_job(command, cl.workers, cl.servers, launcher=cl.launcher, hostfile=hosts or cl.hostfile,
                    env=env, timeout=cl.timeout, dry_run=dry_run, interface=cl.interface,
                    stall_timeout=cl.stall_timeout or None, server_timeout=cl.server_timeout or None,
                    port=cl.port, ssh_options=ssh_options(cl.ssh_user, cl.ssh_identity, cl.ssh_config,

@@ -513,3 +513,15 @@ def test_without_a_checkpoint_the_last_line_says_so_and_how_to_start_again(tmp_p
     cfg.checkpoint.dir = str(tmp_path)
     assert how_to_continue(cfg, args) == (f'run: no complete checkpoint in {tmp_path} to continue from; to start '
                                           'again: ssdsgd-run --config c.yaml --set a=1')
+
+
+@pytest.mark.parametrize('server_timeout', [8, 15, 60])
+def test_ssh_keepalive_ends_a_lost_connection_within_the_server_timeout(server_timeout):
+    """design.md: ssh's keepalive ends the connection to a host off the network within cluster.server_timeout
+    (ServerAliveInterval x ServerAliveCountMax misses), not later."""
+    from ssdsgd.launch.hosts import Host
+    argv = ssh.ssh_base(Host('node1'), server_timeout=server_timeout)
+    options = dict(argv[i + 1].split('=', 1) for i, word in enumerate(argv) if word == '-o')
+    interval, misses = int(options['ServerAliveInterval']), int(options['ServerAliveCountMax'])
+    assert interval * misses <= server_timeout
+    assert interval * misses >= server_timeout / 2       # and not so eager that a short outage ends the job

@@ -136,7 +136,7 @@ def test_a_stranger_worker_is_named_at_once(tmp_path):
     assert proc.returncode == 1, out[-3000:]
     assert re.search(r"^launch: server 0 .*exited with code 1", out, re.M), out[-3000:]
     assert "init 1048576 first" not in out and "SIGABRT" not in out
-    assert elapsed < membership.HELLO_TIMEOUT + 5
+    assert elapsed < 5 + 5       # README: named within 5 s of the start-up's end (+ the job's end)
     assert processes_with(job.marker) == []
 
 
@@ -156,7 +156,7 @@ def test_a_stranger_holding_every_worker_rank_is_named_at_once(tmp_path):
     assert proc.returncode == 1, out[-3000:]
     assert re.search(r"^launch: server 0 .*exited with code 1", out, re.M), out[-3000:]
     assert "made no progress" not in out
-    assert elapsed < membership.HELLO_TIMEOUT + 10
+    assert elapsed < 5 + 10      # README: within 5 s (+ the server's start-up and the job's end)
     assert processes_with(job.marker) == []
 
 

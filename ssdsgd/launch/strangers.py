@@ -77,21 +77,22 @@ def _command(pid):
 class Roll:
     """The connections seen to the scheduler's `port` on this machine while the job starts."""
 
-    def __init__(self, port):
-        self.port = port
+    def __init__(self, port, ip=None):
+        self.port, self.ip = port, ip
         self.local = {}      # peer (ip, port) -> (pid, pgid, command) of a process on this machine, or None
         self.remote = set()  # peer (ip, port) seen only from the scheduler's side: another host
 
     def look(self):
         rows = [r for r in tcp_rows() if r[0] == '01']
-        ours = {r[1]: r[3] for r in rows if r[2][1] == self.port and r[1] not in self.local}
+        ours = {r[1]: r[3] for r in rows
+                if r[2][1] == self.port and (self.ip is None or r[2][0] == self.ip) and r[1] not in self.local}
         if ours:
             owners = socket_owners(set(ours.values()))
             for peer, inode in ours.items():
                 pid = owners.get(inode)
                 self.local[peer] = (pid, _group(pid), _command(pid)) if pid else None
         for _, local, remote, _ in rows:
-            if local[1] == self.port and remote not in self.local:
+            if local[1] == self.port and (self.ip is None or local[0] == self.ip) and remote not in self.local:
                 self.remote.add(remote)
 
     def strangers(self, job_groups, job_hosts):

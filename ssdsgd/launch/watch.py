@@ -143,8 +143,8 @@ def supervise(children, timeout, stall_timeout, received, server_timeout=None):
     """Watch the children until the job is decided; return the exit code. Cleanup is the caller's. Until a
     worker's first step, the connections to the scheduler are looked at (strangers.Roll)."""
     workers = [c for c in children if c.is_worker]
-    ports = [int(c.port) for c in children if c.name == 'scheduler' and c.port]
-    roll = Roll(ports[0]) if ports else None
+    roots = [c.root for c in children if c.name == 'scheduler' and c.root[1]]
+    roll = Roll(int(roots[0][1]), roots[0][0]) if roots else None
     watched = [c for c in children if c.liveness] if server_timeout is not None else []
     pauses = Pauses(workers, watched, stall_timeout, server_timeout)
     start = time.monotonic()

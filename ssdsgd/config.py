@@ -311,8 +311,13 @@ def _check_run_name(name):
 
 
 def dump_config(cfg, path):
-    with open(path, "w") as f:
-        yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
+    """Write cfg as YAML to path, whole or not at all (WriteError naming path on a full disk)."""
+    from ssdsgd.metrics import write_atomic
+
+    def write(tmp):
+        with open(tmp, "w") as f:
+            yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
+    write_atomic(path, write)
 
 
 # Which client (ssdsgd/algorithms) runs a config: decided here, in one place, since the checkpoint

@@ -235,15 +235,16 @@ def keep_stopped_result(run_dir, log=print):
         f"kept as summary.step{steps}.json and final.step{steps}.params")
 
 
-def prepare(cfg, resume, overwrite, what, log=print):
+def prepare(cfg, resume, overwrite, what, log=print, start=None):
     """Lock checkpoint.dir and check it for this start, choose the run folder and lock it.
 
     Returns (the open lock files (keep them open), the run folder). A fresh run gets a new run folder
     (new_run_folder); a resume continues in the folder of the run it resumes (recorded in the
     checkpoint), or a new one if that folder is gone. A fresh run into a checkpoint.dir that already
     holds checkpoints is refused unless overwrite, which removes them first. RunFinished if a resume
-    has nothing left to train, FolderError or CheckpointError if the job cannot start. On refusal
-    nothing is left behind: folders this call created are removed."""
+    has nothing left to train, FolderError or CheckpointError if the job cannot start. start(run folder),
+    if given, is the first write into the folder (ssdsgd-run's launcher.log), before `latest` moves to it.
+    On refusal nothing is left behind: folders this call created are removed."""
     from ssdsgd.checkpoint import resume_point
     problem = _options_problem(cfg, resume, overwrite)
     if problem:
@@ -275,6 +276,9 @@ def prepare(cfg, resume, overwrite, what, log=print):
             keep_stopped_result(run_dir, log)
         if run_dir in created:
             write_run_identity(run_dir, root)
+        if start is not None:
+            start(run_dir)
+        if run_dir in created:
             point_latest(run_dir)       # last: only a run folder that exists and is locked becomes `latest`
     except BaseException:
         release(held)

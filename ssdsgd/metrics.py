@@ -67,11 +67,7 @@ class MetricsLog:
     def write(self, **record):
         record.setdefault("rank", self.rank)
         record.setdefault("time", round(time.time(), 3))
-        try:
-            self.file.write(json.dumps(record) + "\n")
-            self.file.flush()
-        except OSError as err:          # a resume drops the cut-off line (_keep_records)
-            raise WriteError(f"cannot write {self.path}: {write_problem(err, self.path)}") from None
+        append_whole(self.file.fileno(), (json.dumps(record) + "\n").encode(), self.path)   # no cut-off line
         if self.tensorboard is not None and isinstance(record.get("step"), int):
             for key, tag in TENSORBOARD_TAGS.items():
                 value = record.get(key)
@@ -132,6 +128,23 @@ def write_json_atomic(path, obj):
 
 class WriteError(JobError):
     """A file of the job could not be written (a full disk, a quota, a read-only folder)."""
+
+
+def append_whole(fd, data, path):
+    """Write the bytes `data` at the end of the open file fd, whole or not at all: a write that a full disk cuts
+    short is taken back (the file is cut to where it ended before), so no partial line stays behind. WriteError
+    naming path and the cause."""
+    end = os.lseek(fd, 0, os.SEEK_END)
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError as err:
+        try:
+            os.ftruncate(fd, end)
+            os.lseek(fd, end, os.SEEK_SET)
+        except OSError:
+            pass
+        raise WriteError(f"cannot write {path}: {write_problem(err, path)}") from None
 
 
 NEARLY_FULL = 1 << 20       # MXNet's write errors hide errno: one with less free than this ran out of space

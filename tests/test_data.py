@@ -262,9 +262,11 @@ def test_imagenet_train_is_deterministic_per_seed_and_epoch(imagenet_root):
     first = collect(build_imagenet(imagenet_root, seed=5).train.epoch(1))
     again = collect(build_imagenet(imagenet_root, seed=5).train.epoch(1))
     other_epoch = collect(build_imagenet(imagenet_root, seed=5).train.epoch(2))
+    other_seed = collect(build_imagenet(imagenet_root, seed=9).train.epoch(1))
     np.testing.assert_array_equal(first[0], again[0])
     np.testing.assert_array_equal(first[1], again[1])
     assert not np.array_equal(first[0], other_epoch[0])
+    assert not np.array_equal(first[1], other_seed[1])      # the order of the records follows the seed
 
 
 def test_imagenet_epoch_yields_steps_even_if_part_runs_out(imagenet_root):

@@ -377,6 +377,84 @@ def test_full_disk_before_the_job_starts_is_one_line(tmp_path, small_disk):
     assert len(job.output.strip().splitlines()) == 1
 
 
+def _fill(disk, leave_pages=0):
+    """Fill the tmpfs `disk` to the last byte, then free `leave_pages` pages of 4 KiB."""
+    filler = os.path.join(disk, "filler")
+    with open(filler, "ab", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError as err:
+            assert err.errno == errno.ENOSPC
+    if leave_pages:
+        os.truncate(filler, os.path.getsize(filler) - 4096 * leave_pages)
+
+
+FULL = "No space left on device \\(the file system of {}, [0-9.]+ [KM]?B free\\)"
+
+
+@pytest.mark.timeout(120)
+def test_a_log_dir_with_room_for_the_locks_only_is_one_line_and_leaves_nothing(tmp_path, small_disk):
+    """Room for the run folder's lock and run id, none for launcher.log: one line naming launcher.log and the
+    free space, exit 2, no traceback, and the half-made run folder and its `latest` link are gone."""
+    import re
+    _fill(small_disk, leave_pages=2)
+    runs = os.path.join(small_disk, "runs")
+    job = run_job(tmp_path, SSGD, "train.epochs=1", f"log.dir={runs}", name="j", timeout=60)
+    assert job.rc == 2, job.output
+    lines = job.output.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in job.output, job.output
+    assert re.fullmatch(f"error: cannot write {runs}/j/[0-9-]+/launcher.log: "
+                        + FULL.format(f"{runs}/j/[0-9-]+"), lines[0]), lines[0]
+    assert os.listdir(os.path.join(runs, "j")) == []
+    assert processes_with(job.marker) == []
+
+
+def test_a_metrics_line_that_does_not_fit_leaves_the_file_as_it_was(small_disk):
+    """The whole line or nothing: a full disk is a WriteError naming the file and the free space, and the
+    lines before it stay as they were, without a cut-off line after them (the page holds part of it)."""
+    from ssdsgd.metrics import MetricsLog, WriteError
+    log = MetricsLog(small_disk, 0)
+    log.write(step=1, loss=0.5)
+    before = open(log.path).read()
+    _fill(small_disk)
+    with pytest.raises(WriteError, match=f"^cannot write {log.path}: {FULL.format(small_disk)}$"):
+        log.write(step=2, note="x" * 8000)
+    log.close()
+    assert open(log.path).read() == before
+
+
+def test_a_config_that_does_not_fit_leaves_no_file(small_disk):
+    """config.yaml (or a resume's config.resume-step<N>.yaml) is written whole or not at all."""
+    from ssdsgd.config import dump_config, load_config
+    from ssdsgd.metrics import WriteError
+    cfg = load_config(os.path.join(ROOT, SSGD))
+    _fill(small_disk)
+    path = os.path.join(small_disk, "config.resume-step22.yaml")
+    with pytest.raises(WriteError, match=f"^cannot write {path}: {FULL.format(small_disk)}$"):
+        dump_config(cfg, path)
+    assert os.listdir(small_disk) == ["filler"]
+
+
+def test_launcher_log_keeps_whole_lines_on_a_full_disk(small_disk, capsys):
+    """ssdsgd-run's copy of its messages in launcher.log: a line that does not fit is left out whole (the
+    terminal still gets it), said once; the lines before it stay."""
+    import sys as _sys
+
+    from ssdsgd.launch.launcher_log import messages_also_in, open_launcher_log
+    log = open_launcher_log(small_disk, ["ssdsgd-run", "--config", "x.yaml"])
+    with messages_also_in(log):
+        print("first line", file=_sys.stderr)
+        _fill(small_disk)
+        print("y" * 8000, file=_sys.stderr)
+        print("last line", file=_sys.stderr)
+    err = capsys.readouterr().err
+    assert "first line" in err and "y" * 8000 in err and "last line" in err
+    assert err.count("cannot write") == 1 and f"cannot write {small_disk}/launcher.log: No space" in err
+    text = open(os.path.join(small_disk, "launcher.log")).read()
+    assert text.endswith("first line\n") and text.startswith("20") and text.count("\n") == 2
+
+
 def test_a_second_record_of_the_same_resume_gets_a_name_of_its_own(tmp_path):
     from ssdsgd.folders import unused_name as _unused_name
     assert _unused_name(str(tmp_path), "manifest.resume-step30", ".json") == "manifest.resume-step30.json"

@@ -513,3 +513,30 @@ def test_without_a_checkpoint_the_last_line_says_so_and_how_to_start_again(tmp_p
     cfg.checkpoint.dir = str(tmp_path)
     assert how_to_continue(cfg, args) == (f'run: no complete checkpoint in {tmp_path} to continue from; to start '
                                           'again: ssdsgd-run --config c.yaml --set a=1')
+
+
+@pytest.mark.parametrize('server_timeout', [8, 15, 60])
+def test_ssh_keepalive_ends_a_lost_connection_within_the_server_timeout(server_timeout):
+    """design.md: ssh's keepalive ends the connection to a host off the network within cluster.server_timeout
+    (ServerAliveInterval x ServerAliveCountMax misses), not later."""
+    from ssdsgd.launch.hosts import Host
+    argv = ssh.ssh_base(Host('node1'), server_timeout=server_timeout)
+    options = dict(argv[i + 1].split('=', 1) for i, word in enumerate(argv) if word == '-o')
+    interval, misses = int(options['ServerAliveInterval']), int(options['ServerAliveCountMax'])
+    assert interval * misses <= server_timeout
+    assert interval * misses >= server_timeout / 2       # and not so eager that a short outage ends the job
+
+
+def test_a_connection_to_the_scheduler_from_a_host_without_roles_is_a_strangers(monkeypatch):
+    """ssh jobs: only the scheduler's end of a remote connection is in this machine's TCP table; a host that
+    runs none of the job's roles is named. A connection to the same port elsewhere is not the scheduler's."""
+    from ssdsgd.launch import strangers
+    rows = [('0A', ('10.0.0.1', 9000), ('0.0.0.0', 0), '1'),
+            ('01', ('10.0.0.1', 9000), ('10.0.0.2', 5000), '2'),     # a role's host
+            ('01', ('10.0.0.1', 9000), ('10.0.0.9', 5001), '3'),     # nobody's
+            ('01', ('10.0.0.1', 41000), ('10.0.0.7', 9000), '4')]    # ours, to another machine's port 9000
+    monkeypatch.setattr(strangers, 'tcp_rows', lambda: rows)
+    monkeypatch.setattr(strangers, 'socket_owners', lambda inodes: {})
+    roll = strangers.Roll(9000, '10.0.0.1')
+    roll.look()
+    assert roll.strangers(set(), {'10.0.0.2'}) == ['host 10.0.0.9']

@@ -149,3 +149,11 @@ def test_stale_names_the_buffers_below_the_oldest_version():
                           (400, 22, 3, 2)])
 def test_density_stage(step, steps_per_epoch, stages, want):
     assert density_stage(step, steps_per_epoch, stages) == want
+
+
+def test_the_reported_staleness_is_the_oldest_buffers():
+    """A step's staleness is the rounds its oldest buffer misses, not its newest's: with two buffers at
+    versions 7 and 9, step 10 computed on weights 3 rounds old (every job test has one buffer)."""
+    assert StepPolicy.staleness(10, [9, 7]) == 3
+    assert StepPolicy.staleness(10, [7, 9, 8]) == 3
+    assert StepPolicy.staleness(10, [10, 10]) == 0

@@ -126,6 +126,7 @@ class Child:
         self.is_worker = spec.env[ROLE_ENV] == 'worker'
         self.heartbeat = spec.env.get(HEARTBEAT_ENV)
         self.liveness = spec.env.get(LIVENESS_ENV)
+        self.root = spec.env.get('DMLC_PS_ROOT_URI'), spec.env.get('DMLC_PS_ROOT_PORT')   # the scheduler's address
         self.tail = collections.deque(maxlen=TAIL_LINES)
         self.started = time.monotonic()
         self.rank = None

@@ -3,7 +3,6 @@
 Reads the `cluster` section and starts scheduler, servers and workers through the launcher, each
 running `python -m ssdsgd.train` with the same config and overrides.
 """
-import contextlib
 import os
 import shlex
 import signal
@@ -121,11 +120,14 @@ def hosts_problem(cl, hosts, address):
 
 def take_folders(cfg, args):
     """Lock checkpoint.dir and the run folder (new, or the resumed run's), clean what interrupted saves
-    left, check the checkpoint to resume from: (held locks, run folder); a JobError (RunFinished for a
-    resume with nothing left to train) if the job cannot start."""
+    left, check the checkpoint to resume from, open launcher.log: (held locks, run folder, launcher log); a
+    JobError (RunFinished for a resume with nothing left to train) if the job cannot start."""
     from ssdsgd.folders import prepare
-    what = "python -m ssdsgd --config " + args.config
-    return prepare(cfg, args.resume, args.overwrite, what)
+    from ssdsgd.launch.launcher_log import open_launcher_log
+    what, log = "python -m ssdsgd --config " + args.config, []
+    held, run_dir = prepare(cfg, args.resume, args.overwrite, what,
+                            start=lambda folder: log.append(open_launcher_log(folder, args.command)))
+    return held, run_dir, log[0]
 
 
 def _own_options(ap):
@@ -180,9 +182,10 @@ def main(argv=None):
         return 2
     from ssdsgd.errors import JobError
     from ssdsgd.folders import RunFinished, make_private, release
+    from ssdsgd.launch.launcher_log import messages_also_in
     make_private()                  # run and checkpoint folders: 0700, files 0600 (roles inherit it)
     try:
-        held, run_dir = take_folders(cfg, args)
+        held, run_dir, log = take_folders(cfg, args)   # WriteError (a full log.dir): one line, exit 2
     except RunFinished as done:
         print(f"run: {done}", file=sys.stderr)
         return 0
@@ -191,7 +194,7 @@ def main(argv=None):
         return 2
     print(f"run folder: {run_dir}", flush=True)
     try:
-        with _messages_also_in(run_dir, args.command):
+        with messages_also_in(log):
             code = _run_with_restarts(cfg, args, run_dir)
             if code != 0:
                 print(how_to_continue(cfg, args), file=sys.stderr, flush=True)
@@ -230,50 +233,6 @@ def backoff_seconds(base, stuck):
     """The wait before a restart: cluster.restart_backoff doubled for each earlier restart in a row that
     resumed from the same checkpoint (`stuck`: the job made no checkpointed progress since), capped."""
     return min(base * 2 ** stuck, MAX_BACKOFF) if base else 0.0
-
-
-class _Tee:
-    """sys.stderr that also appends to a file: what the launcher and the front end say of a job (a role that
-    died and where, its last lines, restarts, the cleanup) stays in its run folder. The roles' own output goes
-    to stdout and the metrics. Writing the copy may fail (a full disk): the terminal still gets every line."""
-
-    def __init__(self, stream, file):
-        self.stream, self.file = stream, file
-
-    def write(self, text):
-        self.stream.write(text)
-        try:
-            self.file.write(text)
-        except (OSError, ValueError):
-            pass
-        return len(text)
-
-    def flush(self):
-        self.stream.flush()
-        try:
-            self.file.flush()
-        except (OSError, ValueError):
-            pass
-
-    def __getattr__(self, name):
-        return getattr(self.stream, name)
-
-
-@contextlib.contextmanager
-def _messages_also_in(run_dir, command):
-    from ssdsgd.metrics import LAUNCHER_LOG_FILE
-    try:
-        file = open(os.path.join(run_dir, LAUNCHER_LOG_FILE), "a")
-    except OSError:
-        yield                       # no copy: the job runs as it would
-        return
-    with file:
-        file.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} {shlex.join(command)}\n")
-        stream, sys.stderr = sys.stderr, _Tee(sys.stderr, file)
-        try:
-            yield
-        finally:
-            sys.stderr = stream
 
 
 def _ended(code, limit, run_dir, cfg):

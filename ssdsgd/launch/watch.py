@@ -13,6 +13,7 @@ import sys
 import time
 
 from ssdsgd.launch.children import group_states
+from ssdsgd.launch.strangers import Roll, abort_note
 
 POLL_SECONDS = 0.1
 SHUTDOWN_GRACE = 10.0  # ps-lite servers/scheduler exit by themselves shortly after the workers
@@ -122,9 +123,28 @@ class Pauses:
                  f'{self.server_timeout:g} s)')
 
 
+def _name_strangers(c, roll, children):
+    """After the report of a failed scheduler: the line naming a stranger that made ps-lite abort, if one did."""
+    import socket
+    groups = {c.popen.pid for c in children if not c.ssh} | {c.pgid for c in children if c.pgid is not None}
+    hosts = set()
+    for host in {c.host for c in children if c.ssh}:
+        try:
+            hosts.add(socket.gethostbyname(host))
+        except OSError:
+            pass
+    note = abort_note(c, roll, groups, hosts, sum(w.is_worker for w in children),
+                      sum(w.name.startswith('server') for w in children))
+    if note:
+        print(note, file=sys.stderr, flush=True)
+
+
 def supervise(children, timeout, stall_timeout, received, server_timeout=None):
-    """Watch the children until the job is decided; return the exit code. Cleanup is the caller's."""
+    """Watch the children until the job is decided; return the exit code. Cleanup is the caller's. Until a
+    worker's first step, the connections to the scheduler are looked at (strangers.Roll)."""
     workers = [c for c in children if c.is_worker]
+    roots = [c.root for c in children if c.name == 'scheduler' and c.root[1]]
+    roll = Roll(int(roots[0][1]), roots[0][0]) if roots else None
     watched = [c for c in children if c.liveness] if server_timeout is not None else []
     pauses = Pauses(workers, watched, stall_timeout, server_timeout)
     start = time.monotonic()
@@ -136,6 +156,7 @@ def supervise(children, timeout, stall_timeout, received, server_timeout=None):
         for c in children:
             if c.exit_code() not in (None, 0):
                 c.report(c.describe_exit())
+                _name_strangers(c, roll, children)
                 return 1
         now = time.monotonic()
         if all(w.exit_code() == 0 for w in workers):
@@ -151,4 +172,6 @@ def supervise(children, timeout, stall_timeout, received, server_timeout=None):
             return 1
         else:
             pauses.check(time.time())   # file times are wall-clock times
+            if roll is not None and not any(_mtime(w.heartbeat) for w in workers if w.heartbeat):
+                roll.look()
         time.sleep(POLL_SECONDS)

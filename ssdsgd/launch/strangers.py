@@ -1,0 +1,122 @@
+"""Who connected to the scheduler during start-up: a process that is not one of the job's roles, named when
+ps-lite's scheduler aborts because of it.
+
+ps-lite ranks the first W+S nodes that register with the scheduler, whatever their roles. A stranger that
+registers before the job's own (anyone who reaches the scheduler's port with the job's DMLC_* settings) can
+leave the servers no place: the scheduler then aborts in van.cc (`there is no socket to node 8`, SIGABRT), and
+ps-lite says nothing of who registered. ps-lite cannot be told to refuse it (its transport is unauthenticated),
+so the launcher names it instead. While the job starts (until a worker's first step) it reads this machine's
+TCP table (/proc/net/tcp, tcp6; the scheduler runs here) every poll: the connections to the scheduler's port,
+and, when one is new, the process that holds its other end if that is on this machine too. A connection from
+a process outside the job's process groups, or from a host that runs none of the job's roles, is a stranger's.
+Standard library only (the launcher imports no mxnet nor numpy).
+"""
+import os
+import socket
+
+ABORT_MARK = 'there is no socket to node'   # ps-lite's scheduler, when a node it ranked has no connection
+PRIVATE_NETWORK = "keep the job's ports on a private network (README: A private network)"
+
+
+def _address(hex_address):
+    """'0100007F:1F90' (/proc/net/tcp) -> ('127.0.0.1', 8080); IPv4 mapped into IPv6 as IPv4."""
+    host, port = hex_address.split(':')
+    raw = b''.join(bytes.fromhex(host[i:i + 8])[::-1] for i in range(0, len(host), 8))
+    if len(raw) == 16 and raw[:12] == b'\0' * 10 + b'\xff' * 2:
+        raw = raw[12:]
+    return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw), int(port, 16)
+
+
+def tcp_rows():
+    """(state, (local ip, port), (remote ip, port), inode) of every TCP socket of this network namespace."""
+    rows = []
+    for table in ('/proc/net/tcp', '/proc/net/tcp6'):
+        try:
+            with open(table) as f:
+                lines = list(f)[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            rows.append((cols[3], _address(cols[1]), _address(cols[2]), cols[9]))
+    return rows
+
+
+def socket_owners(inodes):
+    """{socket inode: pid} for the inodes given, from /proc/<pid>/fd (the processes this user may read)."""
+    owners = {}
+    for pid in filter(str.isdigit, os.listdir('/proc')):
+        try:
+            for fd in os.listdir(f'/proc/{pid}/fd'):
+                link = os.readlink(f'/proc/{pid}/fd/{fd}')
+                if link.startswith('socket:[') and link[8:-1] in inodes:
+                    owners[link[8:-1]] = int(pid)
+        except OSError:
+            continue
+    return owners
+
+
+def _group(pid):
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return int(f.read().rsplit(')', 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _command(pid):
+    try:
+        with open(f'/proc/{pid}/cmdline', 'rb') as f:
+            words = f.read().split(b'\0')
+    except OSError:
+        return '?'
+    text = ' '.join(' '.join(w.decode(errors='replace') for w in words if w).split())   # one line
+    return text if len(text) <= 60 else text[:57] + '...'
+
+
+class Roll:
+    """The connections seen to the scheduler's `port` on this machine while the job starts."""
+
+    def __init__(self, port, ip=None):
+        self.port, self.ip = port, ip
+        self.local = {}      # peer (ip, port) -> (pid, pgid, command) of a process on this machine, or None
+        self.remote = set()  # peer (ip, port) seen only from the scheduler's side: another host
+
+    def look(self):
+        rows = [r for r in tcp_rows() if r[0] == '01']
+        ours = {r[1]: r[3] for r in rows
+                if r[2][1] == self.port and (self.ip is None or r[2][0] == self.ip) and r[1] not in self.local}
+        if ours:
+            owners = socket_owners(set(ours.values()))
+            for peer, inode in ours.items():
+                pid = owners.get(inode)
+                self.local[peer] = (pid, _group(pid), _command(pid)) if pid else None
+        for _, local, remote, _ in rows:
+            if local[1] == self.port and (self.ip is None or local[0] == self.ip) and remote not in self.local:
+                self.remote.add(remote)
+
+    def strangers(self, job_groups, job_hosts):
+        """What no role of the job accounts for: ['127.0.0.1 (PID 123: python -c ...)', 'host 10.0.0.9']."""
+        found = []
+        for (ip, port), owner in sorted(self.local.items(), key=lambda item: str(item[0])):
+            if owner is not None and owner[1] not in job_groups:
+                found.append(f'{ip} (PID {owner[0]}: {owner[2]})')
+        for ip in sorted({ip for ip, _ in self.remote} - set(job_hosts)):
+            found.append(f'host {ip}')
+        return found
+
+
+def abort_note(child, roll, job_groups, job_hosts, workers, servers):
+    """The one line to say when the scheduler `child` failed because a stranger registered (its last output
+    has ps-lite's ABORT_MARK, or a stranger was seen), else None."""
+    if child.name != 'scheduler':
+        return None
+    found = roll.strangers(job_groups, job_hosts) if roll is not None else []
+    aborted = any(ABORT_MARK in line for line in child.tail)
+    if not (found or aborted):
+        return None
+    where = (f"from {', '.join(found)}" if found else
+             'from an address not seen here (it connected and left between two looks, or from a host of the job)')
+    return (f"launch: scheduler aborted in ps-lite's start-up: a process that is not one of the job's roles "
+            f"connected to the scheduler (port {roll.port if roll else '?'}) {where}, and ps-lite gave it the place "
+            f"of one of the job's {workers} workers and {servers} servers; {PRIVATE_NETWORK}")

@@ -7,7 +7,6 @@ import os
 import shlex
 import signal
 import sys
-import time
 
 from ssdsgd.config import ROOTED_DATASETS
 from ssdsgd.launch.hosts import is_host_list

@@ -225,11 +225,11 @@ def test_a_failure_after_the_run_finished_is_not_restarted_whatever_max_restarts
 
 def test_ctrl_c_while_waiting_to_restart_is_a_stop(monkeypatch, capsys):
     """Before: a KeyboardInterrupt traceback from the back-off sleep."""
-    from ssdsgd.launch import run
+    from ssdsgd.launch import stoppable
 
     def interrupted(seconds):
         raise KeyboardInterrupt
-    monkeypatch.setattr(run.time, 'sleep', interrupted)
+    monkeypatch.setattr(stoppable.time, 'sleep', interrupted)
     assert _restarts(monkeypatch, [1, 0], 2, finished=False) == (130, [False])
     assert capsys.readouterr().err.splitlines()[-1] == 'run: stopped before restart 1; not restarted'
 

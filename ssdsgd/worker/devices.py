@@ -122,14 +122,21 @@ class DeviceReplicas:
         return list(zip(gluon.utils.split_and_load(data, self.contexts, even_split=False),
                         gluon.utils.split_and_load(label, self.contexts, even_split=False)))
 
-    def forward_backward(self, net, loss_fn, data, label):
-        """Forward and backward on every replica, the gradients summed into the host's: the per-sample
-        losses of the whole batch, on the host."""
+    def forward(self, net, loss_fn, data, label):
+        """The recorded forward pass on every replica: its per-sample losses, one array per replica."""
         parts = self.split(data, label)
         with autograd.record():
-            losses = [loss_fn(net(x), y) for x, y in parts]
+            return [loss_fn(net(x), y) for x, y in parts]
+
+    def backward(self, losses):
+        """Backward on every replica, the gradients summed into the host's."""
         autograd.backward(losses)
         self.gather()
+
+    def forward_backward(self, net, loss_fn, data, label):
+        """forward, then backward: the per-sample losses of the whole batch, on the host."""
+        losses = self.forward(net, loss_fn, data, label)
+        self.backward(losses)
         return losses[0] if self.on_host else mx.nd.concat(*[x.as_in_context(HOST) for x in losses], dim=0)
 
     def gather(self):
@@ -155,7 +162,7 @@ class DeviceReplicas:
         out = {f"param{i}": p.data().asnumpy() for i, p in enumerate(self.host)}
         for i, per_replica in enumerate(self.aux_arrays()):
             for d, a in enumerate(per_replica):
-                out[f"aux{i}" if d == 0 else f"aux{i}.replica{d}"] = a.asnumpy()
+                out[_aux_key(i, d)] = a.asnumpy()
         return out
 
     def load_state(self, arrays):
@@ -165,7 +172,7 @@ class DeviceReplicas:
             p.data()[:] = _checked(arrays, f"param{i}", p.shape)
         for i, (p, per_replica) in enumerate(zip(self.aux, self.aux_arrays())):
             for d, a in enumerate(per_replica):
-                a[:] = _checked(arrays, f"aux{i}" if d == 0 else f"aux{i}.replica{d}", p.shape)
+                a[:] = _checked(arrays, _aux_key(i, d), p.shape)
         self.scatter()
 
     def save_global(self, net, path):
@@ -243,6 +250,11 @@ class _Bucket:
         for views, staged in zip(self.device_weights, self.staged_weights):
             self.weights.copyto(staged.array)
             views.copy_from(staged)
+
+
+def _aux_key(i, replica):
+    """A BatchNorm statistic's name in a checkpoint: the first replica's keeps the single-device name."""
+    return f"aux{i}" if replica == 0 else f"aux{i}.replica{replica}"
 
 
 def _checked(arrays, key, shape):

@@ -175,18 +175,14 @@ def _time_backward(net, loss_fn, train_set, replicas, repeats=3):
 
     BatchNorm running statistics are restored afterwards, so the probe leaves no trace."""
     import mxnet as mx
-    from mxnet import autograd
     saved = [[a.copy() for a in per_replica] for per_replica in replicas.aux_arrays()]
     data, label = next(iter(train_set.epoch(0)))
     times = []
     for _ in range(repeats):
-        parts = replicas.split(data, label)
-        with autograd.record():
-            losses = [loss_fn(net(x), y) for x, y in parts]
+        losses = replicas.forward(net, loss_fn, data, label)
         mx.nd.waitall()
         t0 = time.perf_counter()
-        autograd.backward(losses)
-        replicas.gather()
+        replicas.backward(losses)
         mx.nd.waitall()
         times.append(time.perf_counter() - t0)
     for per_replica, copies in zip(replicas.aux_arrays(), saved):

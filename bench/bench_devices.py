@@ -16,9 +16,7 @@ Medians over --repeats; in every repeat each variant runs once, in turn, after o
 """
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import mxnet as mx
 import numpy as np
@@ -26,25 +24,10 @@ from mxnet import autograd, gluon
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
-from scripts.gpu_check import parameters_of
+from scripts.gpu_check import medians_ms, parameters_of
 from scripts.results_io import results_folder, write_csv, write_manifest, write_text
 from ssdsgd.worker.devices import HOST, DeviceReplicas
 from ssdsgd.worker.models import build_model, parameter_shapes
-
-
-def medians_ms(fns, repeats):
-    """{name: median ms} of each fn, called in turn in every repeat (a slow moment of the machine hits them
-    all), after one warm-up call each."""
-    times = {name: [] for name in fns}
-    for r in range(repeats + 1):
-        for name, fn in fns.items():
-            mx.nd.waitall()
-            t0 = time.perf_counter()
-            fn()
-            mx.nd.waitall()
-            if r:
-                times[name].append(1000 * (time.perf_counter() - t0))
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def per_tensor(params, contexts):
@@ -101,11 +84,7 @@ def overlap_rows(repeats, batch_per_replica=32, bucket_values=1 << 15):
             "buckets": DeviceReplicas.of_net(net, params, contexts, bucket_values=bucket_values)}
 
     def step(replicas=None):
-        some = next(iter(ways.values()))
-        parts = some.split(data, label)
-        with autograd.record():
-            losses = [loss_fn(net(x), y) for x, y in parts]
-        autograd.backward(losses)
+        autograd.backward(next(iter(ways.values())).forward(net, loss_fn, data, label))
         if replicas is not None:
             replicas.gather()
     ms = medians_ms({"alone": step, **{name: (lambda r=r: step(r)) for name, r in ways.items()}}, repeats)

@@ -105,15 +105,19 @@ def check_jobs(kind, count, log_dir):
     return results
 
 
-def _median_ms(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        mx.nd.waitall()
-        t0 = time.perf_counter()
-        fn()
-        mx.nd.waitall()
-        times.append(1000 * (time.perf_counter() - t0))
-    return statistics.median(times)
+def medians_ms(fns, repeats):
+    """{name: median ms} of each fn, called in turn in every repeat (a slow moment of the machine hits them
+    all), after one warm-up call each (the first call allocates, and on GPUs tunes cuDNN)."""
+    times = {name: [] for name in fns}
+    for r in range(repeats + 1):
+        for name, fn in fns.items():
+            mx.nd.waitall()
+            t0 = time.perf_counter()
+            fn()
+            mx.nd.waitall()
+            if r:
+                times[name].append(1000 * (time.perf_counter() - t0))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def parameters_of(shapes, contexts):
@@ -131,7 +135,8 @@ def parameters_of(shapes, contexts):
 def transfer_ms(shapes, contexts, repeats):
     """(gather ms, scatter ms): medians per step of DeviceReplicas at these parameter shapes."""
     replicas = DeviceReplicas(parameters_of(shapes, contexts), [], contexts)
-    return _median_ms(replicas.gather, repeats), _median_ms(replicas.scatter, repeats)
+    ms = medians_ms({"gather": replicas.gather, "scatter": replicas.scatter}, repeats)
+    return ms["gather"], ms["scatter"]
 
 
 def encode_ms(shapes, repeats):
@@ -157,8 +162,7 @@ def images_per_sec(contexts, batch, steps):
     def step():
         replicas.forward_backward(net, loss_fn, data, label)
         replicas.scatter()
-    step()                                     # the first step allocates (and on GPUs tunes cuDNN)
-    return batch / (_median_ms(step, steps) / 1000)
+    return batch / (medians_ms({"step": step}, steps)["step"] / 1000)
 
 
 def main(argv=None):

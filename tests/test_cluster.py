@@ -538,21 +538,30 @@ def test_a_host_lost_for_good_gives_its_roles_to_the_spare_and_the_run_ends_on_t
              rf"run: {host} \({victim}\) does not answer before restart 1: ",
              rf"run: spare h4 takes over {victim} from {host}; {host} is left out of this run",
              r"run: restart 1 of 2 in 1 s: the job failed \(exit 1\); resuming from .*/ck/epoch-000\d"]
-    at = [re.search(line, log, re.M) for line in story]
-    assert all(at) and [m.start() for m in at] == sorted(m.start() for m in at), log[-4000:]
+    _assert_said_in_order(story, log)
     assert "restart 2" not in log, log[-4000:]
     summary = json.load(open(os.path.join(run_dir, "summary.json")))
     assert summary["steps"] == uninterrupted_on_hosts["steps"] == 12 * 22
-    got, want = _params(summary["checkpoint"]), _params(uninterrupted_on_hosts["checkpoint"])
-    assert got.keys() == want.keys()
-    for k in want:
-        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    _assert_same_weights(summary["checkpoint"], uninterrupted_on_hosts["checkpoint"])
     for key in ("test_acc_history", "final_test_acc"):
         assert summary[key] == uninterrupted_on_hosts[key], key
     # Nothing in a checkpoint names a host: the resume on other hosts read the same files.
     for manifest in ck.glob("epoch-*/manifest.json"):
         assert not re.search(r"\bh[0-4]\b|10\.231\.", manifest.read_text()), manifest
     _wait_for(lambda: vc.leftovers() == {}, 60, f"the ssh sessions on {host} to end once it is back")
+
+
+def _assert_said_in_order(story, text):
+    """Every pattern of `story` is in `text` (a launcher.log), in that order."""
+    at = [re.search(line, text, re.M) for line in story]
+    assert all(at) and [m.start() for m in at] == sorted(m.start() for m in at), text[-4000:]
+
+
+def _assert_same_weights(path, uninterrupted_path):
+    got, want = _params(path), _params(uninterrupted_path)
+    assert got.keys() == want.keys()
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
 @pytest.mark.timeout(420)
@@ -596,8 +605,7 @@ def test_without_a_spare_the_restart_waits_for_the_lost_host_up_to_host_wait(vc,
     else:
         story += [rf"run: h2 did not answer within {host_wait} s \(cluster.host_wait\); not restarted",
                   r"run: to continue from the newest checkpoint, .*/ck/epoch-000\d \(epoch \d, step \d+\): .* --resume"]
-    at = [re.search(line, said, re.M) for line in story]
-    assert all(at) and [m.start() for m in at] == sorted(m.start() for m in at), said[-4000:]
+    _assert_said_in_order(story, said)
     if not back:
         assert rc == 1 and "run: restart" not in said, said[-4000:]
         _wait_for(lambda: vc.leftovers() == {}, 60, "the ssh sessions on h2 to end once it is back")
@@ -605,9 +613,7 @@ def test_without_a_spare_the_restart_waits_for_the_lost_host_up_to_host_wait(vc,
     assert rc == 0, text[-4000:]
     summary = json.load(open(os.path.join(run_dir, "summary.json")))
     assert summary["steps"] == uninterrupted_on_hosts["steps"]
-    got, want = _params(summary["checkpoint"]), _params(uninterrupted_on_hosts["checkpoint"])
-    for k in want:
-        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    _assert_same_weights(summary["checkpoint"], uninterrupted_on_hosts["checkpoint"])
     _wait_for(lambda: vc.leftovers() == {}, 60, "the ssh sessions on h2 to end")
 
 

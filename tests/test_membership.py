@@ -57,6 +57,36 @@ def _wait(what, condition, timeout=60):
     pytest.fail(f"timed out waiting for {what}")
 
 
+def _job_pids(job, proc, workers):
+    """{(role, task): pid} of the job's scheduler, server 0 and workers, once every one of them runs."""
+    def roles():
+        pids = {role_of(pid): pid for pid in processes_with(job.marker)}
+        assert proc.poll() is None, proc.stdout.read()
+        wanted = [("scheduler", 0), ("server", 0)] + [("worker", w) for w in range(workers)]
+        return pids if all(r in pids for r in wanted) else None
+    return _wait("the job's processes", roles)
+
+
+def _scheduler_port(pids):
+    return int(_environment(pids[("scheduler", 0)])["DMLC_PS_ROOT_PORT"])
+
+
+def _hand_in(stranger, pids, port):
+    """Give the stranger the scheduler's DMLC_* settings as worker 0's, and wait until it has connected."""
+    env = {k: v for k, v in _environment(pids[("scheduler", 0)]).items() if k.startswith("DMLC_")}
+    env.update(DMLC_ROLE="worker", DMLC_TASK_ID="0")
+    stranger.stdin.write(json.dumps(env) + "\n")
+    stranger.stdin.flush()
+    _wait("the stranger to register", lambda: _connected_to(stranger.pid, port))
+
+
+def _start_stranger():
+    """The STRANGER process, ready for its settings on stdin."""
+    return subprocess.Popen([sys.executable, "-c", STRANGER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
 def let_a_stranger_in(job, proc, stranger, workers=2):
     """Hand the stranger the DMLC_* settings of the job's scheduler (read from /proc, as tests/jobs.py
     role_of reads a role's) so that it registers after server 0 and before the job's workers. ps-lite
@@ -66,25 +96,15 @@ def let_a_stranger_in(job, proc, stranger, workers=2):
     The job's workers are held with SIGSTOP (from their start, before they connect) until it has.
     Returns the time every node is in (the roll call can start): the first of the job's workers
     registers, or with one worker, the stranger (the job's worker then has no place)."""
-    def roles():
-        pids = {role_of(pid): pid for pid in processes_with(job.marker)}
-        assert proc.poll() is None, proc.stdout.read()
-        wanted = [("scheduler", 0), ("server", 0)] + [("worker", w) for w in range(workers)]
-        return pids if all(r in pids for r in wanted) else None
-
-    pids = _wait("the job's processes", roles)
+    pids = _job_pids(job, proc, workers)
     held = [pids[("worker", w)] for w in range(workers)]
     for pid in held:
         os.kill(pid, signal.SIGSTOP)
     try:
-        env = {k: v for k, v in _environment(pids[("scheduler", 0)]).items() if k.startswith("DMLC_")}
-        port = int(env["DMLC_PS_ROOT_PORT"])
+        port = _scheduler_port(pids)
         assert not any(_connected_to(pid, port) for pid in held)
         _wait("server 0 to register", lambda: _connected_to(pids[("server", 0)], port))
-        env.update(DMLC_ROLE="worker", DMLC_TASK_ID="0")
-        stranger.stdin.write(json.dumps(env) + "\n")
-        stranger.stdin.flush()
-        _wait("the stranger to register", lambda: _connected_to(stranger.pid, port))
+        _hand_in(stranger, pids, port)
         if workers == 1:
             return time.time()
         time.sleep(0.5)       # its registration reaches the scheduler
@@ -98,9 +118,7 @@ def let_a_stranger_in(job, proc, stranger, workers=2):
 def run_with_a_stranger(tmp_path, config, *sets, workers=2):
     """A job that a stranger joins (let_a_stranger_in): (output, the stranger's output, seconds from every
     node being in to the job's end, the job's Popen, Job)."""
-    stranger = subprocess.Popen([sys.executable, "-c", STRANGER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                env=dict(os.environ, OMP_NUM_THREADS="1"))
+    stranger = _start_stranger()
     proc = None
     try:
         assert stranger.stdout.readline().strip() == "ready"
@@ -221,24 +239,14 @@ def let_a_stranger_in_first(job, proc, stranger, workers=2):
     """As let_a_stranger_in, but the stranger registers before server 0 too (both held with the workers):
     ps-lite then ranks the stranger and the job's workers as the first W+S nodes, none a server, and the
     scheduler aborts in van.cc (`there is no socket to node 8`)."""
-    def roles():
-        pids = {role_of(pid): pid for pid in processes_with(job.marker)}
-        assert proc.poll() is None, proc.stdout.read()
-        wanted = [("scheduler", 0), ("server", 0)] + [("worker", w) for w in range(workers)]
-        return pids if all(r in pids for r in wanted) else None
-
-    pids = _wait("the job's processes", roles)
+    pids = _job_pids(job, proc, workers)
     held = [pids[("server", 0)]] + [pids[("worker", w)] for w in range(workers)]
     for pid in held:
         os.kill(pid, signal.SIGSTOP)
     try:
-        env = {k: v for k, v in _environment(pids[("scheduler", 0)]).items() if k.startswith("DMLC_")}
-        port = int(env["DMLC_PS_ROOT_PORT"])
+        port = _scheduler_port(pids)
         assert not any(_connected_to(pid, port) for pid in held)
-        env.update(DMLC_ROLE="worker", DMLC_TASK_ID="0")
-        stranger.stdin.write(json.dumps(env) + "\n")
-        stranger.stdin.flush()
-        _wait("the stranger to register", lambda: _connected_to(stranger.pid, port))
+        _hand_in(stranger, pids, port)
         time.sleep(0.5)
         for pid in held[1:]:
             os.kill(pid, signal.SIGCONT)       # the workers first: with the stranger, W + S nodes
@@ -253,9 +261,7 @@ def test_a_stranger_before_every_role_of_the_job_is_named_when_the_scheduler_abo
     """Before: ps-lite's scheduler aborted (`there is no socket to node 8`, SIGABRT) and the job failed
     naming only the scheduler. Now one line says that a process that is not one of the job's roles connected
     to the scheduler, and from where (the stranger's connection, still open, shows its process here)."""
-    stranger = subprocess.Popen([sys.executable, "-c", STRANGER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                env=dict(os.environ, OMP_NUM_THREADS="1"))
+    stranger = _start_stranger()
     proc = None
     try:
         assert stranger.stdout.readline().strip() == "ready"

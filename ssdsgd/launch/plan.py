@@ -114,9 +114,10 @@ def roles(num_workers, num_servers):
             + [('worker', i, f'worker {i}') for i in range(num_workers)])
 
 
-def role_env(job_env, role, task_id, name, job_dir=None, env_by_role=None):
+def role_env(job_env, role, task_id, name, job_dir=None, env_by_role=None, gpu_lists=None):
+    """A role's variables; gpu_lists: each worker's GPUs (gpus.py), None when the job asks for none."""
     env = {**job_env, **(env_by_role or {}).get(role, {}),
-           ROLE_ENV: role, TASK_ID_ENV: str(task_id), ROLE_NAME_ENV: name}
+           ROLE_ENV: role, TASK_ID_ENV: str(task_id), ROLE_NAME_ENV: name, **gpus.device_env(role, task_id, gpu_lists)}
     if role == 'worker' and job_dir:
         env[HEARTBEAT_ENV] = os.path.join(job_dir, f'worker{task_id}.hb')  # the launcher watches its mtime
     elif job_dir:
@@ -130,8 +131,7 @@ def _ssh_specs(command, hosts, num_workers, num_servers, env, cwd, ssh_options=(
     remote_roles = roles(num_workers, num_servers)[1:]
     # Servers and workers share one placement, so servers do not pile up with worker 0.
     for (role, task_id, name), host in zip(remote_roles, placement(hosts, len(remote_roles))):
-        this_env = role_env(env, role, task_id, name, job_dir, env_by_role)
-        this_env.update(gpus.device_env(role, task_id, gpu_lists))
+        this_env = role_env(env, role, task_id, name, job_dir, env_by_role, gpu_lists)
         if host.interface:
             this_env[HOST_INTERFACE_ENV] = host.interface
         if job_dir:
@@ -201,8 +201,8 @@ def plan(command, num_workers, num_servers, launcher, hostfile, env, port, inter
     worker_hosts = ([(h.name, h.gpus) for h in placement(hosts, num_servers + num_workers)[num_servers:]]
                     if launcher == 'ssh' else [('localhost', None)] * num_workers)
     gpu_lists = gpus.assign(worker_hosts, gpus_per_worker, gpu_ids) if gpus_per_worker else None
-    specs = [RoleSpec(name, 'localhost', argv, {**role_env(local_env, role, task_id, name, job_dir, env_by_role),
-                                                **gpus.device_env(role, task_id, gpu_lists)}, None, None)
+    specs = [RoleSpec(name, 'localhost', argv, role_env(local_env, role, task_id, name, job_dir, env_by_role,
+                                                        gpu_lists), None, None)
              for role, task_id, name in local]
     if launcher == 'ssh':
         specs += _ssh_specs(command, hosts, num_workers, num_servers, job_env, cwd, ssh_options, job_dir,

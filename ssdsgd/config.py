@@ -109,6 +109,8 @@ def _resolve_auto(c):
     sparsifier = is_sparsifier(comp["type"])
     if alg["max_staleness"] is None:
         alg["max_staleness"] = alg["delay"]
+    if alg["type"] == "ssd":
+        _resolve_delay_stage_rate(alg, c["train"])
     if alg["local"]["lr_scale"] is None:
         alg["local"]["lr_scale"] = 4.0 if alg["local"]["optimizer"] == "glu" else float(c["cluster"]["workers"])
     if comp["momentum_correction"] is None:
@@ -119,6 +121,21 @@ def _resolve_auto(c):
         comp["downlink"] = "sparse" if sparsifier else "dense"
     if comp["selection"] == "auto":
         comp["selection"] = "sampled" if sparsifier else "exact"
+
+
+def _resolve_delay_stage_rate(alg, train):
+    """The steps-delay stage's learning rate and momentum. A stale gradient is stable only at a smaller
+    step than SSGD's (docs/design.md, "The delay stage's rate"), so above algorithm.lr_cap the stage
+    takes smaller steps with more momentum: the same lr / (1 - momentum), the rate at which gradients
+    move the weights in the long run."""
+    if alg["lr"] is None:
+        alg["lr"] = train["lr"] if alg["lr_cap"] is None else min(train["lr"], alg["lr_cap"])
+    if alg["lr"] > train["lr"]:
+        raise ConfigError(f"algorithm.lr: the steps-delay stage's rate {shown(alg['lr'])} is above train.lr "
+                          f"({shown(train['lr'])}); it may only be lower")
+    if alg["momentum"] is None:
+        same = alg["lr"] == train["lr"]        # (exactly train.momentum then, not 1 - (1 - it))
+        alg["momentum"] = train["momentum"] if same else 1.0 - (1.0 - train["momentum"]) * alg["lr"] / train["lr"]
 
 
 def ssd_warmup_steps(algorithm, steps_per_epoch):

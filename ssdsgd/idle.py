@@ -26,7 +26,8 @@ def idle_keys(given, c, stock):
     unused = {}                                            # key path -> why
     if alg["type"] != "ssd":
         why = f"algorithm.type is {alg['type']}; only SSD-SGD (ssd) has a delay stage"
-        unused.update({("algorithm", k): why for k in ("warmup_iters", "delay", "max_staleness", "strict", "momentum")})
+        delay_keys = ("warmup_iters", "delay", "max_staleness", "strict", "lr_cap", "lr", "momentum")
+        unused.update({("algorithm", k): why for k in delay_keys})
         unused.update({("algorithm", "local", k): why for k in SCHEMA["algorithm"]["local"]})
     else:
         if alg["local"]["optimizer"] != "glu":

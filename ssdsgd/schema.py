@@ -264,18 +264,25 @@ SCHEMA = {
         "delay": Field(int, 1, min=1, doc="k: pull the global weights every k steps (the paper's scripts: 5)"),
         "max_staleness": Field(int, None, nullable=True, min=1, doc="S; default k"),
         "strict": Field(bool, False),
+        "lr_cap": Field(float, 0.1, nullable=True, gt=0,
+                        doc="the steps-delay stage's learning rate at most this: a higher train.lr is carried by "
+                            "momentum instead (algorithm.lr, algorithm.momentum); null: no cap"),
+        "lr": Field(float, None, nullable=True, gt=0,
+                    doc="the steps-delay stage's peak learning rate (the schedule scales it as it scales "
+                        "train.lr); null: the smaller of train.lr and lr_cap"),
         "momentum": Field(float, None, nullable=True, min=0, max=1,
                           doc="momentum of the steps-delay stage (servers, local update, momentum correction); "
-                              "default train.momentum"),
+                              "null: 1 - (1 - train.momentum) * algorithm.lr / train.lr, which keeps SSGD's "
+                              "lr / (1 - momentum)"),
         "local": {
             "optimizer": Field(str, "global_momentum", choices=("glu", "sgd", "global_momentum"),
                                doc="the local update between refreshes: momentum SGD carrying the global "
                                    "velocity (global_momentum), plain sgd, or the paper's GLU rule (glu)"),
             "lr": Field(float, None, nullable=True, gt=0),
             "lr_scale": Field(float, None, nullable=True, gt=0,
-                              doc="local lr = lr_scale * global lr (if lr unset); null: the number of workers "
-                                  "(a worker's own gradient stands in for all of theirs), 4 for glu (the "
-                                  "paper's)"),
+                              doc="local lr = lr_scale * the delay stage's lr (algorithm.lr), if local.lr is "
+                                  "unset; null: the number of workers (a worker's own gradient stands in for "
+                                  "all of theirs), 4 for glu (the paper's)"),
             "c": Field(float, 0.5, min=0, doc="GLU compensation coefficient"),
         },
     },

@@ -39,9 +39,9 @@ def make_grads(rng, rounds=ROUNDS, workers=N, size=SIZE):
     return rng.standard_normal((rounds, workers, size)).astype(np.float32) * 3
 
 
-def reference(w0, grads, lr_of, version0=0, mu=MU, wd=WD, n=N, b=B, delay_mu=None, warmup=0):
+def reference(w0, grads, lr_of, version0=0, mu=MU, wd=WD, n=N, b=B, delay_mu=None, warmup=0, delay_lr=1.0):
     """Weights after 0..R rounds: momentum SGD on the summed gradient, in float64 (momentum
-    delay_mu from round `warmup` on, if given)."""
+    delay_mu and the rate times delay_lr from round `warmup` on, if given)."""
     w = w0.astype(np.float64)
     v = np.zeros_like(w)
     out = [w.copy()]
@@ -49,6 +49,8 @@ def reference(w0, grads, lr_of, version0=0, mu=MU, wd=WD, n=N, b=B, delay_mu=Non
         G = grads[r].astype(np.float64).sum(axis=0)
         lr = lr_of(version0 + r + 1)
         m = delay_mu if delay_mu is not None and version0 + r >= warmup else mu
+        if version0 + r >= warmup:
+            lr *= delay_lr
         v = m * v - lr * (G / (n * b) + wd * w)
         w = w + v
         out.append(w.copy())
@@ -116,6 +118,21 @@ def test_delay_stage_momentum_from_round_warmup_on():
         np.testing.assert_allclose(st.weights, ref[r + 1], rtol=1e-5, atol=1e-6)
     same = reference(w0, grads, step_lr)
     assert np.abs(ref[2] - same[2]).max() == 0 and np.abs(ref[3] - same[3]).max() > 1e-3
+
+
+def test_delay_stage_rate_from_round_warmup_on():
+    """algorithm.lr: rounds >= warmup apply the schedule's rate times algorithm.lr / train.lr."""
+    rng, grads, w0 = problem(6)
+    ref = reference(w0, grads, step_lr, delay_mu=0.95, warmup=2, delay_lr=0.5)
+    st = BufferState(SIZE, N, B, MU, WD, make_schedule(), [WireFormat("dense", SIZE)],
+                     delay_momentum=0.95, warmup=2, delay_lr_factor=0.5)
+    st.bind(w0)
+    for r in range(ROUNDS):
+        for k in range(N):
+            st.receive(message(r, k, grads[r, k]))
+        np.testing.assert_allclose(st.weights, ref[r + 1], rtol=1e-5, atol=1e-6)
+    full_rate = reference(w0, grads, step_lr, delay_mu=0.95, warmup=2)
+    assert np.abs(ref[2] - full_rate[2]).max() == 0 and np.abs(ref[3] - full_rate[3]).max() > 1e-3
 
 
 def test_fast_worker_several_rounds_ahead():

@@ -57,8 +57,8 @@ class BufferState:
         self.num_workers = num_workers
         self.scale = 1.0 / (num_workers * batch_size)
         self.momentum = momentum
-        # SSD-SGD's steps-delay stage (rounds >= warmup) may run with its own momentum: stale
-        # gradients act like extra momentum, see docs/design.md, "Momentum of the steps-delay stage".
+        # SSD-SGD's steps-delay stage (rounds >= warmup) runs with its own momentum and rate: see
+        # docs/design.md, "The delay stage's rate".
         self.delay_momentum = momentum if delay_momentum is None else delay_momentum
         self.warmup = warmup
         self.delay_lr_factor = delay_lr_factor     # ... and its own rate (algorithm.lr / train.lr)

@@ -119,7 +119,7 @@ def dense_bytes(shapes, workers, servers):
     """SSGD on MXNet's stock dist_sync: each worker pushes and pulls every value each step, one key per
     parameter (key = its index). MXNet puts key i on server (i * KEY_HASH) % S, except an array of at
     least MXNET_KVSTORE_BIGARRAY_BOUND elements, which it splits evenly over all servers."""
-    from ssdsgd.compression.fusion import KEY_HASH
+    from ssdsgd.ps.keys import KEY_HASH
     sizes = [_numel(s) for s in shapes]
     load = [0.0] * servers
     for key, size in enumerate(sizes):
@@ -139,10 +139,11 @@ def round_bytes(shapes, cfg, workers, servers):
     server, from the buffer plan, the mailbox formats and the downlink rings the code builds."""
     from ssdsgd.algorithms.downlink import ring_choice, ring_slots
     from ssdsgd.compression.fusion import plan_for_config, tensor_counts
+    from ssdsgd.ps.keys import place_buffers
     from ssdsgd.config import RING_DOWNLINKS
     comp, alg = cfg.compression, cfg.algorithm
     try:
-        buffers = plan_for_config(shapes, servers, comp, counted=tensor_counts(shapes, comp))
+        buffers = place_buffers(plan_for_config(shapes, servers, comp, counted=tensor_counts(shapes, comp)), servers)
     except ValueError as e:
         raise ModelError(f"buffer plan of {cfg.model.name} on {servers} server(s): {e}") from None
     ssd = alg.type == "ssd"

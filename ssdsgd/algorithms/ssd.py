@@ -26,6 +26,7 @@ from ssdsgd.env import BIGARRAY_BOUND_ENV
 from ssdsgd.checkpoint import costs_problem, plan_problem
 from ssdsgd.errors import CheckpointError
 from ssdsgd.ps.commands import num_servers
+from ssdsgd.ps.keys import place_stages
 from ssdsgd.ps.rounds import BufferState
 from ssdsgd.schedule import LRSchedule, held_carry
 
@@ -117,6 +118,7 @@ class RoundClient(Client):
         shapes = [p.shape for p in self.params]
         self.stages = make_stages(shapes, num_servers(kv), comp, kv.rank, momentum=self.cfg.train.momentum,
                                   cost=cost, seed=self.cfg.seed)
+        place_stages([bufs for bufs, _ in self.stages], num_servers(kv))
         self.buffers, self.encoders = self.stages[-1]          # the steady state
         self.memory = self.encoders[0].memory                   # error feedback, shared by every encoder
         if comp.fusion == "behind" and is_sparsifier(comp.type) and all(len(b.params) == 1 for b in self.buffers):

@@ -336,7 +336,7 @@ def make_stages(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, see
     whole = counts.whole                                     # min_dense_bytes: the same in every stage
     memory, compressor = encoders[0].memory, encoders[0].compressor
     stages = [(bufs, _sparse_encoders(bufs, compressor, memory, whole, comp))
-              for bufs in warmup_stages(buffers, stage_counts, num_servers)]
+              for bufs in warmup_stages(buffers, stage_counts)]
     return stages + [(buffers, encoders)]
 
 

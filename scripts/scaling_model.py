@@ -308,8 +308,9 @@ def layout(cfg, workers, servers, rate, measured, kind=None):
     """Everything a step time needs for `cfg` with N workers and S servers on links of `rate` bytes/s
     (0: unlimited); `measured`: t_c (compute seconds of one worker alone), cpu_w, per_byte (server
     CPU per link byte), cores (None: one host per role), latency."""
-    from ssdsgd.config import STOCK, client_kind
-    kind = kind or ("ssgd" if client_kind(cfg) == STOCK else "ssd")
+    from ssdsgd.config import runner_of
+    from ssdsgd.registry import STOCK
+    kind = kind or ("ssgd" if runner_of(cfg).plan == STOCK else "ssd")
     shapes = model_shapes(cfg)
     if kind == "ssd":
         b = round_bytes(shapes, cfg, workers, servers)

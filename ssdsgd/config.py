@@ -13,8 +13,9 @@ import yaml
 
 from ssdsgd.compression.registry import NATIVE_2BIT, SPARSIFIERS, is_sparsifier, sparsifier_names
 from ssdsgd.idle import idle_keys
+from ssdsgd.registry import ALGORITHMS, PluginError, import_plugins, runner
 from ssdsgd.schema import (  # noqa: F401  (the names the rest of the package reads through config)
-    ALGORITHMS, CIFAR_FORMATS, DATASETS, IN_MEMORY_DATASETS, MIN_SERVER_TIMEOUT, ROOTED_DATASETS, SCHEMA,
+    CIFAR_FORMATS, DATASETS, IN_MEMORY_DATASETS, MIN_SERVER_TIMEOUT, ROOTED_DATASETS, SCHEMA,
     RING_DOWNLINKS, SYNTHETIC_SHAPE, VALIDATION_SOURCES, ConfigError, Field, ListField, StrListField, defaults,
     key_name, shown)
 from ssdsgd.config_yaml import MAX_BYTES, load_yaml
@@ -285,6 +286,7 @@ def load_config(path, overrides=()):
         raise ConfigError(f"{path}: top level must be a mapping")
     for text in overrides:
         apply_override(raw, *parse_override(text))
+    _import_plugins(raw)
     data = _validate(SCHEMA, raw)
     given = copy.deepcopy(data)
     _resolve_auto(data)
@@ -294,6 +296,16 @@ def load_config(path, overrides=()):
         data["name"] = os.path.splitext(os.path.basename(path))[0]
     _check_run_name(data["name"])
     return Config(data, idle)
+
+
+def _import_plugins(raw):
+    """The config's plug-in modules, imported before any key is checked: they register the algorithm and
+    compression names the rest of the config may use (ssdsgd.registry)."""
+    plugins = SCHEMA["plugins"].check("plugins", raw.get("plugins", []))
+    try:
+        import_plugins(plugins)
+    except PluginError as err:
+        raise ConfigError(f"plugins: {err}") from None
 
 
 def _check_run_name(name):
@@ -320,16 +332,16 @@ def dump_config(cfg, path):
     write_atomic(path, write)
 
 
-# Which client (ssdsgd/algorithms) runs a config: decided here, in one place, since the checkpoint
-# and the front end need the answer without importing the clients.
-STOCK, ROUNDS = "stock", "rounds"
-
-
-def client_kind(cfg):
-    """Our round server (SSD-SGD, compressed SSGD) or MXNet's stock KVStore (the baselines)."""
-    return ROUNDS if cfg.algorithm.type == "ssd" or is_sparsifier(cfg.compression.type) else STOCK
-
-
 def idle_settings(given, data):
     """idle.idle_keys of a config dict (`given` before _resolve_auto, `data` after)."""
-    return idle_keys(given, data, stock=client_kind(Config(data)) == STOCK)
+    return idle_keys(given, data)
+
+
+def algorithm_of(cfg):
+    """The registered Algorithm of cfg.algorithm.type (ssdsgd.registry)."""
+    return ALGORITHMS[cfg.algorithm.type]
+
+
+def runner_of(cfg):
+    """The registered Algorithm whose client and checkpoint plan run cfg (registry.runner)."""
+    return runner(cfg.algorithm.type, cfg.compression.type)

@@ -458,7 +458,7 @@ def cosine_lr(t, base=0.1, total=4, final=0.01):
 
 
 def make_service_plan(shapes, workers, batch, **plan_kw):
-    buffers = make_plan(shapes, 1, **plan_kw)
+    buffers = place_buffers(make_plan(shapes, 1, **plan_kw), 1)
     plan = {"op": "round_plan", "num_workers": workers, "batch_size": batch, "momentum": MU, "wd": WD,
             "schedule": LRSchedule("cosine", base_lr=0.1, total_updates=4, final_lr=0.01).to_dict(),
             "buffers": [b.to_dict() for b in buffers]}

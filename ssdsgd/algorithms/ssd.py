@@ -21,7 +21,7 @@ from ssdsgd.compression.encoders import make_stages, time_encoding
 from ssdsgd.compression.flatviews import FlatBuffer, FlatViews
 from ssdsgd.compression.fusion import describe_sizes
 from ssdsgd.compression.registry import is_sparsifier
-from ssdsgd.config import ROUNDS, ssd_warmup_steps
+from ssdsgd.config import ssd_warmup_steps
 from ssdsgd.env import BIGARRAY_BOUND_ENV
 from ssdsgd.checkpoint import costs_problem, plan_problem
 from ssdsgd.errors import CheckpointError
@@ -41,8 +41,6 @@ class BufferViews(NamedTuple):
 
 
 class RoundClient(Client):
-    kind = ROUNDS
-
     def __init__(self, kv, params, cfg, schedule, log, total_steps, measure_backward=None,
                  steps_per_epoch=None):
         super().__init__(kv, params, cfg, schedule, log)
@@ -149,8 +147,8 @@ class RoundClient(Client):
 
     def plan_record(self):
         """What the checkpoint manifest records of the servers' layout (ssdsgd/checkpoint.py)."""
-        return {"kind": self.kind, "buffer_sizes": [b.size for b in self.buffers],
-                "cost_model": self.stats.get("cost_model")}
+        return dict(super().plan_record(), buffer_sizes=[b.size for b in self.buffers],
+                    cost_model=self.stats.get("cost_model"))
 
     def setup(self, resume_dir=None, saved_meta=None, saved_plan=None):
         """Plan, install the plan on the servers, initialise and bind the keys, get the weights.

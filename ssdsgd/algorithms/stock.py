@@ -14,7 +14,6 @@ import mxnet as mx
 
 from ssdsgd.algorithms.base import Client, StepRecord
 from ssdsgd.compression.registry import NATIVE_2BIT
-from ssdsgd.config import STOCK
 from ssdsgd.env import BIGARRAY_BOUND_ENV
 from ssdsgd.errors import CheckpointError
 from ssdsgd.ps import commands
@@ -22,8 +21,6 @@ from ssdsgd.ps.keys import MXNET_BIGARRAY_BOUND, balanced_keys
 
 
 class StockClient(Client):
-    kind = STOCK
-
     def __init__(self, kv, params, cfg, schedule, log, total_steps=None, measure_backward=None,
                  steps_per_epoch=None):
         super().__init__(kv, params, cfg, schedule, log)
@@ -76,7 +73,7 @@ class StockClient(Client):
         return StepRecord(self.push_bytes_per_step, self.pull_bytes_per_step, self.staleness)
 
     def plan_record(self):
-        return {"kind": self.kind, "keys": self.keys}
+        return dict(super().plan_record(), keys=self.keys)
 
     def global_weights(self, steps_done):
         """The weights to evaluate: after the step's pulls, the parameters are the global ones."""

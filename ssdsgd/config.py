@@ -66,6 +66,21 @@ def _validate(schema, user, path=""):
     return out
 
 
+def _check_compression_type(algorithm, kind, sparsifier):
+    """compression.type against what algorithm.type's client takes (its registry entry)."""
+    entry = ALGORITHMS[algorithm]
+    if sparsifier and not entry.sparsifiers:
+        takers = " or ".join(n for n, a in ALGORITHMS.items() if a.sparsifiers)
+        raise ConfigError(f"compression.type: {kind} needs the round-based server (algorithm.type {takers}); "
+                          f"{algorithm} supports {' or '.join(entry.compression)}")
+    if not sparsifier and kind not in entry.compression:
+        takers = " or ".join(n for n, a in ALGORITHMS.items() if kind in a.compression) or "none"
+        instead = f"use {'/'.join(SPARSIFIERS)} with {algorithm}" if entry.sparsifiers else \
+            f"{algorithm} supports {' or '.join(entry.compression)}"
+        native = " (MXNet's native compression, on the stock KVStore path)" if kind == NATIVE_2BIT else ""
+        raise ConfigError(f"compression.type: {kind}{native} works with algorithm.type {takers}; {instead}")
+
+
 def _check_compression(c, sparsifier):
     """The compression section's keys against each other (and train.epochs)."""
     comp = c["compression"]
@@ -172,12 +187,7 @@ def _check_consistency(c):
     if c["train"]["eval_workers"] == "all" and alg["type"] == "asgd":
         raise ConfigError("train.eval_workers: all: asgd workers do not wait for one another, so their shares "
                           "would be counted on different global weights; use train.eval_workers: rank0")
-    if comp["type"] == NATIVE_2BIT and alg["type"] == "ssd":
-        raise ConfigError("compression.type: 2bit is MXNet's native compression and only works on the "
-                          f"stock KVStore path (algorithm.type ssgd or asgd); use {'/'.join(SPARSIFIERS)} with ssd")
-    if sparsifier and alg["type"] == "asgd":
-        raise ConfigError(f"compression.type: {comp['type']} needs the round-based server "
-                          "(algorithm.type ssd or ssgd); asgd supports none or 2bit")
+    _check_compression_type(alg["type"], comp["type"], sparsifier)
     _check_compression(c, sparsifier)
     _check_unused(c)
     cl = c["cluster"]

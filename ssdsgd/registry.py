@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from ssdsgd.compression.registry import is_sparsifier
+from ssdsgd.compression.registry import DENSE, NATIVE_2BIT, is_sparsifier
 
 ROUNDS, STOCK = "rounds", "stock"
 # The forms of the servers' state a checkpoint holds: our round server's buffers, planned by
@@ -43,9 +43,11 @@ class Algorithm:
     # then runs on the round server, as "ssd" does; its own name: its client takes sparsifiers); None:
     # it takes none.
     sparsifiers: Optional[str] = None
+    compression: tuple = (DENSE,)       # the other compression.type values its client takes ("2bit")
 
 
 ALGORITHMS = {}          # name -> Algorithm, in registration order
+CLIENT_METHODS = ("kvstore_type", "setup", "after_backward", "global_weights")
 
 
 def add_algorithm(entry):
@@ -62,13 +64,19 @@ def add_algorithm(entry):
     if not isinstance(entry.uses, tuple) or not all(isinstance(k, str) for k in entry.uses):
         raise ValueError(f"algorithm {entry.name!r} ({where}): uses must be a tuple of algorithm.* key names, "
                          f"got {entry.uses!r}")
+    # A class's own methods (the base's raise NotImplementedError; a path is checked when a worker imports it).
+    missing = [m for m in CLIENT_METHODS if not isinstance(entry.client, str) and
+               getattr(getattr(entry.client, m, None), "__qualname__", "Client.").startswith("Client.")]
+    if missing:
+        raise ValueError(f"algorithm {entry.name!r} ({where}): no {', '.join(missing)}; a subclass of "
+                         f"ssdsgd.algorithms.base.Client implements {', '.join(CLIENT_METHODS)}")
     ALGORITHMS[entry.name] = entry
     return entry
 
 
 def register_algorithm(name, **declared):
     """Class decorator: make the client class available as algorithm.type `name` (declared: the
-    Algorithm fields plan, uses, warmup, sparsifiers)."""
+    Algorithm fields plan, uses, warmup, sparsifiers, compression)."""
     def add(cls):
         add_algorithm(Algorithm(name, cls, **declared))
         return cls
@@ -121,7 +129,8 @@ def import_plugins(modules):
 
 # The built-ins. Their clients are paths: their modules import mxnet.
 _DELAY_STAGE = ("warmup_iters", "delay", "max_staleness", "strict", "momentum", "local")
-add_algorithm(Algorithm("ssgd", "ssdsgd.algorithms.stock:StockClient", STOCK, sparsifiers="ssd"))
-add_algorithm(Algorithm("asgd", "ssdsgd.algorithms.stock:StockClient", STOCK))
+add_algorithm(Algorithm("ssgd", "ssdsgd.algorithms.stock:StockClient", STOCK, sparsifiers="ssd",
+                        compression=(DENSE, NATIVE_2BIT)))
+add_algorithm(Algorithm("asgd", "ssdsgd.algorithms.stock:StockClient", STOCK, compression=(DENSE, NATIVE_2BIT)))
 add_algorithm(Algorithm("ssd", "ssdsgd.algorithms.ssd:RoundClient", ROUNDS, _DELAY_STAGE, warmup=True,
                         sparsifiers="ssd"))

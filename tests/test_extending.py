@@ -127,7 +127,8 @@ def test_a_plugin_algorithm_is_declared_and_built_through_make_client(plugins):
     cfg = load_config(SSGD, ["plugins=[local_sgd]", "algorithm.type=local_sgd", "algorithm.delay=3",
                              "algorithm.max_staleness=4"])
     entry = registry.ALGORITHMS["local_sgd"]
-    assert (entry.plan, entry.uses, entry.warmup, entry.sparsifiers) == ("stock", ("delay",), False, None)
+    assert (entry.plan, entry.uses, entry.warmup, entry.sparsifiers, entry.compression) == \
+        ("stock", ("delay",), False, None, ("none",))
     cls = algorithms.client_class(cfg)
     assert cls is entry.client and issubclass(cls, Client) and cls.kvstore_type(cfg) == "dist_sync"
     # The keys it does not declare are noted as idle; those it uses are not.
@@ -135,6 +136,14 @@ def test_a_plugin_algorithm_is_declared_and_built_through_make_client(plugins):
     assert "algorithm.max_staleness = 4 has no effect: algorithm.type is local_sgd, which does not use it " \
            "(ssd does)" in cfg.ignored
     assert "compression.buffers" in cfg.idle                   # a stock plan plans no buffers
+    # What its client does not take is refused, not ignored.
+    with pytest.raises(ConfigError, match=r"^compression.type: topk needs the round-based server \(algorithm.type "
+                                          r"ssgd or ssd\); local_sgd supports none$"):
+        load_config(SSGD, ["plugins=[local_sgd]", "algorithm.type=local_sgd", "compression.type=topk"])
+    with pytest.raises(ConfigError, match=r"^compression.type: 2bit \(MXNet's native compression, on the stock "
+                                          r"KVStore path\) works with algorithm.type ssgd or asgd; local_sgd "
+                                          r"supports none$"):
+        load_config(SSGD, ["plugins=[local_sgd]", "algorithm.type=local_sgd", "compression.type=2bit"])
     client = cls(None, [], cfg, None, None)
     client.keys = [3, 5]
     assert client.plan_record() == {"kind": "stock", "keys": [3, 5]} and client.state() == ({}, {})
@@ -174,6 +183,12 @@ def test_a_bad_plugin_is_named_in_one_line(plugins, tmp_path):
     with pytest.raises(ConfigError, match=r"^plugins: vague: algorithm 'vague' \(vague.Mine\): plan must be one "
                                           r"of rounds, stock, got 'mine'$"):
         load_config(SSGD, ["plugins=[vague]"])
+    (plugins / "bare.py").write_text("from ssdsgd.algorithms.base import Client\n"
+                                     "from ssdsgd.registry import register_algorithm\n"
+                                     "register_algorithm('bare')(type('Bare', (Client,), {'setup': print}))\n")
+    with pytest.raises(ConfigError, match=r"^plugins: bare: algorithm 'bare' \(bare.Bare\): no kvstore_type, "
+                                          r"after_backward, global_weights; a subclass of ssdsgd"):
+        load_config(SSGD, ["plugins=[bare]"])
     with pytest.raises(ConfigError, match=r"^algorithm.type: must be one of ssgd, asgd, ssd"):
         load_config(SSGD, ["algorithm.type=local_sgd"])        # not registered without its plug-in
 

@@ -704,7 +704,7 @@ def test_fixed_mode_gives_every_server_as_many_buffers_of_about_the_same_size(se
     # 40 tensors of 100 elements with a cap of 1,500: filling each buffer to the cap made 1,500, 1,500 and
     # 1,000 elements, leaving a fourth server without a buffer and the others uneven.
     shapes = [(100,)] * 40
-    buffers = make_plan(shapes, servers, mode="fixed", buffer_bytes=4 * 1500)
+    buffers = place_buffers(make_plan(shapes, servers, mode="fixed", buffer_bytes=4 * 1500), servers)
     check_plan(buffers, shapes)
     assert len(buffers) % servers == 0 and all(b.size <= 1500 for b in buffers)
     load = [sum(b.size for b in buffers if b.server == s) for s in range(servers)]

@@ -204,6 +204,8 @@ def test_round_service_applies_rounds_pushed_in_every_stage():
                        "compression.error_feedback=false")
     workers, batch, lr = 2, 4, 0.05
     stages = [make_stages(SHAPES, 1, comp, rank) for rank in range(workers)]
+    for made in stages:
+        place_stages([bufs for bufs, _ in made], 1)
     (buf,) = stages[0][-1][0]
     plan = {"num_workers": workers, "batch_size": batch, "momentum": 0.0, "wd": 0.0,
             "schedule": LRSchedule("constant", base_lr=lr, total_updates=10).to_dict(),

@@ -1,12 +1,8 @@
-"""What the compensation step hands the sparsifier: one buffer's accumulated gradients for this step.
-
-The encoders (encoders.py) run GRACE's split for every sparsifier alike: compensate (the memory's error
-feedback and momentum correction, and this step's per-tensor quotas), compress (the sparsifier's
-select_buffer, compressor.Sparsifier), then take what is sent from the memory and code it (codec.py).
-An Accumulated holds the compensated tensors with their quotas, and what the memory's pass learned
-of their magnitudes on the way (compression.selection: sampled): the magnitudes themselves and a
-buffer-wide candidate search. A sparsifier that takes the k largest magnitudes (top-k) finds them
-here with largest_magnitudes instead of searching every tensor again.
+"""What the encoders' compensation step (encoders.py) hands a sparsifier's select_buffer: one buffer's
+accumulated gradients for this step, with their quotas, and what the memory's pass learned of their
+magnitudes on the way (compression.selection: sampled): the magnitudes themselves and a buffer-wide
+candidate search. A sparsifier that takes the k largest magnitudes (top-k) finds them here with
+largest_magnitudes instead of searching every tensor again.
 """
 from dataclasses import dataclass
 from typing import Any, Optional

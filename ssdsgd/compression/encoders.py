@@ -1,5 +1,10 @@
 """Worker-side encoding of one buffer's gradients into a mailbox message.
 
+Every sparsifier goes one way, as GRACE splits it: compensate (the memory's error feedback and momentum
+correction, this step's quotas, and with selection: sampled the magnitudes and candidate search the
+sparsifier may read), compress (its select_buffer over the buffer's accumulated.Accumulated), then take
+the values sent out of the memory and code them.
+
 DenseEncoder: the flattened gradients, what an uncompressed push sends.
 SparseEncoder, fusion 'ahead' (SAFusion): every tensor is sparsified on its own with
   k_i = max(1, floor(density * n_i)), so no tensor goes missing, then the (index + offset, value)

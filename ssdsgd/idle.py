@@ -27,10 +27,10 @@ def idle_keys(given, c):
     unused = {}                                            # key path -> why
     uses = ALGORITHMS[alg["type"]].uses
     for path in _algorithm_keys():
-        if not (path[1] in uses or ".".join(path[1:]) in uses):
-            users = [name for name, a in ALGORITHMS.items() if path[1] in a.uses or ".".join(path[1:]) in a.uses]
+        if not _declared(uses, path):
+            users = [name for name, a in ALGORITHMS.items() if _declared(a.uses, path)]
             unused[path] = f"algorithm.type is {alg['type']}, which does not use it" + \
-                           (f" ({', '.join(users)} does)" if users else "")
+                           (f" (used by {', '.join(users)})" if users else "")
     if "local" in uses:
         if alg["local"]["optimizer"] != "glu":
             unused[("algorithm", "local", "c")] = f"only glu uses it, and algorithm.local.optimizer is " \
@@ -75,6 +75,11 @@ def _algorithm_keys():
     section = SCHEMA["algorithm"]
     return [("algorithm", k, *sub) for k in section if k != "type"
             for sub in ([(s,) for s in section[k]] if isinstance(section[k], dict) else [()])]
+
+
+def _declared(uses, path):
+    """Whether an Algorithm's `uses` names the key path ("algorithm", "local", "c"): as "local" or "local.c"."""
+    return path[1] in uses or ".".join(path[1:]) in uses
 
 
 def _idle_data_and_schedule(c, unused):

@@ -134,7 +134,7 @@ def test_a_plugin_algorithm_is_declared_and_built_through_make_client(plugins):
     # The keys it does not declare are noted as idle; those it uses are not.
     assert "algorithm.delay" not in cfg.idle and "algorithm.local.optimizer" in cfg.idle
     assert "algorithm.max_staleness = 4 has no effect: algorithm.type is local_sgd, which does not use it " \
-           "(ssd does)" in cfg.ignored
+           "(used by ssd)" in cfg.ignored
     assert "compression.buffers" in cfg.idle                   # a stock plan plans no buffers
     # What its client does not take is refused, not ignored.
     with pytest.raises(ConfigError, match=r"^compression.type: topk needs the round-based server \(algorithm.type "

@@ -4,7 +4,7 @@ compression.type is "none" (dense pushes), "2bit" (MXNet's native compression, s
 only) or the name of a registered sparsifier. A sparsifier is a subclass of compressor.Sparsifier
 (its contract is stated there), built as `cls(seed=seed)`, registered with `@register("name")` in its
 module; a built-in's module is imported by ssdsgd/compression/__init__.py (one line), a plug-in's by
-the config's `plugins` (ssdsgd.plugins), so the name is known before a config is checked.
+the config's `plugins` (ssdsgd.registry.import_plugins), so the name is known before a config is checked.
 
 No mxnet here, and none at import time in the sparsifiers' modules: ssdsgd.config reads the names
 before any role has imported mxnet (see ssdsgd/__init__.py).

@@ -8,6 +8,7 @@ import reprlib
 
 from ssdsgd.compression.registry import compression_types
 from ssdsgd.errors import JobError
+from ssdsgd.registry import algorithm_names
 from ssdsgd.schedule import KINDS as SCHEDULE_KINDS
 
 
@@ -140,7 +141,6 @@ class StrListField(Field):
         return list(value)
 
 
-ALGORITHMS = ("ssgd", "asgd", "ssd")
 DATASETS = ("digits", "cifar10", "mnist", "fashion_mnist", "imagenet", "synthetic")
 IN_MEMORY_DATASETS = ("digits", "cifar10", "mnist", "fashion_mnist")   # can be cut down and split
 VALIDATION_SOURCES = ("subset", "rest")      # data.validation_from: the kept images, or the ones left out
@@ -154,6 +154,9 @@ MIN_SERVER_TIMEOUT = 3.0   # seconds: three missed touches of a liveness file (p
 SCHEMA = {
     "name": Field(str, None, nullable=True, doc="run name; default: the config file name"),
     "seed": Field(int, 0, min=0),
+    "plugins": StrListField([], doc="modules imported before the rest of the config is read, each registering "
+                                    "algorithms (algorithm.type) or sparsifiers (compression.type) of its own "
+                                    "(docs/design.md, Extending); every host must be able to import them"),
     "cluster": {
         "workers": Field(int, 2, min=1, max=64),
         "servers": Field(int, 1, min=1, max=64),
@@ -257,7 +260,7 @@ SCHEMA = {
                            doc="NaN/Inf in loss or gradient: stop, or push a zero gradient"),
     },
     "algorithm": {
-        "type": Field(str, "ssgd", choices=ALGORITHMS),
+        "type": Field(str, "ssgd", choices=algorithm_names),
         "warmup_iters": Field(int, None, nullable=True, min=0,
                               doc="synchronous steps before the delay stage; null: one epoch (the paper's "
                                   "scripts: 500)"),

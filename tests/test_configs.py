@@ -48,8 +48,7 @@ def test_settings_the_rest_of_the_config_leaves_idle_are_named():
     topk = os.path.join(ROOT, "configs", "fmnist_resnet20_ssd_topk.yaml")
     flipped = load_config(topk, ["algorithm.type=ssgd", "algorithm.delay=5", "checkpoint.keep=2"])
     assert flipped.ignored == (
-        "algorithm.delay = 5 has no effect: algorithm.type is ssgd; only SSD-SGD (ssd) has a delay stage",
-        "algorithm.momentum = 0.9 has no effect: algorithm.type is ssgd; only SSD-SGD (ssd) has a delay stage",
+        "algorithm.delay = 5 has no effect: algorithm.type is ssgd, which does not use it (used by ssd)",
         "checkpoint.keep = 2 has no effect: no checkpoint is written (checkpoint.dir and checkpoint.every_epochs "
         "are not both set)")
     ssd = os.path.join(ROOT, "configs", "fmnist_resnet20_ssd.yaml")

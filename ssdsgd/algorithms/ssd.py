@@ -21,11 +21,12 @@ from ssdsgd.compression.encoders import make_stages, time_encoding
 from ssdsgd.compression.flatviews import FlatBuffer, FlatViews
 from ssdsgd.compression.fusion import describe_sizes
 from ssdsgd.compression.registry import is_sparsifier
-from ssdsgd.config import ROUNDS, ssd_warmup_steps
+from ssdsgd.config import ssd_warmup_steps
 from ssdsgd.env import BIGARRAY_BOUND_ENV
 from ssdsgd.checkpoint import costs_problem, plan_problem
 from ssdsgd.errors import CheckpointError
 from ssdsgd.ps.commands import num_servers
+from ssdsgd.ps.keys import place_stages
 from ssdsgd.ps.rounds import BufferState
 from ssdsgd.schedule import LRSchedule, held_carry
 
@@ -40,8 +41,6 @@ class BufferViews(NamedTuple):
 
 
 class RoundClient(Client):
-    kind = ROUNDS
-
     def __init__(self, kv, params, cfg, schedule, log, total_steps, measure_backward=None,
                  steps_per_epoch=None):
         super().__init__(kv, params, cfg, schedule, log)
@@ -121,6 +120,7 @@ class RoundClient(Client):
         shapes = [p.shape for p in self.params]
         self.stages = make_stages(shapes, num_servers(kv), comp, kv.rank, momentum=self.cfg.train.momentum,
                                   cost=cost, seed=self.cfg.seed)
+        place_stages([bufs for bufs, _ in self.stages], num_servers(kv))
         self.buffers, self.encoders = self.stages[-1]          # the steady state
         self.memory = self.encoders[0].memory                   # error feedback, shared by every encoder
         if comp.fusion == "behind" and is_sparsifier(comp.type) and all(len(b.params) == 1 for b in self.buffers):
@@ -151,8 +151,8 @@ class RoundClient(Client):
 
     def plan_record(self):
         """What the checkpoint manifest records of the servers' layout (ssdsgd/checkpoint.py)."""
-        return {"kind": self.kind, "buffer_sizes": [b.size for b in self.buffers],
-                "cost_model": self.stats.get("cost_model")}
+        return dict(super().plan_record(), buffer_sizes=[b.size for b in self.buffers],
+                    cost_model=self.stats.get("cost_model"))
 
     def setup(self, resume_dir=None, saved_meta=None, saved_plan=None):
         """Plan, install the plan on the servers, initialise and bind the keys, get the weights.

@@ -84,6 +84,7 @@ LAYERS = [
     {"config_yaml"},                                            # reading YAML with limits
     {"idle"},                                                   # which keys the rest of a config leaves idle
     {"config"},
+    {"cli"},                                                    # the options a job's commands share
     {"fingerprint"},                                            # which keys a resume may change
     {"checkpoint"},
     {"folders", "checkpoint_dir"},                              # run folders: what a run leaves behind

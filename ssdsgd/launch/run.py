@@ -8,11 +8,11 @@ import shlex
 import signal
 import sys
 
+from ssdsgd.cli import config_from_args, parse_args
 from ssdsgd.config import ROOTED_DATASETS
 from ssdsgd.launch.hosts import is_host_list
 from ssdsgd.launch.stoppable import wait_unless_stopped
 from ssdsgd.paths import file_problem
-from ssdsgd.train import config_from_args, parse_args
 
 
 def preflight(cfg):

@@ -14,6 +14,8 @@ import traceback
 from ssdsgd.cli import config_from_args, parse_args
 from ssdsgd.env import NUM_SERVER_ENV, NUM_WORKER_ENV, ROLE_ENV, ROLE_NAME_ENV, SECRET_ENV
 from ssdsgd.errors import JobError
+from ssdsgd.folders import make_private
+from ssdsgd.ps.scheduler import run_scheduler
 
 
 def check_job_size(cfg, workers, servers):
@@ -48,7 +50,6 @@ def main(argv=None):
     cfg = config_from_args(args)
     if cfg is None:
         return 2
-    from ssdsgd.folders import make_private
     make_private()              # run folder, checkpoints, metrics: 0700 folders, 0600 files
     role = os.environ.get(ROLE_ENV)
     if role and not os.environ.get(SECRET_ENV):
@@ -66,10 +67,10 @@ def main(argv=None):
         print(f"{os.environ.get(ROLE_NAME_ENV, role)}: error: {err}", file=sys.stderr)
         return 2
     if role == "scheduler":
-        from ssdsgd.ps.scheduler import run_scheduler
         run_scheduler()
         return 0
     if role == "server":
+        # Imported by its role alone: the scheduler starts without the server's and the worker's imports.
         from ssdsgd.ps.server import run_server
         run_server()
         return 0
@@ -80,6 +81,7 @@ def main(argv=None):
               file=sys.stderr)
         return 2
     try:
+        # Imports MXNet, which a server or the scheduler must not import with its own DMLC_ROLE (run_server).
         from ssdsgd.worker.loop import run_worker
         run_worker(cfg, resume=args.resume, overwrite=args.overwrite)
     except BaseException as err:

@@ -10,6 +10,7 @@ import os
 
 from ssdsgd.config import ROUNDS, STOCK, client_kind
 from ssdsgd.env import rank_line
+from ssdsgd.ps.membership import prove_worker
 
 CLIENTS = {
     STOCK: "ssdsgd.algorithms.stock:StockClient",       # SSGD / ASGD on MXNet's stock KVStore
@@ -26,8 +27,6 @@ def create_kvstore(cfg):
     """The KVStore the config's client runs on (the rank is known only once it exists), once every
     worker and server has proven that it belongs to the job (ssdsgd.ps.membership)."""
     import mxnet as mx
-
-    from ssdsgd.ps.membership import prove_worker
     cls = client_class(cfg)
     os.environ.update(cls.kvstore_environment())
     kv = mx.kv.create(cls.kvstore_type(cfg))

@@ -8,6 +8,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ssdsgd.ps.commands import num_servers
+
 
 class StepTimes(NamedTuple):
     compute: float       # seconds of forward, backward and the non-finite check (which waits for them)
@@ -120,7 +122,6 @@ class Counters:
 def summarize(cfg, run, counters, parts, steps, epochs, wall_seconds, checkpoint):
     """The run summary (summary.json) from rank 0's counters and every worker's part. wall_seconds: of
     every attempt of the run (a resumed run adds those before the resume)."""
-    from ssdsgd.ps.commands import num_servers
     tag = counters.tag
     stal = [p["max_staleness"] for p in parts if p["max_staleness"] is not None]
     return {

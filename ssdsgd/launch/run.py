@@ -12,6 +12,7 @@ import sys
 
 import yaml
 
+# Called through their modules (ckpt.latest, folders.prepare, ...): the tests stand in for some of their functions.
 from ssdsgd import checkpoint as ckpt
 from ssdsgd import checkpoint_dir, folders
 from ssdsgd.cli import config_from_args, parse_args
@@ -130,7 +131,7 @@ def take_folders(cfg, args):
     JobError (RunFinished for a resume with nothing left to train) if the job cannot start."""
     what, log = "python -m ssdsgd --config " + args.config, []
     held, run_dir = folders.prepare(cfg, args.resume, args.overwrite, what,
-                            start=lambda folder: log.append(open_launcher_log(folder, args.command)))
+                                    start=lambda folder: log.append(open_launcher_log(folder, args.command)))
     return held, run_dir, log[0]
 
 
@@ -180,7 +181,7 @@ def main(argv=None):
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    folders.make_private()                  # run and checkpoint folders: 0700, files 0600 (roles inherit it)
+    folders.make_private()          # run and checkpoint folders: 0700, files 0600 (roles inherit it)
     try:
         held, run_dir, log = take_folders(cfg, args)   # WriteError (a full log.dir): one line, exit 2
     except folders.RunFinished as done:

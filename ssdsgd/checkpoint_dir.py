@@ -1,11 +1,13 @@
 """What checkpoint.dir holds: its epoch-<E> folders, complete (with a manifest) or left by a save that never
-completed, the cleanup of the latter, and the pruning of old checkpoints (checkpoint.keep). Standard library
-only at import: the front end must not import mxnet.
+completed, the cleanup of the latter, and the pruning of old checkpoints (checkpoint.keep). No MXNet at
+import: the front end uses this module.
 """
 import json
 import os
 import re
 import shutil
+
+from ssdsgd.checkpoint import MANIFEST
 
 
 def checkpoint_folders(root):
@@ -36,7 +38,6 @@ def remove_leftovers(root, log=print):
 
 def _is_leftover(checkpoint_folder):
     """An epoch folder without a manifest: a save that never completed."""
-    from ssdsgd.checkpoint import MANIFEST
     return not os.path.exists(os.path.join(checkpoint_folder, MANIFEST))
 
 
@@ -44,7 +45,6 @@ def prune_checkpoints(root, keep, steps_per_epoch):
     """Delete the epoch-<E> folders under root below the `keep` newest complete checkpoints (keep 0:
     none) and below the newest one of whole epochs (a max_steps stop's partial one is replaced when
     its resume ends that epoch; the whole one stays if that save fails). Returns those deleted."""
-    from ssdsgd.checkpoint import MANIFEST
     if not keep or not root or not os.path.isdir(root):
         return []
     epochs = sorted((int(m.group(1)), d) for d in os.listdir(root) if (m := re.fullmatch(r"epoch-(\d+)", d)))

@@ -19,7 +19,7 @@ from ssdsgd.schema import (  # noqa: F401  (the names the rest of the package re
     RING_DOWNLINKS, SYNTHETIC_SHAPE, VALIDATION_SOURCES, ConfigError, Field, ListField, StrListField, defaults,
     key_name, shown)
 from ssdsgd.config_yaml import MAX_BYTES, load_yaml
-from ssdsgd.metrics import human_bytes
+from ssdsgd.metrics import human_bytes, write_atomic
 from ssdsgd.paths import file_problem
 
 MAX_SYNTHETIC_BYTES = 16 << 30     # a synthetic data set (train and test images), drawn in every worker's memory
@@ -351,7 +351,6 @@ def _check_run_name(name):
 
 def dump_config(cfg, path):
     """Write cfg as YAML to path, whole or not at all (WriteError naming path on a full disk)."""
-    from ssdsgd.metrics import write_atomic
 
     def write(tmp):
         with open(tmp, "w") as f:

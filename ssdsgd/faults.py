@@ -15,6 +15,7 @@ SSDSGD_TEST_COST_SCALE="alpha=1e-6[,beta=F][,backward=F]" multiplies the link co
 for compression.buffers: cost_model (a link that looks different from the one a checkpoint was planned on).
 """
 import os
+import pickle
 import time
 
 from ssdsgd.env import COST_SCALE_ENV, FAULT_ENV, PICKLE_MARKER_ENV
@@ -64,5 +65,4 @@ class _CreateFile:
 
 def malicious_pickle(path):
     """Protocol-0 pickle (ASCII, as MXNet's set_optimizer sends) that creates `path` when loaded."""
-    import pickle
     return pickle.dumps(_CreateFile(path), protocol=0).decode("latin-1")

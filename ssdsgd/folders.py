@@ -9,7 +9,7 @@ kernel when the holder dies, so a crashed or SIGKILLed front end never leaves a 
 Under another launcher (launch.py or MXNet's) rank 0 takes the same locks itself when it starts,
 unless SSDSGD_FOLDERS_LOCKED says the front end holds them (it is set for every role it starts).
 
-Standard library only: the front end must not import mxnet.
+No MXNet at import: the front end uses this module.
 """
 import fcntl
 import json
@@ -18,8 +18,10 @@ import shutil
 import socket
 import time
 
+from ssdsgd import checkpoint as ckpt
 from ssdsgd.checkpoint_dir import _is_leftover, checkpoint_folders, remove_leftovers
-from ssdsgd.errors import JobError
+from ssdsgd.errors import CheckpointError, JobError
+from ssdsgd.metrics import FINAL_PARAMS_FILE, SUMMARY_FILE, read_summary, write_json_atomic
 from ssdsgd.paths import folder_problem
 from ssdsgd.run_id import RUN_ID_FILE, run_identity, write_run_identity
 
@@ -190,7 +192,6 @@ def planned_steps(cfg, steps_per_epoch):
 
 def _read_summary(run_dir):
     """The run folder's summary.json: None if there is none, {} if it cannot be read as an object."""
-    from ssdsgd.metrics import read_summary
     try:
         summary = read_summary(run_dir)
     except FileNotFoundError:
@@ -219,7 +220,6 @@ def finished_message(run_dir, cfg):
 def keep_stopped_result(run_dir, log=print):
     """A run stopped early (train.max_steps) that a resume takes further keeps its summary and final
     weights so far under names that say where it stopped (summary.step<N>.json, final.step<N>.params)."""
-    from ssdsgd.metrics import FINAL_PARAMS_FILE, SUMMARY_FILE, write_json_atomic
     summary = _read_summary(run_dir)
     if summary is None:
         return
@@ -245,7 +245,6 @@ def prepare(cfg, resume, overwrite, what, log=print, start=None):
     has nothing left to train, FolderError or CheckpointError if the job cannot start. start(run folder),
     if given, is the first write into the folder (ssdsgd-run's launcher.log), before `latest` moves to it.
     On refusal nothing is left behind: folders this call created are removed."""
-    from ssdsgd.checkpoint import resume_point
     problem = _options_problem(cfg, resume, overwrite)
     if problem:
         raise FolderError(problem)
@@ -258,7 +257,7 @@ def prepare(cfg, resume, overwrite, what, log=print, start=None):
             held.append(lock(root, what, "checkpoint.dir", record=False))
         if resume:
             # CheckpointError if it cannot be resumed, FolderError if its run_dir is not its run's folder
-            run_dir, why_new = resume_run_folder(cfg, resume_point(cfg)[1])
+            run_dir, why_new = resume_run_folder(cfg, ckpt.resume_point(cfg)[1])
             done = run_dir and finished_message(run_dir, cfg)
             if done:
                 raise RunFinished(done)     # before any file changes: the lock file's holder, leftovers
@@ -342,7 +341,6 @@ def unused_name(folder, stem, ext):
 def start_problem(cfg, resume, overwrite):
     """What prepare() would refuse about checkpoint.dir and --resume, found without taking a lock or
     changing a file (for --dry-run): a message, or None. (A lock held by a running job is not checked.)"""
-    from ssdsgd.checkpoint import CheckpointError, resume_point
     problem = _options_problem(cfg, resume, overwrite)
     root = cfg.checkpoint.dir
     if not problem and root and folder_problem(root):
@@ -354,7 +352,7 @@ def start_problem(cfg, resume, overwrite):
         return _held_checkpoints_problem(root, kept)
     if resume:
         try:
-            if resume_run_folder(cfg, resume_point(cfg)[1])[0]:
+            if resume_run_folder(cfg, ckpt.resume_point(cfg)[1])[0]:
                 return None                 # goes on in the resumed run's folder: log.dir is not made
         except (CheckpointError, FolderError) as err:
             return str(err)

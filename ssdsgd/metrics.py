@@ -1,5 +1,6 @@
 """Run folder outputs: metrics.jsonl lines, per-worker parts, summary.json, and progress lines; and
 write_atomic, by which every file of a run or checkpoint is written whole or not at all."""
+import csv
 import errno
 import json
 import os
@@ -61,7 +62,7 @@ class MetricsLog:
         self.file = open(self.path, "w" if keep_until_step is None else "a")
         self.tensorboard = None
         if tensorboard:
-            from tensorboardX import SummaryWriter
+            from tensorboardX import SummaryWriter   # only with log.tensorboard (slow to import)
             self.tensorboard = SummaryWriter(os.path.join(directory, TENSORBOARD_DIR), flush_secs=10)
 
     def write(self, **record):
@@ -89,7 +90,6 @@ CSV_COLUMNS = ["time", "epoch", "step", "loss", "images_per_sec", "push_bytes", 
 def write_metrics_csv(directory):
     """metrics.csv from rank 0's metrics.jsonl (its step and evaluation lines; written at the end of a
     run, so it holds the whole history across resumes): one row per line, CSV_COLUMNS."""
-    import csv
     rows = [r for r in read_metrics(directory) if "loss" in r or "epoch_seconds" in r]
 
     def write(tmp):

@@ -6,6 +6,7 @@ import os
 import platform
 import subprocess
 import time
+from importlib.metadata import version
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the checkout holding this package
 
@@ -51,7 +52,6 @@ def machine():
     except (OSError, ValueError, StopIteration):
         mem_kb = None
     try:
-        from importlib.metadata import version
         mxnet = version("mxnet")
     except Exception:
         mxnet = None

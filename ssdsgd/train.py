@@ -7,39 +7,15 @@ job's input: a data file, a checkpoint, a folder) is printed as its one-line mes
 with its traceback. Every role stops at start (exit 2, one line) when the job secret is missing or the
 launcher's -n/-s differ from cluster.workers/cluster.servers.
 """
-import argparse
 import os
 import sys
 import traceback
 
-from ssdsgd.config import ConfigError, load_config
+from ssdsgd.cli import config_from_args, parse_args
 from ssdsgd.env import NUM_SERVER_ENV, NUM_WORKER_ENV, ROLE_ENV, ROLE_NAME_ENV, SECRET_ENV
 from ssdsgd.errors import JobError
-
-
-def parse_args(argv=None, prog="python -m ssdsgd.train", description=None, extra=None):
-    """The options every command of a job takes; extra(parser) adds a command's own."""
-    ap = argparse.ArgumentParser(prog=prog, description=description or __doc__.splitlines()[0])
-    ap.add_argument("--config", required=True, help="experiment YAML file")
-    ap.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY.PATH=VALUE",
-                    help="override config keys (repeatable, several after one --set), e.g. "
-                         "--set train.epochs=3 train.lr=0.05")
-    ap.add_argument("--resume", action="store_true",
-                    help="continue from the newest complete checkpoint in checkpoint.dir")
-    ap.add_argument("--overwrite", action="store_true",
-                    help="start afresh even though checkpoint.dir holds checkpoints: delete them first")
-    if extra:
-        extra(ap)
-    return ap.parse_args(argv)
-
-
-def config_from_args(args):
-    """The validated config, or None after printing the error (the caller exits with 2)."""
-    try:
-        return load_config(args.config, args.set)
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
-        return None
+from ssdsgd.folders import make_private
+from ssdsgd.ps.scheduler import run_scheduler
 
 
 def check_job_size(cfg, workers, servers):
@@ -70,11 +46,10 @@ def _launched_size():
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    args = parse_args(argv, prog="python -m ssdsgd.train", description=__doc__.splitlines()[0])
     cfg = config_from_args(args)
     if cfg is None:
         return 2
-    from ssdsgd.folders import make_private
     make_private()              # run folder, checkpoints, metrics: 0700 folders, 0600 files
     role = os.environ.get(ROLE_ENV)
     if role and not os.environ.get(SECRET_ENV):
@@ -92,10 +67,10 @@ def main(argv=None):
         print(f"{os.environ.get(ROLE_NAME_ENV, role)}: error: {err}", file=sys.stderr)
         return 2
     if role == "scheduler":
-        from ssdsgd.ps.scheduler import run_scheduler
         run_scheduler()
         return 0
     if role == "server":
+        # Imported by its role alone: the scheduler starts without the server's and the worker's imports.
         from ssdsgd.ps.server import run_server
         run_server()
         return 0
@@ -106,6 +81,7 @@ def main(argv=None):
               file=sys.stderr)
         return 2
     try:
+        # Imports MXNet, which a server or the scheduler must not import with its own DMLC_ROLE (run_server).
         from ssdsgd.worker.loop import run_worker
         run_worker(cfg, resume=args.resume, overwrite=args.overwrite)
     except BaseException as err:

@@ -1,6 +1,8 @@
 """Shape rules of the package: layers without upward imports, short functions, each fact in one home."""
 import ast
 import os
+import subprocess
+import sys
 
 from jobs import ROOT
 
@@ -85,6 +87,7 @@ LAYERS = [
     {"config_yaml"},                                            # reading YAML with limits
     {"idle"},                                                   # which keys the rest of a config leaves idle
     {"config"},
+    {"cli"},                                                    # the options a job's commands share
     {"fingerprint"},                                            # which keys a resume may change
     {"checkpoint"},
     {"folders", "checkpoint_dir"},                              # run folders: what a run leaves behind
@@ -134,6 +137,16 @@ def test_no_module_of_the_package_imports_from_a_higher_layer():
                 if layer is not None and layer > own:
                     upward.append(f"{module} imports {target}")
     assert not upward, "upward imports: " + "; ".join(upward)
+
+
+def test_the_front_end_the_role_entry_point_and_the_server_import_no_heavy_package():
+    """`import mxnet` under DMLC_ROLE=server or scheduler would enter MXNet's stock server loop inside the import
+    (run_server imports it as a worker), and the front end's --help and --dry-run would pay seconds for it: these
+    modules import MXNet (and gluoncv, scikit-learn, OpenCV) only inside the functions that need them."""
+    code = ("import sys, ssdsgd.launch.run, ssdsgd.train, ssdsgd.ps.server, ssdsgd.ps.scheduler; "
+            "print(sorted(m for m in ('mxnet', 'gluoncv', 'sklearn', 'cv2') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout == "[]\n", out.stdout + out.stderr
 
 
 def test_the_layer_test_sees_an_upward_import(tmp_path):

@@ -9,6 +9,7 @@ import os
 
 from ssdsgd.config import runner_of
 from ssdsgd.env import rank_line
+from ssdsgd.ps.membership import prove_worker
 from ssdsgd.registry import client_class as registered_class
 
 
@@ -21,8 +22,6 @@ def create_kvstore(cfg):
     """The KVStore the config's client runs on (the rank is known only once it exists), once every
     worker and server has proven that it belongs to the job (ssdsgd.ps.membership)."""
     import mxnet as mx
-
-    from ssdsgd.ps.membership import prove_worker
     cls = client_class(cfg)
     os.environ.update(cls.kvstore_environment())
     kv = mx.kv.create(cls.kvstore_type(cfg))

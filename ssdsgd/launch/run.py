@@ -3,28 +3,45 @@
 Reads the `cluster` section and starts scheduler, servers and workers through the launcher, each
 running `python -m ssdsgd.train` with the same config and overrides.
 """
+import ipaddress
+import json
 import os
 import shlex
 import signal
 import sys
 
+import yaml
+
+# Called through their modules (ckpt.latest, folders.prepare, ...): the tests stand in for some of their functions.
+from ssdsgd import checkpoint as ckpt
+from ssdsgd import checkpoint_dir, folders
+from ssdsgd.cli import config_from_args, parse_args
 from ssdsgd.config import ROOTED_DATASETS
-from ssdsgd.launch.hosts import is_host_list
+from ssdsgd.env import COMMAND_ENV, LOCKED_ENV, RUN_DIR_ENV
+from ssdsgd.errors import JobError
+from ssdsgd.launch.hosts import is_host_list, read_hosts
+from ssdsgd.launch.launcher import run_job
+from ssdsgd.launch.launcher_log import messages_also_in, open_launcher_log
+from ssdsgd.launch.plan import interface_ip, pick_port, scheduler_address
+from ssdsgd.launch.spares import HostPool
+from ssdsgd.launch.ssh import SshConfigError, resolve_hosts, ssh_options
 from ssdsgd.launch.stoppable import wait_unless_stopped
+from ssdsgd.launch.usage import UsageError
 from ssdsgd.paths import file_problem
-from ssdsgd.train import config_from_args, parse_args
+from ssdsgd.worker.data import DataError, check_data
+from ssdsgd.worker.model_names import ModelError, check_model_name
 
 
 def preflight(cfg):
     """Problems that can be found before any process starts; None if there are none. The data set is read
     once, as rank 0 will read it."""
-    from ssdsgd.worker.models import ModelError, check_model_name
     try:
         check_model_name(cfg.model.name)
     except ModelError as err:
         return str(err)
     if cfg.cluster.device == "gpu" and cfg.cluster.launcher == "local":
         # (ssh hosts have their own MXNet: a worker there says so when it starts.)
+        # Imported here: devices.py imports MXNet (seconds), which only this check of the front end needs.
         from ssdsgd.worker.devices import DeviceError, check_gpu_build
         try:
             check_gpu_build()
@@ -38,7 +55,6 @@ def preflight(cfg):
     # Read the data once here, as rank 0 will (digits and synthetic: count it): a missing, damaged or too
     # small data set then stops the job with one line, before any process starts (the workers meet the same
     # error).
-    from ssdsgd.worker.data import DataError, check_data
     try:
         check_data(cfg)
     except DataError as err:
@@ -62,8 +78,6 @@ def port_problem(cl):
     made (the launcher checks it again when it starts the scheduler)."""
     if not cl.port:
         return None
-    from ssdsgd.launch.plan import pick_port, scheduler_address
-    from ssdsgd.launch.usage import UsageError
     try:
         pick_port(scheduler_address(cl.launcher, cl.interface), cl.port)
     except UsageError as err:
@@ -75,9 +89,6 @@ def ssh_problem(cl):
     """What the launcher would refuse in an ssh job's host file or interface, named by its key; None if
     nothing. Checked here, before the run folder is made: a refused job must leave no empty run folder
     behind, nor move `latest` to one."""
-    from ssdsgd.launch.hosts import read_hosts
-    from ssdsgd.launch.plan import interface_ip
-    from ssdsgd.launch.usage import UsageError
     try:
         hosts = read_hosts(cl.hostfile)
     except UsageError as err:
@@ -96,9 +107,6 @@ def hosts_problem(cl, hosts, address):
     """What ssh would only say once the job has started, named here with the host file: ssh refusing its
     options, a host whose name does not resolve as ssh looks it up, or a host elsewhere while `address`, the
     scheduler's, is a loopback one it could not reach."""
-    import ipaddress
-
-    from ssdsgd.launch.ssh import SshConfigError, resolve_hosts, ssh_options
     try:
         resolved = resolve_hosts(hosts, ssh_options(cl.ssh_user, cl.ssh_identity, cl.ssh_config, cl.ssh_options))
     except SshConfigError as err:
@@ -121,11 +129,9 @@ def take_folders(cfg, args):
     """Lock checkpoint.dir and the run folder (new, or the resumed run's), clean what interrupted saves
     left, check the checkpoint to resume from, open launcher.log: (held locks, run folder, launcher log); a
     JobError (RunFinished for a resume with nothing left to train) if the job cannot start."""
-    from ssdsgd.folders import prepare
-    from ssdsgd.launch.launcher_log import open_launcher_log
     what, log = "python -m ssdsgd --config " + args.config, []
-    held, run_dir = prepare(cfg, args.resume, args.overwrite, what,
-                            start=lambda folder: log.append(open_launcher_log(folder, args.command)))
+    held, run_dir = folders.prepare(cfg, args.resume, args.overwrite, what,
+                                    start=lambda folder: log.append(open_launcher_log(folder, args.command)))
     return held, run_dir, log[0]
 
 
@@ -139,15 +145,11 @@ def dry_run(cfg, args):
     """The config as the job would run it and the launcher's plan, then what the run would refuse before
     its processes start (the data, the host file, the interface, checkpoint.dir and --resume, the folders it
     would make): exit 2 then, so that a script can check a config with it. Nothing is written, nothing is started."""
-    import yaml
-
-    from ssdsgd.folders import start_problem
-    from ssdsgd.launch.usage import UsageError
     print(f"# effective config of {args.config}" + "".join(f" --set {s}" for s in args.set))
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
     for note in cfg.ignored:
         print(f"# note: {note}")
-    problem = preflight(cfg) or start_problem(cfg, args.resume, args.overwrite)
+    problem = preflight(cfg) or folders.start_problem(cfg, args.resume, args.overwrite)
     print("# planned processes")
     try:
         code = _launch(cfg, args, args.resume, "<run folder>", dry_run=True)
@@ -179,13 +181,10 @@ def main(argv=None):
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    from ssdsgd.errors import JobError
-    from ssdsgd.folders import RunFinished, make_private, release
-    from ssdsgd.launch.launcher_log import messages_also_in
-    make_private()                  # run and checkpoint folders: 0700, files 0600 (roles inherit it)
+    folders.make_private()          # run and checkpoint folders: 0700, files 0600 (roles inherit it)
     try:
         held, run_dir, log = take_folders(cfg, args)   # WriteError (a full log.dir): one line, exit 2
-    except RunFinished as done:
+    except folders.RunFinished as done:
         print(f"run: {done}", file=sys.stderr)
         return 0
     except JobError as err:                # a folder in use, a checkpoint that cannot be resumed, ...
@@ -199,24 +198,21 @@ def main(argv=None):
                 print(how_to_continue(cfg, args), file=sys.stderr, flush=True)
             return code
     finally:
-        release(held)
+        folders.release(held)
 
 
 def how_to_continue(cfg, args):
     """The last line after a job that did not finish: the newest checkpoint and the exact command that goes
     on from it (the user's, with --resume; without --overwrite, which would delete the checkpoints)."""
-    import json
-
-    from ssdsgd.checkpoint import MANIFEST, latest
     head = args.command[:len(args.command) - len(args.argv)]   # `ssdsgd-run` or `python -m ssdsgd`
     again = head + ["--config", args.config] + (["--set", *args.set] if args.set else [])
-    directory = latest(cfg.checkpoint.dir)
+    directory = ckpt.latest(cfg.checkpoint.dir)
     if directory is None:
         why = (f"no complete checkpoint in {cfg.checkpoint.dir}" if cfg.checkpoint.dir
                else "checkpoint.dir is not set, so no checkpoint")
         return f"run: {why} to continue from; to start again: {shlex.join(again)}"
     try:
-        with open(os.path.join(directory, MANIFEST)) as f:
+        with open(os.path.join(directory, ckpt.MANIFEST)) as f:
             manifest = json.load(f)
         at = f" (epoch {manifest['epochs_done']}, step {manifest['step']})"
     except (OSError, ValueError, KeyError, TypeError):
@@ -238,10 +234,9 @@ def _ended(code, limit, run_dir, cfg):
     """The exit code when a job that ended with `code` is not to be restarted, else None. Only a failed
     process (RESTARTABLE) is restarted, and not after the summary was written: then the result is complete
     and the job counts as done. A timeout or a stop keeps its code."""
-    from ssdsgd.folders import finished_message
     if code == 0:
         return 0
-    finished = finished_message(run_dir, cfg)
+    finished = folders.finished_message(run_dir, cfg)
     note = "; not restarted" if limit else ""
     if code == RESTARTABLE and finished:
         print(f"run: a role failed (exit {code}) after the run finished{note}: {run_dir} holds the complete "
@@ -262,9 +257,6 @@ def _run_with_restarts(cfg, args, run_dir):
     summary was written is not restarted: its result is complete and stays as it is (_ended). An ssh job's
     restart first gives a lost host's roles to a spare, or waits for the host (spares.py); with spares in the
     host file, its first launch too (without waiting)."""
-    from ssdsgd.checkpoint import CheckpointError, latest, resume_point
-    from ssdsgd.checkpoint_dir import remove_leftovers
-    from ssdsgd.launch.spares import HostPool
     limit, pool = cfg.cluster.max_restarts, HostPool.of(cfg)
     stopped = pool.before_start() if pool else None   # a host file with spares: a host down now is replaced too
     if stopped is not None:
@@ -281,14 +273,14 @@ def _run_with_restarts(cfg, args, run_dir):
                   file=sys.stderr, flush=True)
             return code
         root = cfg.checkpoint.dir
-        if not root or latest(root) is None:
+        if not root or ckpt.latest(root) is None:
             print(f"run: the job failed before its first complete checkpoint; not restarted: {_no_checkpoint(cfg)}",
                   file=sys.stderr, flush=True)
             return code
-        remove_leftovers(root, lambda msg: print(f"run: {msg}", file=sys.stderr, flush=True))
+        checkpoint_dir.remove_leftovers(root, lambda msg: print(f"run: {msg}", file=sys.stderr, flush=True))
         try:
-            directory, _ = resume_point(cfg)
-        except CheckpointError as err:
+            directory, _ = ckpt.resume_point(cfg)
+        except ckpt.CheckpointError as err:
             print(f"run: not restarted: {err}", file=sys.stderr, flush=True)
             return 2
         stuck = stuck + 1 if directory == previous else 0
@@ -324,11 +316,6 @@ def _no_checkpoint(cfg):
 
 def _launch(cfg, args, resume, run_dir, dry_run=False, hosts=None):
     """Start the job once; hosts: the [Host] to place its roles on (spares.py), else cluster.hostfile's."""
-    import json
-
-    from ssdsgd.env import COMMAND_ENV, LOCKED_ENV, RUN_DIR_ENV
-    from ssdsgd.launch.launcher import run_job
-    from ssdsgd.launch.ssh import ssh_options
     cl = cfg.cluster
     command = [sys.executable, "-m", "ssdsgd.train", "--config", os.path.abspath(args.config)]
     for text in args.set:

@@ -9,6 +9,7 @@ would only show up as a stalled worker; with it, the server is named, with its h
 import os
 import re
 import signal
+import socket
 import sys
 import time
 
@@ -125,7 +126,6 @@ class Pauses:
 
 def _name_strangers(c, roll, children):
     """After the report of a failed scheduler: the line naming a stranger that made ps-lite abort, if one did."""
-    import socket
     groups = {c.popen.pid for c in children if not c.ssh} | {c.pgid for c in children if c.pgid is not None}
     hosts = set()
     for host in {c.host for c in children if c.ssh}:

@@ -18,7 +18,7 @@ EXACT_COUNT = 1 << 24          # float32 holds every integer below this exactly
 class EvalTally:
     def __init__(self, kv):
         """Collective: every worker constructs it (kv.init ends with a barrier)."""
-        import mxnet as mx
+        import mxnet as mx   # not at import: ps/server.py imports this module before MXNet (run_server)
         self.kv = kv
         kv.init(TALLY_KEY, mx.nd.zeros(2))
         self.buf = mx.nd.zeros(2)
@@ -26,7 +26,7 @@ class EvalTally:
 
     def push(self, correct, images):
         """This worker's counts for one evaluation."""
-        import mxnet as mx
+        import mxnet as mx   # not at import: ps/server.py imports this module before MXNet (run_server)
         self.kv.push(TALLY_KEY, mx.nd.array([correct, images]))
 
     def wait_sum(self, images, poll_seconds=0.005):

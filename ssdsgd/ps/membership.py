@@ -112,7 +112,7 @@ def _fail(text):
 
 def prove_worker(kv):
     """The worker's roll call (see the module's docstring); returns once every server answered right."""
-    import mxnet as mx
+    import mxnet as mx   # not at import: ps/server.py imports this module before MXNet (run_server)
     secret, rank, size = os.environ.get(SECRET_ENV, ""), kv.rank, kv.num_workers * TAG_PIECES
     keys = proof_keys(commands.num_servers(kv))
     nonce = secrets.token_hex(16)

@@ -157,7 +157,7 @@ def _read_cifar_recordio(path):
     """(N, 3, 32, 32) uint8 RGB images and N labels of an im2rec .rec file of 32x32 images, read
     whole into memory (180 MB of pixels for CIFAR-10), so that training uses the same crop, flip and
     normalisation as the batch files."""
-    import cv2  # MXNet's own dependency for packing and decoding RecordIO images
+    import cv2  # MXNet's dependency for RecordIO images, slow to import: only this form of CIFAR-10 needs it
     with open(path, "rb") as f:
         raw = f.read()
     images, labels = [], []

@@ -8,6 +8,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ssdsgd.ps.commands import num_servers
+
 
 class StepTimes(NamedTuple):
     compute: float       # seconds of forward, backward and the non-finite check (which waits for them)
@@ -16,10 +18,13 @@ class StepTimes(NamedTuple):
 
 class Counters:
     """What the training loop counts: this worker's totals, the steps after SSD-SGD's warm-up
-    (synchronous; traffic after it is what the delay stage costs), the evaluations (rank 0), and
-    the window of steps since the last log line."""
+    (synchronous; traffic after it is what the delay stage costs), the evaluations (rank 0), the
+    window of steps since the last log line, and this attempt's clock (the ETA's): when it started (t),
+    and how many epoch ends (evaluations, checkpoints) it had and how long they took."""
 
     def __init__(self, warmup_steps, eval_tag, t):
+        self.t_start = t
+        self.epoch_ends, self.epoch_end_seconds = 0, 0.0
         self.warmup_steps = warmup_steps
         self.tag = eval_tag                  # test, or val when a validation split is evaluated
         self.push_bytes = self.pull_bytes = self.eval_pull_bytes = 0
@@ -66,6 +71,13 @@ class Counters:
         """Time spent on other work (an evaluation, a checkpoint) does not count in the window's images/s."""
         self.window["t"] += seconds
 
+    def add_epoch_end(self, seconds):
+        """An epoch's end (its evaluation, its checkpoint) took `seconds`: left out of the window's
+        images/s, and counted for the ETA."""
+        self.leave_out_of_window(seconds)
+        self.epoch_ends += 1
+        self.epoch_end_seconds += seconds
+
     def add_step(self, step, rec, images, times):
         """Count step `step`, whose StepRecord is rec and StepTimes `times`."""
         self.compute_seconds += times.compute
@@ -110,7 +122,6 @@ class Counters:
 def summarize(cfg, run, counters, parts, steps, epochs, wall_seconds, checkpoint):
     """The run summary (summary.json) from rank 0's counters and every worker's part. wall_seconds: of
     every attempt of the run (a resumed run adds those before the resume)."""
-    from ssdsgd.ps.commands import num_servers
     tag = counters.tag
     stal = [p["max_staleness"] for p in parts if p["max_staleness"] is not None]
     return {

@@ -171,7 +171,7 @@ def augment_seed(seed, epoch, rank):
 
 
 def to_nd(images, labels):
-    import mxnet as mx
+    import mxnet as mx   # not at import: the front end counts the in-memory data sets without MXNet
     return mx.nd.array(images, dtype=np.float32), mx.nd.array(labels, dtype=np.float32)
 
 

@@ -27,6 +27,7 @@ from mxnet import autograd, gluon
 
 from ssdsgd.compression.flatviews import FlatViews
 from ssdsgd.errors import CheckpointError, JobError
+from ssdsgd.worker.models import aux_params
 
 HOST = mx.cpu(0)
 
@@ -110,7 +111,6 @@ class DeviceReplicas:
 
     @classmethod
     def of_net(cls, net, params, contexts, **kwargs):
-        from ssdsgd.worker.models import aux_params
         return cls(params, aux_params(net), contexts, **kwargs)
 
     # ---- a step ---------------------------------------------------------------------------------------

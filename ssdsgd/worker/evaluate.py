@@ -6,6 +6,9 @@ import itertools
 import os
 import time
 
+import mxnet as mx
+from mxnet import autograd, gluon
+
 from ssdsgd.env import HEARTBEAT_ENV
 from ssdsgd.worker.models import aux_params, with_weights
 
@@ -13,7 +16,6 @@ from ssdsgd.worker.models import aux_params, with_weights
 def count_correct(net, test_set, batch_size, part=0, parts=1, ctx=None):
     """(correct predictions, images) over the test set's batches part, part + parts, ..., run on ctx
     (default: where the batches are)."""
-    import mxnet as mx
     correct, total = 0, 0
     heartbeat = os.environ.get(HEARTBEAT_ENV)
     for data, label in test_set.batches(batch_size, part, parts):
@@ -114,9 +116,6 @@ def recompute_bn_stats(net, batches, ctx=None):
     run forward and backward from zeroed statistics and its batch statistics read back as r/(1-m).
     The backward pass overwrites the parameters' gradient arrays: call between steps only. ctx: the
     replica whose statistics are recomputed (default the current context)."""
-    import mxnet as mx
-    from mxnet import autograd
-
     layers = batchnorm_layers(net)
     sums = [[mx.nd.zeros_like(bn.running_mean.data(ctx)), mx.nd.zeros_like(bn.running_var.data(ctx))]
             for bn in layers]
@@ -145,7 +144,6 @@ def recompute_bn_stats(net, batches, ctx=None):
 
 
 def batchnorm_layers(net):
-    from mxnet import gluon
     found = []
 
     def walk(block):

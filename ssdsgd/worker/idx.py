@@ -110,7 +110,7 @@ def fit_to_shape(images, shape):
         top, left = (height - NATIVE_SIZE) // 2, (width - NATIVE_SIZE) // 2
         x = np.pad(x, ((0, 0), (0, 0), (top, height - NATIVE_SIZE - top), (left, width - NATIVE_SIZE - left)))
     else:
-        import mxnet as mx
+        import mxnet as mx   # not at import: the front end reads IDX files without MXNet (resizing needs it)
         resized = mx.nd.contrib.BilinearResize2D(mx.nd.array(x, dtype=np.float32), height=height, width=width)
         x = np.clip(np.rint(resized.asnumpy()), 0, 255).astype(np.uint8)
     return np.repeat(x, channels, axis=1) if channels > 1 else x

@@ -12,12 +12,27 @@ import os
 import shutil
 import time
 
+import mxnet as mx
 import numpy as np
 
+from ssdsgd import checkpoint as ckpt
+from ssdsgd import folders
+from ssdsgd.checkpoint_dir import prune_checkpoints
 from ssdsgd.config import algorithm_of, ssd_warmup_steps
 from ssdsgd.env import HEARTBEAT_ENV
 from ssdsgd.errors import JobError
-from ssdsgd.metrics import ACC_TAG
+from ssdsgd.metrics import (
+    ACC_TAG,
+    FINAL_PARAMS_FILE,
+    SUMMARY_FILE,
+    human_bytes,
+    summary_table,
+    worker_part_file,
+    write_atomic,
+    write_json_atomic,
+    write_metrics_csv,
+)
+from ssdsgd.ps import commands
 from ssdsgd.worker.counters import Counters, StepTimes, summarize
 from ssdsgd.worker.evaluate import evaluate_if_due
 from ssdsgd.worker.models import with_weights
@@ -33,21 +48,15 @@ def _touch(path):
 
 
 def run_worker(cfg, resume=False, overwrite=False):
-    import mxnet as mx
-
-    from ssdsgd import folders
     run, held = start_run(cfg, resume, overwrite)
-    bsz, total_steps, step = cfg.train.batch_size, run.total_steps, run.step
+    bsz, total_steps, step = cfg.train.batch_size, run.total_steps, run.start_step
     heartbeat = os.environ.get(HEARTBEAT_ENV)
     # An algorithm's warm-up (SSD-SGD's) is synchronous; traffic after it is what its own stage costs.
     warmup_steps = ssd_warmup_steps(cfg.algorithm, run.steps_per_epoch) if algorithm_of(cfg).warmup else 0
-    t_start = time.perf_counter()
     counters = Counters(warmup_steps, ACC_TAG[run.data.eval_set], time.perf_counter())
     if run.saved_counters is not None:
         counters.load(run.saved_counters)
         counters.drop_evals_from(run.start_epoch)
-    run.t_start = t_start
-    run.epoch_ends, run.epoch_end_seconds = 0, 0.0      # this attempt's evaluations and checkpoints
     epochs_run = run.start_epoch
     for epoch in range(run.start_epoch, cfg.train.epochs):
         if step >= total_steps:
@@ -76,13 +85,10 @@ def run_worker(cfg, resume=False, overwrite=False):
         t_end = time.perf_counter()
         _end_epoch(run, counters, epoch, step, epoch_seconds)
         # Evaluation and checkpoint time: out of the next line's images/s, and timed apart for the ETA.
-        spent = time.perf_counter() - t_end
-        counters.leave_out_of_window(spent)
-        run.epoch_ends += 1
-        run.epoch_end_seconds += spent
+        counters.add_epoch_end(time.perf_counter() - t_end)
     run.client.finish()
-    run.faults.at_finish(step - run.step)
-    _finish_run(run, counters, step, epochs_run, t_start)
+    run.faults.at_finish(step - run.start_step)
+    _finish_run(run, counters, step, epochs_run)
     folders.release(held)
 
 
@@ -104,7 +110,6 @@ def _train_step(run, counters, step, data_batch, label):
 
 def _log_steps(run, counters, epoch, step, loss, rec):
     """One metrics line (and on rank 0 one printed line) for the steps since the last one."""
-    from ssdsgd.metrics import human_bytes
     w = counters.window
     mean_loss = float(loss.mean().asscalar())        # syncs the step
     now = time.perf_counter()
@@ -118,7 +123,7 @@ def _log_steps(run, counters, epoch, step, loss, rec):
         print(f"epoch {epoch} step {step}/{run.total_steps} loss {mean_loss:.4f} "
               f"{ips:.1f} img/s (this worker) push {human_bytes(w['push'] / w['n'])}/step "
               f"pull {human_bytes(w['pull'] / w['n'])}/step "
-              f"staleness {rec.staleness}, {_progress(run, epoch, step, now)}", flush=True)
+              f"staleness {rec.staleness}, {_progress(run, counters, epoch, step, now)}", flush=True)
     counters.new_window(now)
 
 
@@ -127,14 +132,14 @@ def _clock(seconds):
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def _progress(run, epoch, step, now):
+def _progress(run, counters, epoch, step, now):
     """'41% 0:02:10 elapsed, ETA 0:03:07': this attempt's pace of training applied to the steps left,
     plus its mean time per epoch end (evaluation, checkpoint) for the epoch ends left; before the
     first epoch end that time is not known, and the ETA says it leaves evaluations out."""
-    elapsed = now - run.t_start
+    elapsed = now - counters.t_start
     ends_left = -(-run.total_steps // run.steps_per_epoch) - epoch        # this epoch's end included
-    eta, known = eta_seconds(elapsed - run.epoch_end_seconds, step - run.step, run.total_steps - step,
-                             run.epoch_end_seconds, run.epoch_ends, ends_left)
+    eta, known = eta_seconds(elapsed - counters.epoch_end_seconds, step - run.start_step, run.total_steps - step,
+                             counters.epoch_end_seconds, counters.epoch_ends, ends_left)
     later = "" if known else " + evaluations"
     return f"{100 * step // max(1, run.total_steps)}% {_clock(elapsed)} elapsed, ETA {_clock(eta)}{later}"
 
@@ -158,17 +163,8 @@ def _end_epoch(run, counters, epoch, step, epoch_seconds):
         _save_checkpoint(run, counters, epoch + 1, step)
 
 
-def _finish_run(run, counters, step, epochs_run, t_start):
+def _finish_run(run, counters, step, epochs_run):
     """The final weights (rank 0), every worker's part file, then rank 0's summary."""
-    from ssdsgd.metrics import (
-        FINAL_PARAMS_FILE,
-        SUMMARY_FILE,
-        summary_table,
-        worker_part_file,
-        write_atomic,
-        write_json_atomic,
-        write_metrics_csv,
-    )
     rank, out_dir = run.kv.rank, run.out_dir
     checkpoint = None
     if rank == 0:
@@ -183,7 +179,7 @@ def _finish_run(run, counters, step, epochs_run, t_start):
     run.kv._barrier()                      # every worker's part file is written
     if rank == 0:
         parts = [json.load(open(os.path.join(out_dir, worker_part_file(r)))) for r in range(run.kv.num_workers)]
-        wall = counters.earlier_wall_seconds + time.perf_counter() - t_start
+        wall = counters.earlier_wall_seconds + time.perf_counter() - counters.t_start
         summary = summarize(run.cfg, run, counters, parts, step, epochs_run, wall, checkpoint)
         write_metrics_csv(out_dir)
         write_json_atomic(os.path.join(out_dir, SUMMARY_FILE), summary)
@@ -192,11 +188,6 @@ def _finish_run(run, counters, step, epochs_run, t_start):
 
 
 def _save_checkpoint(run, counters, epochs_done, step):
-    import mxnet as mx
-
-    from ssdsgd import checkpoint as ckpt
-    from ssdsgd.checkpoint_dir import prune_checkpoints
-    from ssdsgd.ps import commands
     cfg, kv, rank, client = run.cfg, run.kv, run.kv.rank, run.client
     directory = ckpt.epoch_dir(cfg.checkpoint.dir, epochs_done)
     mx.nd.waitall()                # this worker's pushes are acknowledged: the servers have them
@@ -211,7 +202,7 @@ def _save_checkpoint(run, counters, epochs_done, step):
         commands.send(kv, commands.SAVE, dir=os.path.abspath(directory))
     arrays, meta = client.state()
     arrays.update(run.replicas.state())
-    meta = dict(meta, step=step, counters=counters.state(time.perf_counter() - run.t_start))
+    meta = dict(meta, step=step, counters=counters.state(time.perf_counter() - counters.t_start))
     ckpt.save_npz(os.path.join(directory, ckpt.worker_file(rank)), arrays, meta)
     kv._barrier()
     if rank == 0:
@@ -227,7 +218,6 @@ def _save_checkpoint(run, counters, epochs_done, step):
 def _finite(loss, params):
     """One host sync per step: is the loss and every gradient finite? (A sum of squares that
     overflows also counts as a fault: such a gradient would wreck the global model just the same.)"""
-    import mxnet as mx
     grads = [p.grad() for p in params]
     sq = mx.nd.multi_sum_sq(*grads, num_arrays=len(grads))
     return bool(np.isfinite((sq.sum() + loss.sum()).asscalar()))
@@ -250,7 +240,6 @@ def nonfinite_summary(names, shown=3):
 
 def _handle_nonfinite(policy, loss, params, step, rank, log):
     """Stop with the step, rank and parameter names, or zero the gradients (skip the step)."""
-    import mxnet as mx
     bad = [p.name for p in params if not bool(mx.nd.contrib.isfinite(p.grad()).min().asscalar())]
     loss_bad = not bool(mx.nd.contrib.isfinite(loss).min().asscalar())
     names = (["loss"] if loss_bad else []) + bad

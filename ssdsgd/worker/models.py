@@ -1,19 +1,15 @@
 """Networks: small ones for the embedded demo and tests, and the gluoncv model zoo (never pretrained);
-the model a worker trains (build_net) and what evaluates it (build_eval_net).
-
-mxnet and gluoncv are imported inside the functions: the launcher front end checks model names
-without paying for them when the model is one of ours."""
+the model a worker trains (build_net) and what evaluates it (build_eval_net). The names model.name may
+take are model_names.py's (the launcher front end checks them without importing MXNet)."""
+import mxnet as mx
 import numpy as np
+from mxnet import autograd, gluon, sym
+from mxnet.gluon import nn
 
-SMALL_MODELS = ("linear", "mlp", "small_cnn")
-
-
-class ModelError(ValueError):
-    pass
+from ssdsgd.worker.model_names import check_model_name
 
 
 def _mlp(num_classes):
-    from mxnet.gluon import nn
     net = nn.HybridSequential()
     net.add(nn.Flatten(), nn.Dense(128, activation="relu"), nn.Dense(64, activation="relu"),
             nn.Dense(num_classes))
@@ -21,7 +17,6 @@ def _mlp(num_classes):
 
 
 def _small_cnn(num_classes):
-    from mxnet.gluon import nn
     # Two conv blocks and a classifier: enough for digits (8x8) and small enough for 2 CPU cores.
     net = nn.HybridSequential()
     net.add(nn.Conv2D(32, 3, padding=1), nn.BatchNorm(), nn.Activation("relu"),
@@ -30,19 +25,8 @@ def _small_cnn(num_classes):
     return net
 
 
-def check_model_name(name):
-    if name in SMALL_MODELS:
-        return
-    from gluoncv.model_zoo import get_model_list
-    if name not in get_model_list():
-        raise ModelError(f"model.name: unknown model {name!r}; use one of {', '.join(SMALL_MODELS)} "
-                         f"or a gluoncv model zoo name such as cifar_resnet20_v1, cifar_resnet56_v1, "
-                         f"resnet50_v1")
-
-
 def build_model(name, num_classes):
     if name == "linear":
-        from mxnet.gluon import nn
         # Softmax regression: its gradient has a closed form, so tests can simulate a whole job in numpy.
         net = nn.HybridSequential()
         net.add(nn.Flatten(), nn.Dense(num_classes))
@@ -52,7 +36,7 @@ def build_model(name, num_classes):
     if name == "small_cnn":
         return _small_cnn(num_classes)
     check_model_name(name)
-    from gluoncv.model_zoo import get_model
+    from gluoncv.model_zoo import get_model   # only for a zoo model: a worker of ours need not import gluoncv
     # pretrained weights cannot be downloaded here, and the experiments train from scratch anyway.
     return get_model(name, classes=num_classes, pretrained=False)
 
@@ -60,7 +44,6 @@ def build_model(name, num_classes):
 def parameter_shapes(name, num_classes, sample_shape):
     """Shapes of a model's trained parameters in the worker's order (collect_params), fixed by one forward
     pass of a (C, H, W) sample: what plans and benchmarks need without training it."""
-    import mxnet as mx
     net = build_model(name, num_classes)
     net.initialize(mx.init.Normal(0.01))
     net(mx.nd.zeros((1, *sample_shape)))
@@ -75,7 +58,6 @@ def inference_graph(net):
     The evaluation of an imperative model (model.hybridize: false) runs through it: the static graph
     runs the same kernels, so gives the same outputs, and infers faster (measured: docs/design.md,
     "Outputs")."""
-    from mxnet import gluon, sym
     data = sym.var("data", dtype="float32")     # typed, or SymbolBlock warns that it cannot infer it
     graph = gluon.SymbolBlock(net(data), data, params=net.collect_params())
     graph.hybridize(static_alloc=True, static_shape=True)
@@ -87,9 +69,6 @@ def build_net(cfg, num_classes, image_shape, contexts=None):
     ssdsgd/worker/devices.py), and its trainable parameters in a fixed order.
 
     Every worker builds the same weights from cfg.seed (only rank 0's reach the servers anyway)."""
-    import mxnet as mx
-    from mxnet import autograd
-
     contexts = contexts or [mx.cpu(0)]
     mx.random.seed(cfg.seed)
     np.random.seed(cfg.seed)

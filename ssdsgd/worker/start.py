@@ -1,33 +1,62 @@
 """Setting a worker's run up: the KVStore, the run folder (chosen by the front end, or by rank 0 under
 another launcher), the data, the model, the client, and on --resume this worker's checkpoint.
 """
+import json
 import os
+import sys
 import time
+from dataclasses import dataclass
+from typing import Callable, Optional
 
+import mxnet as mx
 import numpy as np
+from mxnet import gluon
 
-from ssdsgd.env import LOCKED_ENV, RUN_DIR_ENV
-from ssdsgd.worker.devices import DeviceReplicas, worker_contexts
+from ssdsgd import checkpoint as ckpt
+from ssdsgd import folders, provenance
+from ssdsgd.algorithms import create_kvstore, make_client
+from ssdsgd.algorithms.base import Client
+from ssdsgd.config import Config, dump_config
+from ssdsgd.env import COMMAND_ENV, LOCKED_ENV, RUN_DIR_ENV
+from ssdsgd.faults import FaultPlan
+from ssdsgd.metrics import CONFIG_FILE, RUN_MANIFEST_FILE, MetricsLog, write_json_atomic
+from ssdsgd.ps.commands import num_servers
+from ssdsgd.ps.eval_tally import EvalTally
+from ssdsgd.run_id import run_id
+from ssdsgd.schedule import schedule_from_config
+from ssdsgd.worker.data import data_from_config
+from ssdsgd.worker.datasets import DataBundle
+from ssdsgd.worker.devices import DeviceReplicas, HostParameter, worker_contexts
 from ssdsgd.worker.models import build_eval_net, build_net
 
 
+@dataclass(frozen=True)
 class Run:
-    """What one worker's job is made of (built by start_run), passed to the loop's helpers."""
-
-    def __init__(self, **parts):
-        self.__dict__.update(parts)
+    """What one worker's job is made of, built once by start_run and passed to the loop's helpers (which
+    keep what changes while it trains, this attempt's clock included, in their Counters)."""
+    cfg: Config
+    kv: mx.kvstore.KVStore
+    out_dir: str                          # the run folder
+    log: MetricsLog                       # this rank's metrics
+    data: DataBundle                      # this worker's shard of the training set, the whole test set
+    net: gluon.Block                      # the model on every device
+    eval_net: gluon.Block                 # what evaluates it: net, or its static-graph twin
+    params: list[HostParameter]           # the host arrays the client pushes, pulls and updates
+    replicas: DeviceReplicas              # the model's replicas on this worker's devices
+    loss_fn: gluon.loss.Loss
+    schedule: Callable[[int], float]      # the learning rate of a step
+    client: Client                        # the algorithm's communication
+    total_steps: int                      # of the whole run, resumes included
+    steps_per_epoch: int
+    start_epoch: int                      # where this attempt starts: 0, or a resume's epoch
+    start_step: int                       # the steps done before this attempt
+    saved_counters: Optional[dict]        # the resumed checkpoint's Counters.state(), or None
+    faults: FaultPlan                     # test-only fault injection
+    tally: Optional[EvalTally]            # the shared evaluation's tally (train.eval_workers: all), or None
 
 
 def start_run(cfg, resume, overwrite):
     """The KVStore, the run folder, the data, the model and the client, set up (and resumed)."""
-    from mxnet import gluon
-
-    from ssdsgd.algorithms import create_kvstore, make_client
-    from ssdsgd.faults import FaultPlan
-    from ssdsgd.metrics import MetricsLog
-    from ssdsgd.ps.eval_tally import EvalTally
-    from ssdsgd.schedule import schedule_from_config
-    from ssdsgd.worker.data import data_from_config
     # The kvstore must exist before we know our rank; its type depends only on the config.
     kv = create_kvstore(cfg)
     rank, nworkers = kv.rank, kv.num_workers
@@ -68,8 +97,8 @@ def start_run(cfg, resume, overwrite):
     tally = EvalTally(kv) if cfg.train.eval_workers == "all" else None
     run = Run(cfg=cfg, kv=kv, out_dir=out_dir, log=log, data=data, net=net, eval_net=eval_net, params=params,
               replicas=replicas, loss_fn=loss_fn, schedule=schedule, client=client, total_steps=total_steps,
-              steps_per_epoch=steps_per_epoch, start_epoch=start_epoch, step=step, saved_counters=saved_counters,
-              faults=FaultPlan(rank), tally=tally)
+              steps_per_epoch=steps_per_epoch, start_epoch=start_epoch, start_step=step,
+              saved_counters=saved_counters, faults=FaultPlan(rank), tally=tally)
     if rank == 0:
         _print_start(run, steps_per_epoch)
     return run, held
@@ -79,7 +108,6 @@ def _load_checkpoint(point, rank, replicas, steps_per_epoch, total_steps):
     """This worker's part of the checkpoint to resume from (point: its folder and manifest, verified):
     the weights and every replica's BatchNorm statistics loaded; (epochs done, steps done, (arrays, meta) for
     the client, the saved counters)."""
-    from ssdsgd import checkpoint as ckpt
     resume_dir, manifest = point
     arrays, meta = ckpt.load_npz(os.path.join(resume_dir, ckpt.worker_file(rank)))
     replicas.load_state(arrays)
@@ -106,11 +134,6 @@ def _prepare_run_folder(cfg, kv, resume, overwrite):
     barrier, take the folder the resumed checkpoint records or the one `latest` points at. Rank 0 writes
     the run's config: config.yaml for a new run, config.resume-step<N>.yaml for each resume (the first
     one stays)."""
-    from ssdsgd import folders
-    from ssdsgd.checkpoint import resume_point
-    from ssdsgd.config import dump_config
-    from ssdsgd.metrics import CONFIG_FILE, RUN_MANIFEST_FILE
-    from ssdsgd.run_id import run_id
     held, out_dir, point = [], os.environ.get(RUN_DIR_ENV), None
     if not os.environ.get(LOCKED_ENV):
         # Started by another launcher than ssdsgd.launch.run: nobody opens a file in the run folder before
@@ -119,7 +142,7 @@ def _prepare_run_folder(cfg, kv, resume, overwrite):
             held, out_dir = folders.prepare(cfg, resume, overwrite, "rank 0 of a job started without ssdsgd.launch.run")
         kv._barrier()
     if resume:
-        point = resume_point(cfg)              # (folder, manifest), verified once per worker
+        point = ckpt.resume_point(cfg)            # (folder, manifest), verified once per worker
     if not os.environ.get(LOCKED_ENV) and kv.rank != 0:
         # the folder rank 0 chose: the resumed run's, or else the new one `latest` points at
         out_dir = (folders.resume_run_folder(cfg, point[1])[0] if resume else None) or folders.latest_run_folder(cfg)
@@ -136,21 +159,15 @@ def _prepare_run_folder(cfg, kv, resume, overwrite):
     return held, out_dir, point
 
 
-def _write_run_record(path, config_file, resumed_from, run_id):
+def _write_run_record(path, config_file, resumed_from, folder_id):
     """How this run (or this resume of it) was made: the user's command (config file and every --set;
     ssdsgd-run passes it down) and each role's, the commit, the machine and the date; config_file: the
     validated config beside it. Under another launcher the user's command is not known here: the roles'
-    command stands for it. run_id: the run folder's (ssdsgd.run_id), which its checkpoints record."""
-    import json
-    import sys
-
-    from ssdsgd import provenance
-    from ssdsgd.env import COMMAND_ENV
-    from ssdsgd.metrics import write_json_atomic
+    command stands for it. folder_id: the run folder's run id (ssdsgd.run_id), which its checkpoints record."""
     role_command = [os.path.basename(sys.executable), "-m", "ssdsgd.train", *sys.argv[1:]]
     command = json.loads(os.environ[COMMAND_ENV]) if os.environ.get(COMMAND_ENV) else role_command
     write_json_atomic(path, provenance.record(command, role_command=role_command, config=config_file,
-                                              resumed_from=resumed_from, run_id=run_id))
+                                              resumed_from=resumed_from, run_id=folder_id))
 
 
 def data_line(cfg, data):
@@ -161,7 +178,6 @@ def data_line(cfg, data):
 
 
 def _print_start(run, steps_per_epoch):
-    from ssdsgd.ps.commands import num_servers
     cfg = run.cfg
     print(data_line(cfg, run.data), flush=True)
     print(f"{cfg.name}: {cfg.algorithm.type} + compression {cfg.compression.type}, {run.kv.num_workers} workers, "
@@ -174,7 +190,6 @@ def _time_backward(net, loss_fn, train_set, replicas, repeats=3):
     on the host (for the fusion cost model).
 
     BatchNorm running statistics are restored afterwards, so the probe leaves no trace."""
-    import mxnet as mx
     saved = [[a.copy() for a in per_replica] for per_replica in replicas.aux_arrays()]
     data, label = next(iter(train_set.epoch(0)))
     times = []

@@ -31,7 +31,7 @@ LIVENESS_INTERVAL = 1.0
 
 
 def _exit_at_once(kind, value, tb):
-    import traceback
+    import traceback   # only when a role fails: this file runs at the start of every process of a job
     traceback.print_exception(kind, value, tb)
     name = os.environ.get('SSDSGD_ROLE_NAME', 'process')
     print(f'{name}: uncaught {kind.__name__}, exiting with status 1 without ps-lite finalize', file=sys.stderr)
@@ -61,7 +61,7 @@ if os.environ.get('SSDSGD_LIVENESS_FILE') and not os.environ.get('SSDSGD_REMOTE_
 
 def _chain():
     """Import the sitecustomize that this one hides further down sys.path."""
-    import importlib
+    import importlib   # only when another sitecustomize is there: this file runs in every process of a job
     here = os.path.dirname(os.path.abspath(__file__))
     me = sys.modules.pop('sitecustomize', None)
     saved = sys.path[:]

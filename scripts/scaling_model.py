@@ -170,9 +170,10 @@ def round_bytes(shapes, cfg, workers, servers):
                 downlink="+".join(sorted(kinds)), replica=rings)
 
 
-def ring_allreduce_bytes(values, workers):
-    """Ring all-reduce (Horovod): each worker sends and receives 2(N-1)/N of the model per step."""
-    return 2.0 * (workers - 1) / workers * 4.0 * values
+def ring_allreduce_bytes(values, workers, value_bytes=4.0):
+    """Ring all-reduce (Horovod): each worker sends and receives 2(N-1)/N of the model per step
+    (value_bytes a value: 4 for fp32, 2 with Horovod's fp16 compression)."""
+    return 2.0 * (workers - 1) / workers * value_bytes * values
 
 
 def _numel(shape):
@@ -296,11 +297,14 @@ def ssd_step(lay):
 
 
 def ring_step(lay):
-    """(seconds, what limits) of a step of ring all-reduce (Horovod) on the same links."""
+    """(seconds, what limits) of a step of ring all-reduce (Horovod) on the same links. Its phases are
+    synchronous like SSGD's, so on a shared machine its compute phase shares the cores among the workers
+    (ssgd_compute; with one host per role, as in the projections, that is the worker's own compute)."""
     n = lay["workers"]
-    sent = ring_allreduce_bytes(lay["bytes"]["values"], n)
+    sent = ring_allreduce_bytes(lay["bytes"]["values"], n, lay.get("value_bytes", 4.0))
     comm = (wire(sent, sent) / lay["rate"] if lay["rate"] else 0.0) + 2 * (n - 1) * lay["latency"]
-    return lay["t_c"] + comm, "links" if comm > lay["t_c"] else "compute"
+    compute = ssgd_compute(lay)
+    return compute + comm, "links" if comm > compute else "compute"
 
 
 def layout(cfg, workers, servers, rate, measured, kind=None):

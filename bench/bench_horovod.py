@@ -22,6 +22,7 @@ Usage (root; iproute2, openssh; Horovod: bench/install_horovod.sh):
 """
 import argparse
 import csv
+import json
 import os
 import shutil
 import signal
@@ -33,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
 from bench import bench_network as bn  # noqa: E402
 from bench import horovod_table, netns, vcluster  # noqa: E402
-from scripts.results_io import rate_name, read_jsonl, stop_on_sigterm, write_manifest  # noqa: E402
+from scripts.results_io import earlier_runs, rate_name, stop_on_sigterm, write_manifest  # noqa: E402
 
 SSDSGD_VARIANTS = ("ssgd", "ssd", "ssd_topk_sparse", "ssd_topk_compressed")   # bench_network's keys
 HOROVOD_VARIANTS = {"horovod_fp32": ("Horovod fp32", "none"), "horovod_fp16": ("Horovod fp16", "fp16")}
@@ -134,7 +135,10 @@ def _run_sampled(vc, cmd, env, log, hosts, args):
 def _result_columns(row, job, out_dir, roles, before, after, sampler, timed_out, log_path):
     """Status, images/s and the steady window's link columns from rank 0's rank0.json."""
     path = os.path.join(out_dir, "rank0.json")
-    res = read_jsonl(path)[0] if os.path.exists(path) else None
+    res = None
+    if os.path.exists(path):
+        with open(path) as f:
+            res = json.load(f)
     row["status"] = "timeout" if timed_out else ("ok" if row["exit_code"] == 0 and res else "failed")
     if row["status"] != "ok":
         row["error"] = bn._last_error(log_path)
@@ -246,7 +250,9 @@ def main(argv=None):
         return 2
     os.makedirs(args.out, exist_ok=True)
     load = {"start": os.getloadavg()}
-    write_manifest(args.out, [args.config], finished=False, load_average=load, cores=os.cpu_count())
+    # A folder filled by several invocations (e.g. ssdsgd first, Horovod once installed) names them all.
+    earlier = earlier_runs(args.out)
+    write_manifest(args.out, [args.config], finished=False, load_average=load, cores=os.cpu_count(), earlier=earlier)
     stop_on_sigterm()
     signal.signal(signal.SIGINT, signal.default_int_handler)
     status = 0
@@ -262,7 +268,8 @@ def main(argv=None):
         status = 130
     load["end"] = os.getloadavg()
     write_manifest(args.out, [args.config], finished=status == 0, exit_status=status, load_average=load,
-                   cores=os.cpu_count(), note="one run per layout on a machine shared with other jobs")
+                   cores=os.cpu_count(), earlier=earlier,
+                   note="one run per layout on a machine shared with other engineers' jobs (see load_average)")
     print(horovod_table.write_outputs(args.out))
     return status
 

@@ -20,7 +20,7 @@ COPIED = {"images_per_sec_whole_job": "images_per_sec", "median_step_images_per_
           "kernel_bytes_per_step": "steady_kernel_bytes_per_step", "qdisc_drops": "qdisc_drops",
           "other_cpu_share": "other_cpu_share", "final_loss": "final_loss", "error": "error"}
 COLUMNS = ["system", "variant", "label", "workers", "servers", "rate_mbit", "status", "images_per_sec",
-           "compute_bound", "machine_bound", "share_of_compute_bound", *COPIED, "source"]
+           "compute_bound", "machine_bound", "share_of_compute_bound", *COPIED, "attempts", "source"]
 
 
 def _num(v):
@@ -56,12 +56,25 @@ def single_worker(found, n):
     return statistics.median(every) if every else None
 
 
+def last_attempts(runs):
+    """Per (algorithm, rate), in first-seen order: the last ok run, else the last run, and how many runs
+    were made (a layout rerun after a failed attempt has both in its runs.csv)."""
+    by = {}
+    for r in runs:
+        by.setdefault((r["algorithm"], r["rate_mbit"]), []).append(r)
+    out = []
+    for tried in by.values():
+        ok = [r for r in tried if r["status"] == "ok"]
+        out.append(((ok or tried)[-1], len(tried)))
+    return out
+
+
 def table_rows(found, cores):
     """One table.csv row per layout (compute-bound runs are columns, not rows)."""
     rows = []
     for (system, n), runs in sorted(found.items(), key=lambda kv: (kv[0][1], kv[0][0] != "horovod", kv[0][0])):
         one = single_worker(found, n)
-        for r in runs:
+        for r, attempts in last_attempts(runs):
             if r["algorithm"] == COMPUTE_BOUND:
                 continue
             ips = _num(r["steady_images_per_sec"])
@@ -72,7 +85,7 @@ def table_rows(found, cores):
                        compute_bound=None if bound is None else round(bound, 1),
                        machine_bound=None if one is None else round(one * min(n, cores), 1),
                        share_of_compute_bound=round(ips / bound, 3) if ips and bound else None,
-                       source=r["source"])
+                       attempts=attempts, source=r["source"])
             row.update({k: r.get(v, "") for k, v in COPIED.items()})
             if system == "ssdsgd" and not row["servers"]:
                 row["servers"] = 1          # the runs that failed before their summary: the config's one server

@@ -31,6 +31,7 @@ def _fixture(tmp_path):
     _runs(os.path.join(out, "ssdsgd_n2"), [
         dict(algorithm="compute_bound", label="bound", rate_mbit=0, steady_images_per_sec=100, num_workers=1,
              num_servers=1, steady_worker_cpu_seconds_per_step=0.32),
+        dict(algorithm="ssd_topk_sparse", label="top-k", rate_mbit=20, status="failed"),     # then rerun:
         dict(algorithm="ssd_topk_sparse", label="top-k", rate_mbit=20, steady_images_per_sec=300, num_workers=2,
              num_servers=1, steady_worker_tx_bytes_per_step=20000)])
     _runs(os.path.join(out, "horovod_n2"), [
@@ -59,6 +60,7 @@ def test_the_table_has_one_row_per_layout_with_its_compute_bound_and_the_ratios(
     assert all(r["compute_bound"] == "200.0" and r["machine_bound"] == "100.0" for r in rows)
     assert rows[0]["servers"] == "0" and rows[2]["servers"] == "1"
     assert rows[0]["worker_tx_bytes_per_step"] == "1150000"
+    assert (rows[2]["status"], rows[2]["attempts"], rows[0]["attempts"]) == ("ok", "2", "1")
     [q] = horovod_table.ratios(horovod_table.table_rows(horovod_table.read_runs(out), 1))
     assert (q["over_horovod_fp32"], q["over_horovod_fp16"]) == (3.0, None)   # fp16 ran at another rate only
     assert "| 2 | 20 Mbit/s | 300.0 | 3.00x | – |" in text

@@ -16,7 +16,7 @@ PY="$VENV/bin/python"
 "$PY" -c 'import mxnet' 2>/dev/null || { echo "install_horovod: mxnet is not installed in $VENV" >&2; exit 2; }
 if "$PY" -c 'import horovod.mxnet' 2>/dev/null; then
     echo "install_horovod: horovod $("$PY" -c 'import horovod; print(horovod.__version__)') already in $VENV"
-    exit 0
+    exec "$VENV/bin/horovodrun" --check-build
 fi
 CXX=${CXX:-$(command -v g++ || command -v clang++ || true)}
 [ -n "$CXX" ] || { echo "install_horovod: needs a C++ compiler (e.g. apt-get install g++)" >&2; exit 2; }

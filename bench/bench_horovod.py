@@ -21,11 +21,13 @@ Usage (root; iproute2, openssh; Horovod: bench/install_horovod.sh):
   python bench/bench_horovod.py --table-only --out results/horovod_vs_ssdsgd
 """
 import argparse
+import contextlib
 import csv
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -66,6 +68,33 @@ def ssh_wrapper(vc):
     return folder
 
 
+@contextlib.contextmanager
+def horovod_cluster(hosts, rate_mbit, queue_ms):
+    """bench_network.virtual_cluster, with the machine's host name resolving to each host's eth0 address on
+    that host. Horovod 0.28 opens the Gloo device of its process sets without the interface it was given:
+    Gloo then binds the address the host name resolves to, 127.0.0.1 from the shared /etc/hosts, and the ranks
+    cannot reach each other. `ip netns exec` mounts /etc/netns/<namespace>/hosts over /etc/hosts for what it
+    starts (each host's sshd, so each rank), so the file must be in place before the cluster starts."""
+    vc = vcluster.VCluster(hosts, rate_mbit or None, latency=f"{queue_ms:g}ms")
+    made = []
+    try:
+        for ns, addr in zip(vc.namespaces, vc.addresses):
+            folder = os.path.join("/etc/netns", ns)
+            os.makedirs(folder)
+            made.append(folder)
+            with open(os.path.join(folder, "hosts"), "w") as f:
+                f.write(f"127.0.0.1 localhost\n{addr} {socket.gethostname()}\n")
+        vc.create()
+        try:
+            yield vc
+        finally:
+            with netns.signals_ignored():
+                vc.delete()
+    finally:
+        for folder in made:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def horovod_command(vc, job, args, out_dir):
     """horovodrun on h0 with one rank on each of h1..hN. Hosts by address: horovodrun resolves the names
     itself to tell local from remote hosts, and the cluster's names exist only in its ssh config."""
@@ -90,7 +119,7 @@ def run_horovod(job, args, out):
     row.update(run_dir=os.path.relpath(out_dir, out), log=os.path.relpath(log_path, out))
     roles = ["launcher"] + ["worker"] * job["workers"]
     t0 = time.monotonic()
-    with bn.virtual_cluster(len(roles), job["rate"], args.queue_ms) as vc, open(log_path, "w") as log:
+    with horovod_cluster(len(roles), job["rate"], args.queue_ms) as vc, open(log_path, "w") as log:
         row["namespace"] = vc.name
         cmd = horovod_command(vc, job, args, out_dir)
         log.write(f"# cluster {vc.name}: h0 horovodrun, h1..h{job['workers']} one rank each; "

@@ -66,7 +66,8 @@ def train(args):
     hvd.broadcast_parameters(net.collect_params(), root_rank=0)
     compression = hvd.Compression.fp16 if args.compression == "fp16" else hvd.Compression.none
     opt = {"learning_rate": cfg.train.lr, "momentum": cfg.train.momentum, "wd": cfg.train.wd}
-    trainer = hvd.DistributedTrainer(params, "sgd", opt, compression=compression)
+    # By name: given a list, DistributedTrainer sorts the Parameters, which do not compare.
+    trainer = hvd.DistributedTrainer({p.name: p for p in params}, "sgd", opt, compression=compression)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     batch = cfg.train.batch_size
     times, loss_value, epoch = [], None, 0

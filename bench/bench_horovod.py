@@ -36,7 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
 from bench import bench_network as bn  # noqa: E402
 from bench import horovod_table, netns, vcluster  # noqa: E402
-from scripts.results_io import earlier_runs, rate_name, stop_on_sigterm, write_manifest  # noqa: E402
+from scripts.results_io import rate_name, read_jsonl, stop_on_sigterm, write_manifest  # noqa: E402
 
 SSDSGD_VARIANTS = ("ssgd", "ssd", "ssd_topk_sparse", "ssd_topk_compressed")   # bench_network's keys
 HOROVOD_VARIANTS = {"horovod_fp32": ("Horovod fp32", "none"), "horovod_fp16": ("Horovod fp16", "fp16")}
@@ -219,9 +219,12 @@ def run_horovod_all(n, args):
     os.makedirs(out, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     first = steady_from(args)
-    with open(os.path.join(out, "runs.csv"), "w", newline="") as f:
+    path = os.path.join(out, "runs.csv")
+    new = not os.path.exists(path)              # else appended: a layout run again keeps its earlier attempt
+    with open(path, "a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
-        writer.writeheader()
+        if new:
+            writer.writeheader()
         for rate in args.rate_list:
             for key in args.horovod:
                 label, compression = HOROVOD_VARIANTS[key]
@@ -264,9 +267,37 @@ def parse_args(argv=None):
     return args
 
 
+INVOCATIONS = "invocations.jsonl"
+
+
+def log_invocation(out, **entry):
+    """One line in <out>/invocations.jsonl: a folder may be filled by several invocations (ssdsgd's layouts
+    first, Horovod's once installed, a failed layout again), each with its command, date and load average."""
+    entry = dict(command=[os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]], date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                 load_average=os.getloadavg(), **entry)
+    with open(os.path.join(out, INVOCATIONS), "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+def manifest(args, **extra):
+    """<out>/manifest.json: this invocation's command, config, commit, machine and date, every invocation
+    that wrote into the folder, and the bench_network commands of its ssdsgd_n<N> folders."""
+    sub = {}
+    for name in sorted(os.listdir(args.out)):
+        path = os.path.join(args.out, name, "manifest.json")
+        if os.path.isfile(path):
+            with open(path) as f:
+                sub[name] = {k: json.load(f).get(k) for k in ("command", "date", "commit")}
+    write_manifest(args.out, [args.config], cores=os.cpu_count(), invocations=read_jsonl(
+        os.path.join(args.out, INVOCATIONS)), bench_network=sub,
+        note="one run per layout on a machine shared with other engineers' jobs: see each invocation's "
+             "load_average (1, 5, 15 min) and each run's other_cpu_share in the runs.csv files", **extra)
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.table_only:
+        manifest(args, table_only=True)
         print(horovod_table.write_outputs(args.out))
         return 0
     problem = horovod_missing() if args.horovod else None
@@ -278,10 +309,8 @@ def main(argv=None):
         print(f"bench_horovod: {problem}", file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
-    load = {"start": os.getloadavg()}
-    # A folder filled by several invocations (e.g. ssdsgd first, Horovod once installed) names them all.
-    earlier = earlier_runs(args.out)
-    write_manifest(args.out, [args.config], finished=False, load_average=load, cores=os.cpu_count(), earlier=earlier)
+    log_invocation(args.out, event="start")
+    manifest(args, finished=False)
     stop_on_sigterm()
     signal.signal(signal.SIGINT, signal.default_int_handler)
     status = 0
@@ -295,10 +324,8 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("\nbench_horovod: interrupted", file=sys.stderr)
         status = 130
-    load["end"] = os.getloadavg()
-    write_manifest(args.out, [args.config], finished=status == 0, exit_status=status, load_average=load,
-                   cores=os.cpu_count(), earlier=earlier,
-                   note="one run per layout on a machine shared with other engineers' jobs (see load_average)")
+    log_invocation(args.out, event="end", exit_status=status)
+    manifest(args, finished=status == 0, exit_status=status)
     print(horovod_table.write_outputs(args.out))
     return status
 

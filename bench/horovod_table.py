@@ -31,15 +31,16 @@ def _num(v):
 
 
 def read_runs(out):
-    """{(system, N): rows} from every <out>/<system>_n<N>/runs.csv."""
+    """{(system, N): rows} from every <out>/<system>_n<N>[_<suffix>]/runs.csv (a suffixed folder holds layouts
+    run again, e.g. after a failed attempt: its rows come after the unsuffixed folder's)."""
     found = {}
     for path in sorted(glob.glob(os.path.join(out, "*_n*", "runs.csv"))):
-        m = re.fullmatch(r"(ssdsgd|horovod)_n(\d+)", os.path.basename(os.path.dirname(path)))
+        m = re.fullmatch(r"(ssdsgd|horovod)_n(\d+)(_\w+)?", os.path.basename(os.path.dirname(path)))
         if m:
             rows = read_csv(path)
             for r in rows:
                 r["source"] = os.path.relpath(path, out)
-            found[(m.group(1), int(m.group(2)))] = rows
+            found.setdefault((m.group(1), int(m.group(2))), []).extend(rows)
     return found
 
 

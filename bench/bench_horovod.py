@@ -287,7 +287,8 @@ def manifest(args, **extra):
         path = os.path.join(args.out, name, "manifest.json")
         if os.path.isfile(path):
             with open(path) as f:
-                sub[name] = {k: json.load(f).get(k) for k in ("command", "date", "commit")}
+                found = json.load(f)
+            sub[name] = {k: found.get(k) for k in ("command", "date", "commit")}
     write_manifest(args.out, [args.config], cores=os.cpu_count(), invocations=read_jsonl(
         os.path.join(args.out, INVOCATIONS)), bench_network=sub,
         note="one run per layout on a machine shared with other engineers' jobs: see each invocation's "

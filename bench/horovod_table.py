@@ -116,10 +116,11 @@ def _fmt(v, spec="{:.1f}"):
 def markdown(rows, cores):
     lines = ["# Horovod against ssdsgd on per-host links (bench/bench_horovod.py)", "",
              f"images/s: steady window; compute bound: N x one worker without communication; machine bound: "
-             f"min(N, {cores} cores) x one worker. One run per layout.", "",
+             f"min(N, {cores} cores) x one worker. One run per layout. Other CPU: the share of the machine's CPU "
+             f"that processes outside the job used while it ran (other users' jobs).", "",
              "| N | link | system | variant | images/s | compute bound | machine bound | worker tx/rx B/step "
-             "| server tx/rx B/step | worker tx util | status |",
-             "|---:|---|---|---|---:|---:|---:|---|---|---:|---|"]
+             "| server tx/rx B/step | worker tx util | other CPU | status |",
+             "|---:|---|---|---|---:|---:|---:|---|---|---:|---:|---|"]
     for r in rows:
         lines.append(f"| {r['workers']} | {rate_name(r['rate_mbit'])} | {SYSTEMS[r['system']]} | {r['label']} "
                      f"| {_fmt(r['images_per_sec'])} | {_fmt(r['compute_bound'])} | {_fmt(r['machine_bound'])} "
@@ -127,7 +128,8 @@ def markdown(rows, cores):
                      f"{_fmt(r['worker_rx_bytes_per_step'], '{:,.0f}')} "
                      f"| {_fmt(r['server_tx_bytes_per_step'], '{:,.0f}')} / "
                      f"{_fmt(r['server_rx_bytes_per_step'], '{:,.0f}')} "
-                     f"| {_fmt(r['worker_tx_util'], '{:.0%}')} | {r['status']} |")
+                     f"| {_fmt(r['worker_tx_util'], '{:.0%}')} | {_fmt(r['other_cpu_share'], '{:.0%}')} "
+                     f"| {r['status']} |")
     lines += ["", "SSD-SGD + top-k 1% (exact downlink) over Horovod, images/s:", "",
               "| N | link | top-k images/s | / Horovod fp32 | / Horovod fp16 |", "|---:|---|---:|---:|---:|"]
     for q in ratios(rows):

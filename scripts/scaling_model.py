@@ -16,7 +16,9 @@ segments coming back. Per layout (N workers, S servers, one link per host at `ra
   SSD-SGD (+top-k)  t = max(compute + the worker's encode and replica update, each link direction
                     / rate, the busiest server's CPU per round): communication overlaps compute (a
                     worker waits only when it falls more than S steps behind)
-  ring all-reduce   t = compute + 2(N-1)/N * model bytes (on the wire) / rate + 2(N-1) latencies
+  ring all-reduce   t = compute + 2(N-1)/N * model bytes (on the wire) / rate + 2(N-1) latencies, the
+                    compute phase shared among the workers on a shared machine as SSGD's is (checked against
+                    measured Horovod by scripts/ring_check.py)
   virtual cluster   every role shares the machine's cores: t >= (N * worker CPU + S * server CPU)
                     / (cores * (1 - the run's other_cpu_share)) for SSD-SGD; SSGD's compute phase
                     shares them among the workers (its servers work after it, while the workers wait)

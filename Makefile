@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 MXNET_NAME := $(firstword $(subst ==, ,$(MXNET)))
 STAMP := $(VENV)/.installed-$(MXNET_NAME)
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test lint clean horovod
 
 setup: $(STAMP)
 
@@ -33,6 +33,10 @@ demo: setup
 # order, the slowest first (--no-loadscope-reorder keeps xdist from sorting them by test count).
 test: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests
+
+# Horovod for bench/bench_horovod.py only (a benchmark dependency): compiled here, needs g++ and cmake.
+horovod: setup
+	bench/install_horovod.sh $(VENV)
 
 lint: setup
 	$(PY) -m ruff check .

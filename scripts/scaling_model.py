@@ -16,7 +16,9 @@ segments coming back. Per layout (N workers, S servers, one link per host at `ra
   SSD-SGD (+top-k)  t = max(compute + the worker's encode and replica update, each link direction
                     / rate, the busiest server's CPU per round): communication overlaps compute (a
                     worker waits only when it falls more than S steps behind)
-  ring all-reduce   t = compute + 2(N-1)/N * model bytes (on the wire) / rate + 2(N-1) latencies
+  ring all-reduce   t = compute + 2(N-1)/N * model bytes (on the wire) / rate + 2(N-1) latencies, the
+                    compute phase shared among the workers on a shared machine as SSGD's is (checked against
+                    measured Horovod by scripts/ring_check.py)
   virtual cluster   every role shares the machine's cores: t >= (N * worker CPU + S * server CPU)
                     / (cores * (1 - the run's other_cpu_share)) for SSD-SGD; SSGD's compute phase
                     shares them among the workers (its servers work after it, while the workers wait)
@@ -171,9 +173,10 @@ def round_bytes(shapes, cfg, workers, servers):
                 downlink="+".join(sorted(kinds)), replica=rings)
 
 
-def ring_allreduce_bytes(values, workers):
-    """Ring all-reduce (Horovod): each worker sends and receives 2(N-1)/N of the model per step."""
-    return 2.0 * (workers - 1) / workers * 4.0 * values
+def ring_allreduce_bytes(values, workers, value_bytes=4.0):
+    """Ring all-reduce (Horovod): each worker sends and receives 2(N-1)/N of the model per step
+    (value_bytes a value: 4 for fp32, 2 with Horovod's fp16 compression)."""
+    return 2.0 * (workers - 1) / workers * value_bytes * values
 
 
 def _numel(shape):
@@ -297,11 +300,14 @@ def ssd_step(lay):
 
 
 def ring_step(lay):
-    """(seconds, what limits) of a step of ring all-reduce (Horovod) on the same links."""
+    """(seconds, what limits) of a step of ring all-reduce (Horovod) on the same links. Its phases are
+    synchronous like SSGD's, so on a shared machine its compute phase shares the cores among the workers
+    (ssgd_compute; with one host per role, as in the projections, that is the worker's own compute)."""
     n = lay["workers"]
-    sent = ring_allreduce_bytes(lay["bytes"]["values"], n)
+    sent = ring_allreduce_bytes(lay["bytes"]["values"], n, lay.get("value_bytes", 4.0))
     comm = (wire(sent, sent) / lay["rate"] if lay["rate"] else 0.0) + 2 * (n - 1) * lay["latency"]
-    return lay["t_c"] + comm, "links" if comm > lay["t_c"] else "compute"
+    compute = ssgd_compute(lay)
+    return compute + comm, "links" if comm > compute else "compute"
 
 
 def layout(cfg, workers, servers, rate, measured, kind=None):

@@ -75,21 +75,18 @@ def horovod_cluster(hosts, rate_mbit, queue_ms):
     Gloo then binds the address the host name resolves to, 127.0.0.1 from the shared /etc/hosts, and the ranks
     cannot reach each other. `ip netns exec` mounts /etc/netns/<namespace>/hosts over /etc/hosts for what it
     starts (each host's sshd, so each rank), so the file must be in place before the cluster starts."""
-    vc = vcluster.VCluster(hosts, rate_mbit or None, latency=f"{queue_ms:g}ms")
     made = []
-    try:
+
+    def write_hosts(vc):
         for ns, addr in zip(vc.namespaces, vc.addresses):
             folder = os.path.join("/etc/netns", ns)
             os.makedirs(folder)
             made.append(folder)
             with open(os.path.join(folder, "hosts"), "w") as f:
                 f.write(f"127.0.0.1 localhost\n{addr} {socket.gethostname()}\n")
-        vc.create()
-        try:
+    try:
+        with bn.virtual_cluster(hosts, rate_mbit, queue_ms, prepare=write_hosts) as vc:
             yield vc
-        finally:
-            with netns.signals_ignored():
-                vc.delete()
     finally:
         for folder in made:
             shutil.rmtree(folder, ignore_errors=True)

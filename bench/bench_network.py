@@ -452,9 +452,12 @@ def _wait_for_job(proc, sampler, deadline):
 
 
 @contextlib.contextmanager
-def virtual_cluster(hosts, rate_mbit, queue_ms):
-    """A VCluster of `hosts` hosts, every link shaped at rate_mbit (0/None: unlimited); always deleted."""
+def virtual_cluster(hosts, rate_mbit, queue_ms, prepare=None):
+    """A VCluster of `hosts` hosts, every link shaped at rate_mbit (0/None: unlimited); always deleted.
+    prepare(vc), if given, runs before the cluster is created (its namespaces and addresses are known)."""
     vc = vcluster.VCluster(hosts, rate_mbit or None, latency=f"{queue_ms:g}ms")
+    if prepare is not None:
+        prepare(vc)
     vc.create()
     try:
         yield vc

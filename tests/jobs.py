@@ -5,7 +5,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from bench.procs import processes_with, role_of  # noqa: F401  (the tests import them from here)
+from testbed.procs import processes_with, role_of  # noqa: F401  (the tests import them from here)
 from scripts.results_io import job_command, run_folder
 
 from ssdsgd.metrics import metrics_file, read_metrics, read_summary

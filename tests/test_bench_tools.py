@@ -11,7 +11,7 @@ import time
 import pytest
 
 from bench import bench_network as bn
-from bench import netns
+from testbed import netns
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -520,7 +520,7 @@ def test_topology_option():
 
 
 def _cluster_or_skip():
-    from bench import vcluster
+    from testbed import vcluster
     try:
         vcluster.check_tools()
     except vcluster.ClusterError as e:

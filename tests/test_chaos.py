@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from bench import vcluster
+from testbed import vcluster
 from jobs import ROOT, processes_with
 
 CHAOS = os.path.join(ROOT, "scripts", "chaos.py")

@@ -1,4 +1,4 @@
-"""Multi-host jobs on a virtual cluster (bench/vcluster.py): 5 hosts in network namespaces, one sshd each.
+"""Multi-host jobs on a virtual cluster (testbed/vcluster.py): 5 hosts in network namespaces, one sshd each.
 
 h0 runs the launcher and the scheduler; the host file lists h1 h2 h3, so server 0 runs on h1, worker 0
 on h2 and worker 1 on h3; h4 is the spare host of the tests that lose one. Every test checks that no
@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 import pytest
-from bench import vcluster
+from testbed import vcluster
 from jobs import ROOT, processes_with
 
 from ssdsgd.launch.job_dir import owner_ended
@@ -310,7 +310,7 @@ def test_remote_roles_die_with_a_sigkilled_launcher(vc, tmp_path):
 @pytest.mark.timeout(60)
 def test_shaping_and_crash_leftovers(tmp_path):
     """tbf on both ends of every link; a cluster whose creator was SIGKILLed is removed by the next one."""
-    script = ("import time; from bench import vcluster\n"
+    script = ("import time; from testbed import vcluster\n"
               "vc = vcluster.VCluster(2, rate_mbit=50).create()\n"
               "import subprocess\n"
               "print(vc.name, subprocess.run(['tc', '-n', vc.switch, 'qdisc', 'show', 'dev', 'v1'],"

@@ -1,4 +1,4 @@
-"""Network-namespace helpers for the bandwidth-limited benchmark (root only; needs `ip` and `tc`).
+"""Network-namespace helpers for the tests and the bandwidth-limited benchmarks (root only; needs `ip` and `tc`).
 
 A `Namespace` is a fresh, uniquely named network namespace whose only interface is its own loopback:
     lo up with mtu 9000, and optionally `tbf rate <R>mbit burst 256kb latency 50ms` as its root qdisc

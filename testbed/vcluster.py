@@ -30,8 +30,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
-from bench import netns  # the namespace helpers live there; one home for each
+sys.path.insert(0, ROOT)  # run as a file: testbed.* and ssdsgd from this checkout
+from testbed import netns  # the namespace helpers live there; one home for each
 
 PREFIX = "ssdsgd-vc-"
 SUBNET = "10.231.0"          # private; exists only inside the cluster's namespaces

@@ -156,3 +156,36 @@ def test_the_algorithms_and_the_compressor_know_nothing_of_devices():
                 text = f.read()
             found += [f"{os.path.relpath(path, ROOT)}: {w}" for w in DEVICE_WORDS if w in text]
     assert not found, found
+
+
+# The folders around the package, each importing only the ones after it here (and ssdsgd): the tests use
+# everything; the benchmarks use the tools' results helpers (scripts/results_io.py) and the test bed; the
+# tools use the test bed; the test bed (namespaces, virtual cluster, a job's processes) imports none of them.
+FOLDERS = ["tests", "bench", "scripts", "testbed"]
+
+
+def _folder_imports(folder, root=ROOT):
+    """`path imports module` for every import in folder's .py files of a top-level folder it may not import."""
+    allowed = set(FOLDERS[FOLDERS.index(folder):])
+    found = []
+    for path in _python_files(os.path.join(root, folder)):
+        rel = os.path.relpath(path, root)
+        for target in _imports(path, "."):
+            top = target.split(".")[0]
+            if top in FOLDERS and top not in allowed:
+                found.append(f"{rel} imports {target}")
+    return found
+
+
+def test_tests_bench_scripts_and_testbed_import_one_way():
+    wrong = [f for folder in FOLDERS for f in _folder_imports(folder)]
+    package = [f"{os.path.relpath(path, ROOT)} imports {target}"
+               for path in _python_files(os.path.join(ROOT, "ssdsgd")) for target in _imports(path, "ssdsgd")
+               if target.split(".")[0] in FOLDERS]
+    assert not wrong and not package, "imports against FOLDERS' order: " + "; ".join(wrong + package)
+
+
+def test_the_folder_test_sees_an_import_against_the_order(tmp_path):
+    (tmp_path / "testbed").mkdir()
+    (tmp_path / "testbed" / "x.py").write_text("import os\nfrom scripts.results_io import write_csv\n")
+    assert _folder_imports("testbed", str(tmp_path)) == ["testbed/x.py imports scripts.results_io.write_csv"]

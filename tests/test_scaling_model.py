@@ -1,4 +1,4 @@
-"""scripts/scaling_model.py: the byte accounting follows the plan, codec and ring layouts; the ring
+"""bench/scaling_model.py: the byte accounting follows the plan, codec and ring layouts; the ring
 all-reduce and SSGD formulas; validate mode on a tiny synthetic runs.csv; bad input named in one line."""
 import csv
 import json
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from scripts import scaling_model as sm
+from bench import scaling_model as sm
 from ssdsgd.algorithms.downlink import COMPRESSED_PUSHES
 from ssdsgd.compression.codec import WireFormat, use_bitmap
 from ssdsgd.compression.fusion import tensor_counts
@@ -54,8 +54,7 @@ def test_round_bytes_spread_over_the_servers_and_pull_every_delay_steps():
 def test_the_benchmark_layout_gives_the_measured_push_and_pull():
     """results/hosts_steps60_v2: rank 0 pushed 21,976 and pulled 43,961 bytes a step (the
     pulls' mean includes the odd dense resync) with the shipped top-k settings, 2 workers, 1 server."""
-    from bench.bench_network import ALGORITHMS
-    cfg = _cfg(*ALGORITHMS["ssd_topk_sparse"][1])
+    cfg = _cfg(*sm.ALGORITHMS["ssd_topk_sparse"][1])
     b = sm.round_bytes(sm.model_shapes(cfg), cfg, 2, 1)
     assert b["push"] == 21976
     assert 43900 < b["pull"] <= 43961
@@ -114,7 +113,7 @@ def test_validate_on_a_tiny_runs_csv(tmp_path):
     ssgd, ssd = rows["ssgd"], rows["ssd_topk_sparse"]
     assert ssgd["in_sample"] == "True" and abs(float(ssgd["error"])) < 1e-3   # fitted on itself
     # unlimited links, a core per role: the step is one worker's compute plus its encode and replica update
-    cfg = _cfg(*__import__("bench.bench_network").bench_network.ALGORITHMS["ssd_topk_sparse"][1])
+    cfg = _cfg(*sm.ALGORITHMS["ssd_topk_sparse"][1])
     b = sm.round_bytes(sm.model_shapes(cfg), cfg, 2, 1)
     expected = 2 * 32 / (32 / 200.0 + sm.worker_extra(cfg, b))
     assert ssd["in_sample"] == "False" and ssd["limited_by"] == "compute"

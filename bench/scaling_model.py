@@ -40,9 +40,9 @@ network stacks keep up with the link (no CPU per byte) and keep the servers' CPU
 all the runs given (none without runs: `project` alone).
 
 Usage:
-  python scripts/scaling_model.py validate results/hosts_steps60_v2/runs.csv [more runs.csv ...]
-  python scripts/scaling_model.py project [runs.csv ...]   # the runs fit the servers' CPU per message
-  python scripts/scaling_model.py all results/hosts_steps60_v2/runs.csv   # both; what the folder holds
+  python bench/scaling_model.py validate results/hosts_steps60_v2/runs.csv [more runs.csv ...]
+  python bench/scaling_model.py project [runs.csv ...]   # the runs fit the servers' CPU per message
+  python bench/scaling_model.py all results/hosts_steps60_v2/runs.csv   # both; what the folder holds
 Options: --out DIR (default results/scaling_model), --config / --set (the base config and overrides the
 benchmark ran with; default: read from the manifest.json next to each runs.csv, else bench_network's),
 --fit-on RUNS.csv (the SSGD rows `overlap` is fitted on), --cores (of the machine the runs ran on).
@@ -55,6 +55,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
+from bench.bench_network import ALGORITHMS, COMPUTE_BOUND_SETS, DEFAULT_CONFIG
+from bench.bench_server import MODELS
 from scripts.results_io import (COMPUTE_BOUND, rate_name, read_csv, results_folder, write_csv, write_manifest,
                                 write_text)
 
@@ -202,7 +204,6 @@ def server_costs(model, path=os.path.join(ROOT, SERVER_FITS)):
     fits = {r["codec"]: r for r in rows}
     if set(fits) != {"sparse", "dense"}:
         raise ModelError(f"{path}: no 'workers' fits (new, sparse and dense) for {model}")
-    from bench.bench_server import MODELS
     return dict(apply=float(fits["dense"]["intercept_ms"]) * 1e-3 / MODELS[model],
                 sparse=float(fits["sparse"]["slope_ns_per_value"]) * 1e-9,
                 dense=float(fits["dense"]["slope_ns_per_value"]) * 1e-9)
@@ -243,7 +244,6 @@ def server_seconds(cfg, b, per_byte):
     sparse_values = b["server_values"] - b["server_dense"]
     t = c["apply"] * b["server_size"] + c["sparse"] * sparse_values + c["dense"] * b["server_dense"]
     if b["squeezed"]:
-        from bench.bench_server import MODELS
         t += encode_seconds(model, "exact") * b["squeezed"] / MODELS[model]
     return t + per_byte * (b["server_rx"] + b["server_tx"])
 
@@ -373,7 +373,6 @@ def _num(v, default=None):
 def bench_setup(runs_path, args):
     """(base config, overrides) the benchmark of a runs.csv ran with: --config / --set given here, else
     the command in the manifest.json next to it, else bench_network's default config."""
-    from bench.bench_network import DEFAULT_CONFIG
     config, sets = args.config, list(args.set)
     manifest = os.path.join(os.path.dirname(os.path.abspath(runs_path)), "manifest.json")
     if config is None and os.path.isfile(manifest):
@@ -398,7 +397,6 @@ def load(config, sets):
 
 def algorithm_config(alg, workers, servers, config, sets):
     """The config a bench_network algorithm key ran with (None: a key this checkout does not know)."""
-    from bench.bench_network import ALGORITHMS
     if alg not in ALGORITHMS:
         return None
     return load(config, [*sets, *ALGORITHMS[alg][1], f"cluster.workers={workers}", f"cluster.servers={servers}"])
@@ -407,7 +405,6 @@ def algorithm_config(alg, workers, servers, config, sets):
 def measured_compute(rows, path, config, sets):
     """The single worker's compute (wall and CPU seconds per step) and the server's CPU per link byte,
     from the runs' compute_bound rows (1 worker, 1 server, no pulls, dense asynchronous pushes)."""
-    from bench.bench_network import COMPUTE_BOUND_SETS
     cb = [r for r in rows if r["algorithm"] == COMPUTE_BOUND and r["status"] == "ok"]
     if not cb:
         raise ModelError(f"{path}: no ok {COMPUTE_BOUND} row (the single worker's compute time the model "

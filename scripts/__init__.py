@@ -6,7 +6,7 @@ results_io.py is their shared home for results folders: job commands, CSV and ta
 The benchmarks and probes are the `bench` package beside this one; the network namespaces, the virtual
 cluster and the job-process lookup the tests, benchmarks and tools share are the `testbed` package. The
 imports run one way: bench/ uses results_io.py (and gpu_check.py's timer), a tool never imports bench/, and
-testbed/ imports neither (tests/test_code_shape.py checks it).
+testbed/ imports neither (tests/unit/test_code_shape.py checks it).
 
 Each tool runs as a file (`python scripts/accuracy.py ...`, from the checkout's root as the README shows).
 Python then puts only this folder on sys.path, so each tool first adds the checkout's root, and imports

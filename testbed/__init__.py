@@ -7,5 +7,5 @@
 
 It is a package of its own, beside tests/, because the tools import it too: tests import bench/, scripts/
 and testbed/; bench/ imports scripts/ and testbed/; scripts/ imports testbed/; testbed/ imports none of
-them (test_code_shape.py checks it).
+them (tests/unit/test_code_shape.py checks it).
 """

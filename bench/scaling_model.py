@@ -121,7 +121,7 @@ def dense_bytes(shapes, workers, servers):
     """SSGD on MXNet's stock dist_sync: each worker pushes and pulls every value each step, one key per
     parameter (key = its index). MXNet puts key i on server (i * KEY_HASH) % S, except an array of at
     least MXNET_KVSTORE_BIGARRAY_BOUND elements, which it splits evenly over all servers."""
-    from ssdsgd.compression.fusion import KEY_HASH
+    from ssdsgd.ps.keys import KEY_HASH
     sizes = [_numel(s) for s in shapes]
     load = [0.0] * servers
     for key, size in enumerate(sizes):
@@ -141,10 +141,11 @@ def round_bytes(shapes, cfg, workers, servers):
     server, from the buffer plan, the mailbox formats and the downlink rings the code builds."""
     from ssdsgd.algorithms.downlink import ring_choice, ring_slots
     from ssdsgd.compression.fusion import plan_for_config, tensor_counts
+    from ssdsgd.ps.keys import place_buffers
     from ssdsgd.config import RING_DOWNLINKS
     comp, alg = cfg.compression, cfg.algorithm
     try:
-        buffers = plan_for_config(shapes, servers, comp, counted=tensor_counts(shapes, comp))
+        buffers = place_buffers(plan_for_config(shapes, servers, comp, counted=tensor_counts(shapes, comp)), servers)
     except ValueError as e:
         raise ModelError(f"buffer plan of {cfg.model.name} on {servers} server(s): {e}") from None
     ssd = alg.type == "ssd"
@@ -307,8 +308,9 @@ def layout(cfg, workers, servers, rate, measured, kind=None):
     """Everything a step time needs for `cfg` with N workers and S servers on links of `rate` bytes/s
     (0: unlimited); `measured`: t_c (compute seconds of one worker alone), cpu_w, per_byte (server
     CPU per link byte), cores (None: one host per role), latency."""
-    from ssdsgd.config import STOCK, client_kind
-    kind = kind or ("ssgd" if client_kind(cfg) == STOCK else "ssd")
+    from ssdsgd.config import runner_of
+    from ssdsgd.registry import STOCK
+    kind = kind or ("ssgd" if runner_of(cfg).plan == STOCK else "ssd")
     shapes = model_shapes(cfg)
     if kind == "ssd":
         b = round_bytes(shapes, cfg, workers, servers)

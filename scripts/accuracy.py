@@ -12,6 +12,8 @@ The suites (--suite):
                      batch and the linear learning-rate rule
   budget             the shipped top-k settings and candidate changes to them against SSGD, for other
                      budgets and training subsets
+  scale_ablation     at 4 and 8 workers with the linear rule, one change at a time (scripts/accuracy_scale.py)
+  scale_budget       at 4 and 8 workers with the linear rule, 300, 1,000 and 3,000 steps (the same file)
 
     python scripts/accuracy.py [--suite digits] [--seeds 0 1 2] [--variants LABEL ...]
         [--set KEY=VALUE ...] [--out results/accuracy_digits] [--keep-done]
@@ -31,6 +33,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
+from scripts.accuracy_scale import SCALE_ABLATION, SCALE_BUDGET
 from scripts.results_io import (done_rows, earlier_runs, job_command, job_name, job_summary, results_folder,
                                 run_captured, run_folder, settings_problem, summary_row, survive_closed_stdout,
                                 write_csv, write_manifest, write_text)
@@ -189,7 +192,8 @@ BUDGET = {
     "SSD-SGD + top-k 1%, servers' momentum": (F_TOPK, ["compression.momentum_correction=false"]),
 }
 SUITES = {"digits": VARIANTS, "fmnist": FMNIST, "defaults": DEFAULTS, "selection": SELECTION, "scale": SCALE,
-          "scale_fixed_batch": SCALE_FIXED_BATCH, "budget": BUDGET}
+          "scale_fixed_batch": SCALE_FIXED_BATCH, "budget": BUDGET,
+          "scale_ablation": SCALE_ABLATION, "scale_budget": SCALE_BUDGET}
 
 
 def run(label, config, sets, seed, out):

@@ -39,11 +39,12 @@ import zipfile
 import numpy as np
 
 from ssdsgd.compression.fusion import describe_sizes, plan_for_config
-from ssdsgd.config import ROUNDS, STOCK, apply_override, client_kind, idle_settings
+from ssdsgd.config import apply_override, idle_settings, runner_of
 from ssdsgd.errors import CheckpointError
 from ssdsgd.fingerprint import (  # noqa: F401  (read through checkpoint by the run folders and tests)
     RESUME_MAY_CHANGE, RESUME_MUST_MATCH, differences, differing, fingerprint, fingerprint_parts, hash_parts)
 from ssdsgd.metrics import write_atomic, write_json_atomic
+from ssdsgd.registry import ROUNDS, STOCK
 from ssdsgd.run_id import run_id
 
 MANIFEST = "manifest.json"
@@ -67,7 +68,7 @@ def server_stock_file(rank):
 
 def round_based(cfg):
     """Runs through our round server (SSD-SGD, compressed SSGD) rather than the stock KVStore."""
-    return client_kind(cfg) == ROUNDS
+    return runner_of(cfg).plan == ROUNDS
 
 
 def epoch_dir(root, epochs_done):
@@ -178,11 +179,7 @@ def manifest_problem(m, cfg, folder_epoch=None):
 
 def _files_problem(files, plan, workers):
     """The manifest's files against those the plan needs: worker<r>.npz of every worker, and the servers'."""
-    needed = {worker_file(r) for r in range(workers)}
-    if plan["kind"] == ROUNDS:
-        needed |= {server_buffer_file(b) for b in range(len(plan["buffer_sizes"]))}
-    else:
-        needed |= {server_stock_file(r) for r in range(plan["servers"])}
+    needed = {worker_file(r) for r in range(workers)} | set(PLAN_FORMS[plan["kind"]][1](plan))
     extra = sorted(set(files) - needed)
     if extra:
         return f"files: lists {', '.join(extra)}, which this plan does not have"
@@ -202,15 +199,18 @@ def _stock_keys_problem(keys):
 
 
 def _plan_problem(plan, cfg):
-    kind = client_kind(cfg)
+    kind = runner_of(cfg).plan
     if plan.get("kind") != kind:
         return f"kind {plan.get('kind')!r}, but this config runs {kind!r}"
     servers = plan.get("servers")
     if not _is_int(servers) or servers != cfg.cluster.servers:
         return (f"written for {servers!r} servers, but cluster.servers is {cfg.cluster.servers}: a checkpoint "
                 f"resumes only on the server layout it was taken with")
-    if kind == STOCK:
-        return _stock_keys_problem(plan.get("keys"))
+    return PLAN_FORMS[kind][0](plan, cfg)
+
+
+def _rounds_plan_problem(plan, cfg):
+    """A rounds plan's buffers (compression.fusion's plan) and the costs it was planned from."""
     sizes = plan.get("buffer_sizes")
     if not isinstance(sizes, list) or not sizes or not all(_is_int(n) and n > 0 for n in sizes):
         return f"buffer_sizes: expected a non-empty list of positive integers, got {sizes!r}"
@@ -221,6 +221,15 @@ def _plan_problem(plan, cfg):
             return (f"cost_model: expected the measured costs {{alpha, beta, backward}} (compression.buffers: "
                     f"cost_model plans from them), got {cost!r}")
     return None
+
+
+# How a plan of each form (registry.PLANS: an algorithm's entry declares its own) is checked: (what is
+# wrong with its fields, given the config; the server files it needs).
+PLAN_FORMS = {
+    ROUNDS: (_rounds_plan_problem, lambda plan: [server_buffer_file(b) for b in range(len(plan["buffer_sizes"]))]),
+    STOCK: (lambda plan, cfg: _stock_keys_problem(plan.get("keys")),
+            lambda plan: [server_stock_file(r) for r in range(plan["servers"])]),
+}
 
 
 def verify(directory, cfg):

@@ -13,8 +13,9 @@ import yaml
 
 from ssdsgd.compression.registry import NATIVE_2BIT, SPARSIFIERS, is_sparsifier, sparsifier_names
 from ssdsgd.idle import idle_keys
+from ssdsgd.registry import ALGORITHMS, PluginError, import_plugins, runner
 from ssdsgd.schema import (  # noqa: F401  (the names the rest of the package reads through config)
-    ALGORITHMS, CIFAR_FORMATS, DATASETS, IN_MEMORY_DATASETS, MIN_SERVER_TIMEOUT, ROOTED_DATASETS, SCHEMA,
+    CIFAR_FORMATS, DATASETS, IN_MEMORY_DATASETS, MIN_SERVER_TIMEOUT, ROOTED_DATASETS, SCHEMA,
     RING_DOWNLINKS, SYNTHETIC_SHAPE, VALIDATION_SOURCES, ConfigError, Field, ListField, StrListField, defaults,
     key_name, shown)
 from ssdsgd.config_yaml import MAX_BYTES, load_yaml
@@ -65,6 +66,21 @@ def _validate(schema, user, path=""):
     return out
 
 
+def _check_compression_type(algorithm, kind, sparsifier):
+    """compression.type against what algorithm.type's client takes (its registry entry)."""
+    entry = ALGORITHMS[algorithm]
+    if sparsifier and not entry.sparsifiers:
+        takers = " or ".join(n for n, a in ALGORITHMS.items() if a.sparsifiers)
+        raise ConfigError(f"compression.type: {kind} needs the round-based server (algorithm.type {takers}); "
+                          f"{algorithm} supports {' or '.join(entry.compression)}")
+    if not sparsifier and kind not in entry.compression:
+        takers = " or ".join(n for n, a in ALGORITHMS.items() if kind in a.compression) or "none"
+        instead = f"use {'/'.join(SPARSIFIERS)} with {algorithm}" if entry.sparsifiers else \
+            f"{algorithm} supports {' or '.join(entry.compression)}"
+        native = " (MXNet's native compression, on the stock KVStore path)" if kind == NATIVE_2BIT else ""
+        raise ConfigError(f"compression.type: {kind}{native} works with algorithm.type {takers}; {instead}")
+
+
 def _check_compression(c, sparsifier):
     """The compression section's keys against each other (and train.epochs)."""
     comp = c["compression"]
@@ -109,6 +125,8 @@ def _resolve_auto(c):
     sparsifier = is_sparsifier(comp["type"])
     if alg["max_staleness"] is None:
         alg["max_staleness"] = alg["delay"]
+    if "lr_cap" in ALGORITHMS[alg["type"]].uses:        # an algorithm with a delay stage
+        _resolve_delay_stage_rate(alg, c["train"])
     if alg["local"]["lr_scale"] is None:
         alg["local"]["lr_scale"] = 4.0 if alg["local"]["optimizer"] == "glu" else float(c["cluster"]["workers"])
     if comp["momentum_correction"] is None:
@@ -119,6 +137,21 @@ def _resolve_auto(c):
         comp["downlink"] = "sparse" if sparsifier else "dense"
     if comp["selection"] == "auto":
         comp["selection"] = "sampled" if sparsifier else "exact"
+
+
+def _resolve_delay_stage_rate(alg, train):
+    """The steps-delay stage's learning rate and momentum. A stale gradient is stable only at a smaller
+    step than SSGD's (docs/design.md, "The delay stage's rate"), so above algorithm.lr_cap the stage
+    takes smaller steps with more momentum: the same lr / (1 - momentum), the rate at which gradients
+    move the weights in the long run."""
+    if alg["lr"] is None:
+        alg["lr"] = train["lr"] if alg["lr_cap"] is None else min(train["lr"], alg["lr_cap"])
+    if alg["lr"] > train["lr"]:
+        raise ConfigError(f"algorithm.lr: the steps-delay stage's rate {shown(alg['lr'])} is above train.lr "
+                          f"({shown(train['lr'])}); it may only be lower")
+    if alg["momentum"] is None:
+        same = alg["lr"] == train["lr"]        # (exactly train.momentum then, not 1 - (1 - it))
+        alg["momentum"] = train["momentum"] if same else 1.0 - (1.0 - train["momentum"]) * alg["lr"] / train["lr"]
 
 
 def ssd_warmup_steps(algorithm, steps_per_epoch):
@@ -171,12 +204,7 @@ def _check_consistency(c):
     if c["train"]["eval_workers"] == "all" and alg["type"] == "asgd":
         raise ConfigError("train.eval_workers: all: asgd workers do not wait for one another, so their shares "
                           "would be counted on different global weights; use train.eval_workers: rank0")
-    if comp["type"] == NATIVE_2BIT and alg["type"] == "ssd":
-        raise ConfigError("compression.type: 2bit is MXNet's native compression and only works on the "
-                          f"stock KVStore path (algorithm.type ssgd or asgd); use {'/'.join(SPARSIFIERS)} with ssd")
-    if sparsifier and alg["type"] == "asgd":
-        raise ConfigError(f"compression.type: {comp['type']} needs the round-based server "
-                          "(algorithm.type ssd or ssgd); asgd supports none or 2bit")
+    _check_compression_type(alg["type"], comp["type"], sparsifier)
     _check_compression(c, sparsifier)
     _check_unused(c)
     cl = c["cluster"]
@@ -285,6 +313,7 @@ def load_config(path, overrides=()):
         raise ConfigError(f"{path}: top level must be a mapping")
     for text in overrides:
         apply_override(raw, *parse_override(text))
+    _import_plugins(raw)
     data = _validate(SCHEMA, raw)
     given = copy.deepcopy(data)
     _resolve_auto(data)
@@ -294,6 +323,16 @@ def load_config(path, overrides=()):
         data["name"] = os.path.splitext(os.path.basename(path))[0]
     _check_run_name(data["name"])
     return Config(data, idle)
+
+
+def _import_plugins(raw):
+    """The config's plug-in modules, imported before any key is checked: they register the algorithm and
+    compression names the rest of the config may use (ssdsgd.registry)."""
+    plugins = SCHEMA["plugins"].check("plugins", raw.get("plugins", []))
+    try:
+        import_plugins(plugins)
+    except PluginError as err:
+        raise ConfigError(f"plugins: {err}") from None
 
 
 def _check_run_name(name):
@@ -320,16 +359,16 @@ def dump_config(cfg, path):
     write_atomic(path, write)
 
 
-# Which client (ssdsgd/algorithms) runs a config: decided here, in one place, since the checkpoint
-# and the front end need the answer without importing the clients.
-STOCK, ROUNDS = "stock", "rounds"
-
-
-def client_kind(cfg):
-    """Our round server (SSD-SGD, compressed SSGD) or MXNet's stock KVStore (the baselines)."""
-    return ROUNDS if cfg.algorithm.type == "ssd" or is_sparsifier(cfg.compression.type) else STOCK
-
-
 def idle_settings(given, data):
     """idle.idle_keys of a config dict (`given` before _resolve_auto, `data` after)."""
-    return idle_keys(given, data, stock=client_kind(Config(data)) == STOCK)
+    return idle_keys(given, data)
+
+
+def algorithm_of(cfg):
+    """The registered Algorithm of cfg.algorithm.type (ssdsgd.registry)."""
+    return ALGORITHMS[cfg.algorithm.type]
+
+
+def runner_of(cfg):
+    """The registered Algorithm whose client and checkpoint plan run cfg (registry.runner)."""
+    return runner(cfg.algorithm.type, cfg.compression.type)

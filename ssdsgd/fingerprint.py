@@ -23,7 +23,7 @@ RESUME_MAY_CHANGE = (
     "log.dir", "log.every_steps", "log.tensorboard",
 )
 RESUME_MUST_MATCH = (
-    "seed", "cluster.workers", "cluster.servers",
+    "seed", "plugins", "cluster.workers", "cluster.servers",
     "data.dataset", "data.format", "data.shape", "data.num_classes", "data.synthetic_samples", "data.augment",
     "data.train_per_class", "data.train_offset", "data.validation", "data.validation_from",
     "model", "train.epochs", "train.batch_size", "train.devices", "train.lr", "train.momentum", "train.wd",

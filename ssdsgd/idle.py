@@ -5,15 +5,16 @@ silently, and a resume may change an idle key (ssdsgd.checkpoint), since it chan
 that asks for what the rest of the config cannot do (an fp16 wire, a density warm-up or a sparse downlink
 without a sparsifier, milestones on another schedule) is refused instead, by config.py's checks."""
 from ssdsgd.compression.registry import NATIVE_2BIT, is_sparsifier, sparsifier_names
+from ssdsgd.registry import ALGORITHMS, STOCK, runner
 from ssdsgd.schema import RING_DOWNLINKS, ROOTED_DATASETS, SCHEMA, defaults, shown
 
 
-def idle_keys(given, c, stock):
+def idle_keys(given, c):
     """{dotted key: None, or 'key = value has no effect: why' where it was given a value other than its
     default} for the keys that the rest of the resolved config `c` leaves unused; `given`: the config
-    before config._resolve_auto; stock: MXNet's stock KVStore runs it (config.client_kind). Noted, not
-    refused: comparing SSGD with SSD-SGD is `--set algorithm.type=ssgd` on an SSD-SGD config, whose
-    delay-stage settings then stand idle."""
+    before config._resolve_auto. Noted, not refused: comparing SSGD with SSD-SGD is `--set
+    algorithm.type=ssgd` on an SSD-SGD config, whose delay-stage settings then stand idle. The
+    algorithm.* keys in use are those its registry entry declares (ssdsgd.registry)."""
     default_config = defaults(SCHEMA)
 
     def value_given(path):
@@ -24,11 +25,13 @@ def idle_keys(given, c, stock):
 
     alg, comp, ck = c["algorithm"], c["compression"], c["checkpoint"]
     unused = {}                                            # key path -> why
-    if alg["type"] != "ssd":
-        why = f"algorithm.type is {alg['type']}; only SSD-SGD (ssd) has a delay stage"
-        unused.update({("algorithm", k): why for k in ("warmup_iters", "delay", "max_staleness", "strict", "momentum")})
-        unused.update({("algorithm", "local", k): why for k in SCHEMA["algorithm"]["local"]})
-    else:
+    uses = ALGORITHMS[alg["type"]].uses
+    for path in _algorithm_keys():
+        if not _declared(uses, path):
+            users = [name for name, a in ALGORITHMS.items() if _declared(a.uses, path)]
+            unused[path] = f"algorithm.type is {alg['type']}, which does not use it" + \
+                           (f" (used by {', '.join(users)})" if users else "")
+    if "local" in uses:
         if alg["local"]["optimizer"] != "glu":
             unused[("algorithm", "local", "c")] = f"only glu uses it, and algorithm.local.optimizer is " \
                                                   f"{alg['local']['optimizer']}"
@@ -47,7 +50,7 @@ def idle_keys(given, c, stock):
         if comp["downlink"] not in RING_DOWNLINKS:
             unused[("compression", "downlink_check_every")] = f"only the sparse and compressed downlinks are " \
                                                               f"checked, and compression.downlink is {comp['downlink']}"
-    if stock:
+    if runner(alg["type"], comp["type"]).plan == STOCK:
         why = f"MXNet's stock KVStore runs algorithm.type {alg['type']} with compression.type {comp['type']}; " \
               f"only the round-based server plans buffers"
         unused.update({("compression", k): why for k in ("buffers", "buffer_bytes")})
@@ -65,6 +68,18 @@ def idle_keys(given, c, stock):
         value, was_set = value_given(path)
         idle[".".join(path)] = f"{'.'.join(path)} = {shown(value)} has no effect: {why}" if was_set else None
     return idle
+
+
+def _algorithm_keys():
+    """The key paths of the algorithm section but its type: ("algorithm", "delay"), ("algorithm", "local", "c")."""
+    section = SCHEMA["algorithm"]
+    return [("algorithm", k, *sub) for k in section if k != "type"
+            for sub in ([(s,) for s in section[k]] if isinstance(section[k], dict) else [()])]
+
+
+def _declared(uses, path):
+    """Whether an Algorithm's `uses` names the key path ("algorithm", "local", "c"): as "local" or "local.c"."""
+    return path[1] in uses or ".".join(path[1:]) in uses
 
 
 def _idle_data_and_schedule(c, unused):

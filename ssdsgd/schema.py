@@ -8,6 +8,7 @@ import reprlib
 
 from ssdsgd.compression.registry import compression_types
 from ssdsgd.errors import JobError
+from ssdsgd.registry import algorithm_names
 from ssdsgd.schedule import KINDS as SCHEDULE_KINDS
 
 
@@ -140,7 +141,6 @@ class StrListField(Field):
         return list(value)
 
 
-ALGORITHMS = ("ssgd", "asgd", "ssd")
 DATASETS = ("digits", "cifar10", "mnist", "fashion_mnist", "imagenet", "synthetic")
 IN_MEMORY_DATASETS = ("digits", "cifar10", "mnist", "fashion_mnist")   # can be cut down and split
 VALIDATION_SOURCES = ("subset", "rest")      # data.validation_from: the kept images, or the ones left out
@@ -154,6 +154,9 @@ MIN_SERVER_TIMEOUT = 3.0   # seconds: three missed touches of a liveness file (p
 SCHEMA = {
     "name": Field(str, None, nullable=True, doc="run name; default: the config file name"),
     "seed": Field(int, 0, min=0),
+    "plugins": StrListField([], doc="modules imported before the rest of the config is read, each registering "
+                                    "algorithms (algorithm.type) or sparsifiers (compression.type) of its own "
+                                    "(docs/design.md, Extending); every host must be able to import them"),
     "cluster": {
         "workers": Field(int, 2, min=1, max=64),
         "servers": Field(int, 1, min=1, max=64),
@@ -257,25 +260,32 @@ SCHEMA = {
                            doc="NaN/Inf in loss or gradient: stop, or push a zero gradient"),
     },
     "algorithm": {
-        "type": Field(str, "ssgd", choices=ALGORITHMS),
+        "type": Field(str, "ssgd", choices=algorithm_names),
         "warmup_iters": Field(int, None, nullable=True, min=0,
                               doc="synchronous steps before the delay stage; null: one epoch (the paper's "
                                   "scripts: 500)"),
         "delay": Field(int, 1, min=1, doc="k: pull the global weights every k steps (the paper's scripts: 5)"),
         "max_staleness": Field(int, None, nullable=True, min=1, doc="S; default k"),
         "strict": Field(bool, False),
+        "lr_cap": Field(float, 0.1, nullable=True, gt=0,
+                        doc="the steps-delay stage's learning rate at most this: a higher train.lr is carried by "
+                            "momentum instead (algorithm.lr, algorithm.momentum); null: no cap"),
+        "lr": Field(float, None, nullable=True, gt=0,
+                    doc="the steps-delay stage's peak learning rate (the schedule scales it as it scales "
+                        "train.lr); null: the smaller of train.lr and lr_cap"),
         "momentum": Field(float, None, nullable=True, min=0, max=1,
                           doc="momentum of the steps-delay stage (servers, local update, momentum correction); "
-                              "default train.momentum"),
+                              "null: 1 - (1 - train.momentum) * algorithm.lr / train.lr, which keeps SSGD's "
+                              "lr / (1 - momentum)"),
         "local": {
             "optimizer": Field(str, "global_momentum", choices=("glu", "sgd", "global_momentum"),
                                doc="the local update between refreshes: momentum SGD carrying the global "
                                    "velocity (global_momentum), plain sgd, or the paper's GLU rule (glu)"),
             "lr": Field(float, None, nullable=True, gt=0),
             "lr_scale": Field(float, None, nullable=True, gt=0,
-                              doc="local lr = lr_scale * global lr (if lr unset); null: the number of workers "
-                                  "(a worker's own gradient stands in for all of theirs), 4 for glu (the "
-                                  "paper's)"),
+                              doc="local lr = lr_scale * the delay stage's lr (algorithm.lr), if local.lr is "
+                                  "unset; null: the number of workers (a worker's own gradient stands in for "
+                                  "all of theirs), 4 for glu (the paper's)"),
             "c": Field(float, 0.5, min=0, doc="GLU compensation coefficient"),
         },
     },

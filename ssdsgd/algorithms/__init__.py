@@ -1,25 +1,20 @@
 """Clients: how a worker moves gradients and weights to and from the servers (base.py: the contract).
 
-Which client runs a config is decided in one place, ssdsgd.config.client_kind; CLIENTS maps each kind
-to its class, imported only when a worker builds it (this package is read by the front end, which must
-not import mxnet). A new variant is one module with a base.Client subclass plus its line in CLIENTS,
-and the configs it runs routed to it in client_kind (see the README, "Extending").
+Which client runs a config is its algorithm's registry entry's (ssdsgd.registry, where the built-ins
+are declared and a plug-in registers itself); the class is imported only when a worker builds it (the
+front end reads the registry and must not import mxnet). A new algorithm is one module: a base.Client
+subclass registered by name (docs/design.md, "Extending: an algorithm").
 """
-import importlib
 import os
 
-from ssdsgd.config import ROUNDS, STOCK, client_kind
+from ssdsgd.config import runner_of
 from ssdsgd.env import rank_line
-
-CLIENTS = {
-    STOCK: "ssdsgd.algorithms.stock:StockClient",       # SSGD / ASGD on MXNet's stock KVStore
-    ROUNDS: "ssdsgd.algorithms.ssd:RoundClient",        # SSD-SGD and compressed SSGD on the round server
-}
+from ssdsgd.registry import client_class as registered_class
 
 
 def client_class(cfg):
-    module, _, name = CLIENTS[client_kind(cfg)].partition(":")
-    return getattr(importlib.import_module(module), name)
+    """The client class that runs cfg."""
+    return registered_class(runner_of(cfg))
 
 
 def create_kvstore(cfg):

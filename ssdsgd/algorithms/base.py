@@ -9,6 +9,8 @@ residual_norm() for the log, finish() at the end; `stats` goes into the run summ
 from dataclasses import dataclass
 from typing import Optional
 
+from ssdsgd.config import runner_of
+
 
 @dataclass
 class StepRecord:
@@ -22,8 +24,7 @@ class StepRecord:
 
 
 class Client:
-    """Base class of the clients. `kind` names the client in checkpoints (the manifest's plan)."""
-    kind = None
+    """Base class of the clients, each registered by name with what it declares (ssdsgd.registry)."""
 
     def __init__(self, kv, params, cfg, schedule, log, total_steps=None, measure_backward=None,
                  steps_per_epoch=None):
@@ -58,8 +59,9 @@ class Client:
         raise NotImplementedError
 
     def plan_record(self):
-        """What the checkpoint manifest records of the servers' layout (ssdsgd/checkpoint.py)."""
-        return {"kind": self.kind}
+        """What the checkpoint manifest records of the servers' layout (ssdsgd/checkpoint.py): the plan
+        form the algorithm's entry declares, and what that form needs (a stock plan: "keys")."""
+        return {"kind": runner_of(self.cfg).plan}
 
     def state(self):
         """This worker's algorithm state for a checkpoint: (arrays, meta)."""

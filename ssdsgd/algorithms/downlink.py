@@ -22,9 +22,9 @@ import numpy as np
 
 from ssdsgd.algorithms.policy import density_stage
 from ssdsgd.compression.codec import WireFormat, use_bitmap
-from ssdsgd.compression.fusion import KeyAllocator
 from ssdsgd.config import RING_DOWNLINKS
 from ssdsgd.ps.commands import num_servers
+from ssdsgd.ps.keys import KeyAllocator
 from ssdsgd.ps.ring import RING_HEADER, RingLayout, read_ring
 from ssdsgd.ps.rounds import ReplicaMismatch
 

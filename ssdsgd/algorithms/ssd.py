@@ -21,11 +21,12 @@ from ssdsgd.compression.encoders import make_stages, time_encoding
 from ssdsgd.compression.flatviews import FlatBuffer, FlatViews
 from ssdsgd.compression.fusion import describe_sizes
 from ssdsgd.compression.registry import is_sparsifier
-from ssdsgd.config import ROUNDS, ssd_warmup_steps
+from ssdsgd.config import ssd_warmup_steps
 from ssdsgd.env import BIGARRAY_BOUND_ENV
 from ssdsgd.checkpoint import costs_problem, plan_problem
 from ssdsgd.errors import CheckpointError
 from ssdsgd.ps.commands import num_servers
+from ssdsgd.ps.keys import place_stages
 from ssdsgd.ps.rounds import BufferState
 from ssdsgd.schedule import LRSchedule, held_carry
 
@@ -40,8 +41,6 @@ class BufferViews(NamedTuple):
 
 
 class RoundClient(Client):
-    kind = ROUNDS
-
     def __init__(self, kv, params, cfg, schedule, log, total_steps, measure_backward=None,
                  steps_per_epoch=None):
         super().__init__(kv, params, cfg, schedule, log)
@@ -59,6 +58,9 @@ class RoundClient(Client):
         # The steps-delay stage may run with its own momentum (algorithm.momentum), on the servers,
         # in the local optimizer and in the compressor's momentum correction alike.
         self.delay_momentum = cfg.train.momentum if alg.momentum is None else alg.momentum
+        # ... and its own learning rate (algorithm.lr, at most algorithm.lr_cap): the servers' and the
+        # local update's schedules are scaled by it from the first delay-stage step on.
+        self.delay_lr_factor = 1.0 if alg.lr is None else alg.lr / cfg.train.lr
         # DGC momentum correction moves the gradients' momentum to the workers; the servers then run
         # plain SGD.
         mc = cfg.compression.momentum_correction
@@ -83,7 +85,8 @@ class RoundClient(Client):
     def _make_local_optimizer(self, total_steps):
         alg, train = self.cfg.algorithm, self.cfg.train
         scale = 1.0 / (self.kv.num_workers * train.batch_size)
-        local_sched = self.schedule.scaled(alg.local.lr / train.lr if alg.local.lr else alg.local.lr_scale)
+        local_sched = self.schedule.scaled(alg.local.lr / train.lr if alg.local.lr
+                                           else alg.local.lr_scale * self.delay_lr_factor)
         # The first local update is global step `warmup` (1-based count warmup + 1), so the local
         # schedule stays in step with the servers' (milestones, the end of a cosine).
         common = dict(learning_rate=local_sched.base_lr, wd=train.wd, rescale_grad=scale,
@@ -117,6 +120,7 @@ class RoundClient(Client):
         shapes = [p.shape for p in self.params]
         self.stages = make_stages(shapes, num_servers(kv), comp, kv.rank, momentum=self.cfg.train.momentum,
                                   cost=cost, seed=self.cfg.seed)
+        place_stages([bufs for bufs, _ in self.stages], num_servers(kv))
         self.buffers, self.encoders = self.stages[-1]          # the steady state
         self.memory = self.encoders[0].memory                   # error feedback, shared by every encoder
         if comp.fusion == "behind" and is_sparsifier(comp.type) and all(len(b.params) == 1 for b in self.buffers):
@@ -143,12 +147,12 @@ class RoundClient(Client):
         train = self.cfg.train
         return BufferState(size, self.kv.num_workers, train.batch_size, self.server_momentum, train.wd,
                            LRSchedule.from_dict(self.schedule.to_dict()), [], self.server_delay_momentum,
-                           self.warmup)
+                           self.warmup, self.delay_lr_factor)
 
     def plan_record(self):
         """What the checkpoint manifest records of the servers' layout (ssdsgd/checkpoint.py)."""
-        return {"kind": self.kind, "buffer_sizes": [b.size for b in self.buffers],
-                "cost_model": self.stats.get("cost_model")}
+        return dict(super().plan_record(), buffer_sizes=[b.size for b in self.buffers],
+                    cost_model=self.stats.get("cost_model"))
 
     def setup(self, resume_dir=None, saved_meta=None, saved_plan=None):
         """Plan, install the plan on the servers, initialise and bind the keys, get the weights.
@@ -171,7 +175,8 @@ class RoundClient(Client):
         per_buffer = list(zip(*[bufs for bufs, _ in self.stages]))     # buffer -> itself per stage
         plan = dict(num_workers=kv.num_workers, batch_size=train.batch_size,
                     momentum=self.server_momentum, delay_momentum=self.server_delay_momentum,
-                    warmup=self.warmup, wd=train.wd, schedule=self.schedule.to_dict(),
+                    delay_lr_factor=self.delay_lr_factor, warmup=self.warmup, wd=train.wd,
+                    schedule=self.schedule.to_dict(),
                     buffers=[dict(b.to_dict(list(stages)), downlink=down)
                              for b, stages, down in zip(self.buffers, per_buffer, self.downlink.plans)])
         self.transport.install(plan, self.params, [self.downlink.keys(bi) for bi in range(len(self.buffers))],

@@ -6,48 +6,21 @@ signed `stock_optimizer` command (data, not a pickle) with rescale_grad = 1/(N*B
 server sums the N gradients of a round before one update; in dist_async every push is applied on
 its own, so N pushes of g/(N*B) make one synchronous step's worth of progress.
 
-MXNet places a key on server (key * 9973) % S (arrays of MXNET_KVSTORE_BIGARRAY_BOUND elements or more
-it splits over all servers): the parameters' keys are chosen so that each lands on the least-loaded
-server (balanced_keys); keys numbered 0..n-1 would leave the servers' shares uneven (measured:
-docs/design.md, "Speed past two workers and one server").
+The parameters' keys are chosen so that each lands on the least-loaded server (ssdsgd.ps.keys.balanced_keys).
 """
 import os
 
 import mxnet as mx
 
 from ssdsgd.algorithms.base import Client, StepRecord
-from ssdsgd.compression.fusion import KeyAllocator
 from ssdsgd.compression.registry import NATIVE_2BIT
-from ssdsgd.config import STOCK
 from ssdsgd.env import BIGARRAY_BOUND_ENV
 from ssdsgd.errors import CheckpointError
 from ssdsgd.ps import commands
-
-MXNET_BIGARRAY_BOUND = 1000 * 1000     # MXNet's default of MXNET_KVSTORE_BIGARRAY_BOUND
-
-
-def balanced_keys(sizes, num_servers, bound=MXNET_BIGARRAY_BOUND):
-    """A key per parameter (sizes: element counts) such that the servers hold nearly equal shares of
-    the elements and of the keys (a server's CPU per step grows with both): largest first, each to
-    the least-loaded server that holds fewer than its share of the keys (arrays of `bound` elements or
-    more MXNet splits over every server, so they load each equally), then keys in parameter order
-    that hash to the chosen servers. With one server: 0..n-1."""
-    load, count, server = [0.0] * num_servers, [0] * num_servers, [0] * len(sizes)
-    most = -(-len(sizes) // num_servers)                # keys per server at most
-    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
-        if sizes[i] >= bound:                           # the key does not place it
-            load = [x + sizes[i] / num_servers for x in load]
-            continue
-        server[i] = min((s for s in range(num_servers) if count[s] < most), key=lambda s: (load[s], s))
-        load[server[i]] += sizes[i]
-        count[server[i]] += 1
-    keys = KeyAllocator(num_servers)
-    return [keys.on(s) for s in server]
+from ssdsgd.ps.keys import MXNET_BIGARRAY_BOUND, balanced_keys
 
 
 class StockClient(Client):
-    kind = STOCK
-
     def __init__(self, kv, params, cfg, schedule, log, total_steps=None, measure_backward=None,
                  steps_per_epoch=None):
         super().__init__(kv, params, cfg, schedule, log)
@@ -100,7 +73,7 @@ class StockClient(Client):
         return StepRecord(self.push_bytes_per_step, self.pull_bytes_per_step, self.staleness)
 
     def plan_record(self):
-        return {"kind": self.kind, "keys": self.keys}
+        return dict(super().plan_record(), keys=self.keys)
 
     def global_weights(self, steps_done):
         """The weights to evaluate: after the step's pulls, the parameters are the global ones."""

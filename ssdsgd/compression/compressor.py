@@ -3,10 +3,14 @@
 Exactly k, always: every worker then pushes the same number of values per tensor, so mailbox
 sizes are fixed and equal across workers (SAFusion's inter-worker alignment).
 
-The contract (stated here only): select(x, k, key, step) takes x, a 1-D float32 numpy array on the
-host (the tensor's accumulated gradient), and returns k distinct integer indices into it as a numpy
-array (int64), in any order (top-k's are increasing); key and step name the tensor and the step, for
-seeded randomness. The encoder (encoders.py) gathers the values and packs them for the wire (codec.py).
+The contract (stated here only): a sparsifier subclasses Sparsifier and implements select(x, k, key,
+step): x is a 1-D float32 numpy array on the host (the tensor's accumulated gradient), and it returns
+k distinct integer indices into x as a numpy array (int64), in any order (top-k's are increasing); key
+and step name the tensor and the step, for seeded randomness. The encoders (encoders.py) call every
+sparsifier the same way, once per buffer: select_buffer(acc) with the buffer's compensated tensors
+(accumulated.Accumulated), which runs select on each by default; one whose selection is the k largest
+magnitudes declares `magnitudes = True` and takes them from acc (TopK). The encoders then take the
+values sent out of the memory and pack them for the wire (codec.py).
 
 Why on the host: see encoders.py, which copies each sparse buffer's gradient there once per step.
 
@@ -17,30 +21,45 @@ import numpy as np
 from ssdsgd.compression.registry import register
 
 
-@register("topk")
-class TopK:
-    """The k largest magnitudes."""
+class Sparsifier:
+    """The base of the sparsifiers (see the module's docstring), built as cls(seed=seed)."""
+    # The sparsifier reads the magnitudes of the accumulated tensors (Accumulated.largest_magnitudes):
+    # with compression.selection: sampled the memory's pass then writes them, and searches for candidates.
+    magnitudes = False
 
-    def __init__(self, seed=0):          # no randomness; the seed is taken for a uniform constructor
+    def __init__(self, seed=0):          # no randomness needed: the seed is taken for a uniform constructor
         self.seed = seed
+
+    def select(self, x, k, key, step):
+        raise NotImplementedError
+
+    def select_buffer(self, acc):
+        """{tensor j: its indices} for every tensor j of acc.part (acc: the buffer's accumulated.Accumulated)."""
+        return {j: self.select(acc.tensors[j], acc.counts[j], acc.keys[j], acc.step) for j in acc.part}
+
+
+@register("topk")
+class TopK(Sparsifier):
+    """The k largest magnitudes."""
+    magnitudes = True
 
     def select(self, x, k, key, step):
         return top_magnitudes(np.abs(x), k)
 
+    def select_buffer(self, acc):
+        return acc.largest_magnitudes()        # select's set, found among what the memory's pass wrote
+
 
 @register("randomk")
-class RandomK:
+class RandomK(Sparsifier):
     """k uniformly random positions, the same on every worker (seeded by tensor key and step)."""
-
-    def __init__(self, seed=0):
-        self.seed = seed
 
     def select(self, x, k, key, step):
         return step_rng(self.seed, key, step).choice(x.shape[0], size=k, replace=False).astype(np.int64)
 
 
 @register("dgc")
-class SampledThreshold:
+class SampledThreshold(Sparsifier):
     """DGC's selection: estimate the top-k threshold from a random sample of magnitudes (a fraction
     of the tensor, at least min_sample entries) and take the entries above it. The push size must
     be exactly k (inter-worker alignment), so the k largest are then taken among the entries above

@@ -1,5 +1,10 @@
 """Worker-side encoding of one buffer's gradients into a mailbox message.
 
+Every sparsifier goes one way, as GRACE splits it: compensate (the memory's error feedback and momentum
+correction, this step's quotas, and with selection: sampled the magnitudes and candidate search the
+sparsifier may read), compress (its select_buffer over the buffer's accumulated.Accumulated), then take
+the values sent out of the memory and code them.
+
 DenseEncoder: the flattened gradients, what an uncompressed push sends.
 SparseEncoder, fusion 'ahead' (SAFusion): every tensor is sparsified on its own with
   k_i = max(1, floor(density * n_i)), so no tensor goes missing, then the (index + offset, value)
@@ -27,11 +32,11 @@ from mxnet.base import _LIB, check_call
 
 from ssdsgd.compression import kernels
 from ssdsgd.compression.codec import FP16_MAX, encode_message, encode_sparse, sparse_message
-from ssdsgd.compression.compressor import (TopK, sample_size, sample_threshold, sampled_candidates, step_rng,
-                                           top_magnitudes)
+from ssdsgd.compression.accumulated import Accumulated
+from ssdsgd.compression.compressor import sample_size, sample_threshold, sampled_candidates, step_rng
 from ssdsgd.compression.fusion import plan_for_config, tensor_counts, warmup_stages
 from ssdsgd.compression.memory import Memory
-from ssdsgd.compression.quotas import allocate_by_threshold, kth_largest, quotas_from_candidates
+from ssdsgd.compression.quotas import allocate_by_threshold, quotas_from_candidates
 from ssdsgd.compression.registry import is_sparsifier, make_compressor
 
 
@@ -68,10 +73,9 @@ class SparseEncoder:
         self.ends = np.cumsum(buffer.sizes, dtype=np.int64)
         self.counts = list(buffer.counts)       # k_i per tensor; their sum (the message size) is fixed
         self.allocate_every = allocate_every    # compression.allocation: gradient (0: by size, fixed)
-        # compression.selection: sampled: top-k searches among sampled candidates (compressor.py). The
-        # searches of top-k proper run on the encoder's magnitudes, see _sampled_ahead.
+        # compression.selection: sampled: top-k searches among sampled candidates (compressor.py), the
+        # quotas' and, for a sparsifier that reads the magnitudes, its own (accumulated.py).
         self.sampled, self.seed = sampled, seed
-        self.by_magnitude = sampled and isinstance(compressor, TopK)
         self.host = self.mag = None             # the buffer's gradient on the host, its magnitudes
         self.room = None                        # the fused search's candidates: (indices, magnitudes)
 
@@ -88,36 +92,46 @@ class SparseEncoder:
         return mx.nd.array(msg, dtype=msg.dtype)
 
     def _indices_and_values(self, grads, step):
-        """This step's selection: buffer indices and their values (what encode_sparse codes)."""
+        """This step's selection, as GRACE splits it for every sparsifier: compensate (error feedback,
+        momentum correction, the quotas), compress (the sparsifier's select_buffer), then take the
+        values sent from the memory. Buffer indices and their values (what encode_sparse codes)."""
+        acc = self._compensate(grads, step)
+        picks = self.compressor.select_buffer(acc)
+        parts = [self._take(t, acc.counts[j], acc.keys[j], picks.get(j), whole=j not in acc.part)
+                 for j, t in enumerate(acc.tensors)]
+        idx = np.concatenate([i + off for (i, _), off in zip(parts, acc.offsets)])
+        val = np.concatenate([v for _, v in parts])
+        return idx, val
+
+    def _compensate(self, grads, step):
+        """The buffer's gradients through the memory, this step's quotas, and, with selection: sampled,
+        the magnitudes and candidate search the sparsifier may use (accumulated.Accumulated)."""
         b = self.buffer
         if self.mag is None:
             self._allocate_magnitudes()
         rng = step_rng(self.seed, -1 - b.id, step) if self.sampled else None
+        wanted = self.sampled and self.compressor.magnitudes     # the sparsifier reads them: written in the pass
         if self.behind:
             flat = self._to_host(grads)           # fusion behind: the whole buffer as one array
-            acc = self.memory.accumulate(-1 - b.id, flat, self.mag if self.by_magnitude else None)
-            idx = top_magnitudes(self.mag, b.topk_count, rng) if self.by_magnitude else None
-            idx, val = self._select(acc, b.topk_count, -1 - b.id, step, idx=idx)
+            key = -1 - b.id
+            acc = self.memory.accumulate(key, flat, self.mag if wanted else None)
+            return Accumulated([acc], [b.topk_count], [key], [0], [0], step, rng, self.mag if wanted else None)
+        allocate = self.allocate_every and step % self.allocate_every == 0
+        pieces = self._host_pieces(grads)
+        # The magnitudes are needed for a sampled search: written as the memory accumulates.
+        mag = self.mag if self.sampled and (allocate or wanted) else None
+        found = self._fused_ahead(pieces, rng) if mag is not None and allocate else None
+        if found is not None:
+            accs, search = found
         else:
-            allocate = self.allocate_every and step % self.allocate_every == 0
-            pieces = self._host_pieces(grads)
-            # The magnitudes are needed for a sampled search: written as the memory accumulates.
-            mag = self.mag if self.sampled and (allocate or self.by_magnitude) else None
-            fused = self._fused_ahead(pieces, rng) if mag is not None and allocate else None
-            if fused is not None:
-                accs, picks = fused
-            else:
-                accs = [self.memory.accumulate(b.params[j], piece,
-                                               None if mag is None or j in self.whole else mag[off:off + n])
-                        for j, (piece, off, n) in enumerate(zip(pieces, self.offsets, b.sizes))]
-                picks = self._sampled_ahead(accs, allocate, rng) if mag is not None else {}
-            if allocate and not self.sampled:
-                self.counts = allocate_by_threshold(accs, self.counts, self.whole)
-            parts = [self._select(acc, self.counts[j], b.params[j], step, whole=j in self.whole, idx=picks.get(j))
-                     for j, acc in enumerate(accs)]
-            idx = np.concatenate([i + off for (i, _), off in zip(parts, self.offsets)])
-            val = np.concatenate([v for _, v in parts])
-        return idx, val
+            accs = [self.memory.accumulate(b.params[j], piece,
+                                           None if mag is None or j in self.whole else mag[off:off + n])
+                    for j, (piece, off, n) in enumerate(zip(pieces, self.offsets, b.sizes))]
+            search = self._sampled_quotas(accs, allocate, rng) if mag is not None else {}
+        if allocate and not self.sampled:
+            self.counts = allocate_by_threshold(accs, self.counts, self.whole)
+        part = [j for j in range(len(accs)) if j not in self.whole]
+        return Accumulated(accs, self.counts, list(b.params), part, self.offsets, step, rng, mag, **search)
 
     def _to_host(self, grads):
         """The buffer's gradients copied into one float32 host array, reused every step (a fresh
@@ -144,11 +158,10 @@ class SparseEncoder:
         for j in self.whole:         # never a candidate of a top-k search: sent whole anyway
             self.mag[self.offsets[j]:self.offsets[j] + b.sizes[j]] = -1.0
 
-    def _sampled_ahead(self, accs, allocate, rng):
-        """compression.selection: sampled, fusion ahead, with self.mag filled. Re-allocates the quotas
-        (allocate) from one sampled candidate search over the buffer, and with top-k returns {tensor:
-        its indices}, taken among those candidates where the tensor's quota fits in them, else by a
-        search of its own."""
+    def _sampled_quotas(self, accs, allocate, rng):
+        """compression.selection: sampled, fusion ahead, with self.mag filled: on an allocating step the
+        quotas from one sampled candidate search over the buffer (or, where it does not narrow, from the
+        accumulated gradients). What the search found, as Accumulated's fields."""
         b, mag = self.buffer, self.mag
         part = [j for j in range(len(accs)) if j not in self.whole]
         if allocate and len(part) > 1:
@@ -156,51 +169,26 @@ class SparseEncoder:
             if found is not None:
                 # found[bounds[j]:bounds[j + 1]] are tensor j's candidates (found is increasing)
                 bounds = np.searchsorted(found, np.concatenate([[0], np.cumsum(b.sizes)]))
-                return self._picks(found, mag[found], bounds, rng)
+                return self._quotas(found, mag[found], bounds)
             self.counts = allocate_by_threshold(accs, self.counts, self.whole)
-        return self._picks(None, None, None, rng)
+        return {}
 
-    def _picks(self, found, values, bounds, rng, accs=None, tops=None):
-        """The quotas from the candidates of a buffer-wide search (found, their magnitudes values,
-        tensor j's at bounds[j]:bounds[j + 1]; found None: no search), and with top-k {tensor: its
-        indices} (see _sampled_ahead). The fused pass gives accs, the tensors' accumulated gradients
-        (self.mag does not hold their magnitudes: a tensor that needs them gets them here), and tops,
-        the position of each one's largest magnitude: a quota of 1 without candidates (allocation's
-        floor of one) takes it."""
-        b, mag = self.buffer, self.mag
-        part = [j for j in range(len(b.sizes)) if j not in self.whole]
-        if found is not None:
-            self.counts, *around = quotas_from_candidates(values, bounds, self.counts, self.whole)
-        if not self.by_magnitude:
-            return {}
-        picks, counts = {}, np.array(self.counts, np.int64)
-        fits = np.zeros(len(counts), bool)
-        if found is not None:                 # the tensors whose quota fits in their candidates, in one call
-            bounds = np.asarray(bounds, np.int64)
-            fits[part] = counts[part] <= np.diff(bounds)[part]
-            taken = np.empty(int(counts[fits].sum()), np.int64)
-            kths = kth_largest(values, bounds, counts, fits, None if around[0] is None else around)
-            kernels.top_among(found, values, bounds, counts, fits, kths, taken)
-            ends = np.cumsum(np.where(fits, counts, 0))
-            for j in np.flatnonzero(fits):
-                picks[int(j)] = taken[ends[j] - counts[j]:ends[j]] - self.offsets[j]
-        for j in part:
-            off, n, k = self.offsets[j], b.sizes[j], self.counts[j]
-            if not fits[j] and k == 1 and tops is not None:
-                picks[j] = np.array([tops[j]])
-            elif not fits[j]:                 # a search of its own
-                if accs is not None:
-                    np.abs(accs[j], out=mag[off:off + n])
-                picks[j] = top_magnitudes(mag[off:off + n], k, rng)
-        return picks
+    def _quotas(self, found, values, bounds, tops=None):
+        """The quotas from the candidates of a buffer-wide search (found, their magnitudes values, tensor
+        j's at bounds[j]:bounds[j + 1]); the search, as Accumulated's fields. The fused pass gives tops,
+        the position of each tensor's largest magnitude, and leaves self.mag without the magnitudes."""
+        self.counts, tau, above, ties = quotas_from_candidates(values, bounds, self.counts, self.whole)
+        return dict(found=found, values=values, bounds=bounds, around=None if tau is None else (tau, above, ties),
+                    tops=tops, mag_written=tops is None)
 
     def _fused_ahead(self, pieces, rng):
-        """The memory's pass and _sampled_ahead's search of an allocating step, in one pass: the sample's
+        """The memory's pass and _sampled_quotas' search of an allocating step, in one pass: the sample's
         magnitudes come first (Memory.peek), so the pass knows the threshold and collects the candidates
-        (Memory.accumulate_candidates) instead of writing every magnitude to be read again. (accs, picks)
-        as the two give them, or None (rng and memory untouched) where the search would not narrow, all
-        entries pass, or there is no residual; candidates overflowing their room or fewer than the
-        budget: the magnitudes are written and _sampled_ahead searches again from the same rng state."""
+        (Memory.accumulate_candidates) instead of writing every magnitude to be read again. (accs, the
+        search) as the two give them, or None (rng and memory untouched) where the search would not
+        narrow, all entries pass, or there is no residual; candidates overflowing their room or fewer
+        than the budget: the magnitudes are written and _sampled_quotas searches again from the same rng
+        state."""
         b, memory = self.buffer, self.memory
         part = [j for j in range(len(pieces)) if j not in self.whole]
         budget = sum(self.counts[j] for j in part)
@@ -228,8 +216,8 @@ class SparseEncoder:
             for j in part:
                 np.abs(accs[j], out=self.mag[self.offsets[j]:self.offsets[j] + b.sizes[j]])
             rng.bit_generator.state = state
-            return accs, self._sampled_ahead(accs, True, rng)
-        return accs, self._picks(idx[:count], val[:count], bounds, rng, accs, tops)
+            return accs, self._sampled_quotas(accs, True, rng)
+        return accs, self._quotas(idx[:count], val[:count], bounds, tops)
 
     def _peek(self, pieces, at):
         """The buffer's magnitudes at the positions `at`, as the memory's pass will make them
@@ -247,13 +235,13 @@ class SparseEncoder:
                 self.memory.peek(b.params[j], piece, at[lo:hi], off, drawn[lo:hi])
         return drawn
 
-    def _select(self, acc, k, key, step, whole=False, idx=None):
-        """Select (or, for a tensor sent whole, take every index; or take idx, the encoder's own
-        top-k search), send, remember the rest."""
+    def _take(self, acc, k, key, idx, whole=False):
+        """The values at idx (for a tensor sent whole, every index) out of the memory, which forgets them."""
         if whole:
             idx = np.arange(acc.shape[0])
         elif idx is None:
-            idx = self.compressor.select(acc, k, key, step)
+            raise ValueError(f"sparsifier {type(self.compressor).__name__}: select_buffer gave no indices for "
+                             f"tensor {key}")
         # Every value sent (a small tensor sent whole, a 1-element tensor, a density-1 stage): keep
         # the momentum, see Memory.update.
         whole = whole or k >= acc.shape[0]
@@ -336,7 +324,7 @@ def make_stages(shapes, num_servers, comp, rank, *, momentum=0.0, cost=None, see
     whole = counts.whole                                     # min_dense_bytes: the same in every stage
     memory, compressor = encoders[0].memory, encoders[0].compressor
     stages = [(bufs, _sparse_encoders(bufs, compressor, memory, whole, comp))
-              for bufs in warmup_stages(buffers, stage_counts, num_servers)]
+              for bufs in warmup_stages(buffers, stage_counts)]
     return stages + [(buffers, encoders)]
 
 

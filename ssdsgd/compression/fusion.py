@@ -1,14 +1,10 @@
-"""Buffer plan: which parameters are fused into which buffer, on which server, under which keys.
+"""Buffer plan: which parameters are fused into which buffer (ssdsgd.ps.keys then puts each buffer on a
+server, under keys that hash there).
 
 Every worker computes the plan from the parameter shapes alone, so all workers get the identical
 plan (same buffers, same mailbox sizes: the inter-worker alignment SAFusion relies on) without
 exchanging it. Buffers group consecutive parameters in backward order (last layer first), so the
 first buffer is complete earliest and its push overlaps the rest of backward.
-
-MXNet's client sends a key to server (key * 9973) % S as long as the key is below
-MXNET_KVSTORE_BIGARRAY_BOUND elements (the round-based client raises the bound so buffers are never
-split), and the server's updater can only write arrays it stores. So a buffer's weight, mailbox and
-clock keys are chosen to land on the same server.
 """
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -18,8 +14,6 @@ import numpy as np
 from ssdsgd.compression.codec import WireFormat, max_buffer_elements
 from ssdsgd.compression.registry import is_sparsifier
 
-KEY_HASH = 9973  # ps-lite key placement in MXNet's KVStoreDist
-
 
 @dataclass
 class Buffer:
@@ -28,7 +22,7 @@ class Buffer:
     offsets: list                 # element offset of each parameter inside the buffer
     sizes: list                   # element count of each parameter
     counts: list                  # values sent per parameter (k_i; equal to sizes when dense)
-    server: int = 0
+    server: int = 0               # where ssdsgd.ps.keys places it, and its keys there
     weight_key: int = -1
     mailbox_key: int = -1
     clock_key: int = -1
@@ -166,42 +160,11 @@ def group_one_per_server(sizes_backward, num_servers):
     return groups
 
 
-class KeyAllocator:
-    """Fresh keys, each one placed on a chosen server by MXNet's key hash."""
-
-    def __init__(self, num_servers, start=0):
-        self.num_servers = num_servers
-        self.next = start
-
-    def on(self, server):
-        k = self.next
-        while (k * KEY_HASH) % self.num_servers != server:
-            k += 1
-        self.next = k + 1
-        return k
-
-
-def assign_keys(buffers, num_servers):
-    """Least-loaded server per buffer (largest first), then keys that hash to that server."""
-    load = [0] * num_servers
-    for buf in sorted(buffers, key=lambda b: -b.size):
-        buf.server = min(range(num_servers), key=lambda s: (load[s], s))
-        load[buf.server] += buf.size
-    keys = KeyAllocator(num_servers)
-    for buf in buffers:
-        buf.weight_key = keys.on(buf.server)
-        buf.mailbox_key = keys.on(buf.server)
-        buf.clock_key = keys.on(buf.server)
-
-
-def warmup_stages(buffers, stage_counts, num_servers):
-    """The plan once per density stage of the compression warm-up: the same buffers, weight and clock
-    keys, with that stage's counts and a mailbox key of its own (a key's size is fixed at kv.init).
-    stage_counts: per stage, the values sent per parameter (forward numbering)."""
-    used = max(max(b.weight_key, b.mailbox_key, b.clock_key) for b in buffers)
-    keys = KeyAllocator(num_servers, start=used + 1)
-    return [[replace(b, counts=[counts[i] for i in b.params], mailbox_key=keys.on(b.server))
-             for b in buffers] for counts in stage_counts]
+def warmup_stages(buffers, stage_counts):
+    """The plan once per density stage of the compression warm-up: the same buffers with that stage's
+    counts (ssdsgd.ps.keys.place_stages gives each its own mailbox key). stage_counts: per stage, the
+    values sent per parameter (forward numbering)."""
+    return [[replace(b, counts=[counts[i] for i in b.params]) for b in buffers] for counts in stage_counts]
 
 
 def plan_cost_model(sizes, counts, sparse, alpha, beta, backward, fp16=False, index_coding="list"):
@@ -293,7 +256,6 @@ def make_plan(shapes, num_servers, *, mode="one", buffer_bytes=4 << 20, counts=N
         buffers.append(Buffer(id=b, params=params, offsets=offsets, sizes=psizes,
                               counts=[counts[i] for i in params], codec=codec, fp16=fp16,
                               index_coding=index_coding))
-    assign_keys(buffers, num_servers)
     return buffers
 
 

@@ -32,9 +32,9 @@ import time
 
 import numpy as np
 
-from ssdsgd.compression.fusion import KeyAllocator
 from ssdsgd.env import NUM_WORKER_ENV, ROLE_NAME_ENV, SCHEDULER_HOST_ENV, SECRET_ENV
 from ssdsgd.ps import commands
+from ssdsgd.ps.keys import KeyAllocator
 
 # Seconds from the first worker's signed hello to the last one's: all roles leave ps-lite's start-up
 # together and a worker says hello at once (all within 0.1-0.3 s on a loaded 2-core machine).

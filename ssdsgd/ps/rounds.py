@@ -52,15 +52,16 @@ class ReplicaMismatch(RoundError):
 
 class BufferState:
     def __init__(self, size, num_workers, batch_size, momentum, wd, schedule, formats,
-                 delay_momentum=None, warmup=0):
+                 delay_momentum=None, warmup=0, delay_lr_factor=1.0):
         self.size = size
         self.num_workers = num_workers
         self.scale = 1.0 / (num_workers * batch_size)
         self.momentum = momentum
-        # SSD-SGD's steps-delay stage (rounds >= warmup) may run with its own momentum: stale
-        # gradients act like extra momentum, see docs/design.md, "Momentum of the steps-delay stage".
+        # SSD-SGD's steps-delay stage (rounds >= warmup) runs with its own momentum and rate: see
+        # docs/design.md, "The delay stage's rate".
         self.delay_momentum = momentum if delay_momentum is None else delay_momentum
         self.warmup = warmup
+        self.delay_lr_factor = delay_lr_factor     # ... and its own rate (algorithm.lr / train.lr)
         self.wd = wd
         self.schedule = schedule
         self.formats = formats        # codec.WireFormat per density stage
@@ -152,7 +153,10 @@ class BufferState:
         mom <- mu*mom - lr*(grad_sum*scale + wd*weights); weights += mom, in chunks through two small
         scratch arrays: as whole-array expressions it allocated four buffer-sized temporaries a round,
         which at ResNet-50's size cost more than the arithmetic. Same float32 operations per element."""
-        lr = np.float32(self.schedule(self.version + 1))     # MXNet counts updates from 1
+        lr = self.schedule(self.version + 1)                 # MXNet counts updates from 1
+        if self.version >= self.warmup and self.delay_lr_factor != 1.0:
+            lr *= self.delay_lr_factor
+        lr = np.float32(lr)
         mu = np.float32(self.momentum if self.version < self.warmup else self.delay_momentum)
         scale, wd = np.float32(self.scale), np.float32(self.wd)
         if self._scratch is None:

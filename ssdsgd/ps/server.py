@@ -59,7 +59,8 @@ class RoundService:
                 formats.append(WireFormat.from_dict(box))
             self.states[b] = BufferState(buf["size"], plan["num_workers"], plan["batch_size"],
                                          plan["momentum"], plan["wd"], schedule, formats,
-                                         plan.get("delay_momentum"), plan.get("warmup", 0))
+                                         plan.get("delay_momentum"), plan.get("warmup", 0),
+                                         plan.get("delay_lr_factor", 1.0))
             self.stored[b] = {}
             down = buf.get("downlink")
             if down:

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from ssdsgd.config import ssd_warmup_steps
+from ssdsgd.config import algorithm_of, ssd_warmup_steps
 from ssdsgd.env import HEARTBEAT_ENV
 from ssdsgd.errors import JobError
 from ssdsgd.metrics import ACC_TAG
@@ -39,8 +39,8 @@ def run_worker(cfg, resume=False, overwrite=False):
     run, held = start_run(cfg, resume, overwrite)
     bsz, total_steps, step = cfg.train.batch_size, run.total_steps, run.step
     heartbeat = os.environ.get(HEARTBEAT_ENV)
-    # SSD-SGD's warm-up is synchronous; traffic after it is what the delay stage costs.
-    warmup_steps = ssd_warmup_steps(cfg.algorithm, run.steps_per_epoch) if cfg.algorithm.type == "ssd" else 0
+    # An algorithm's warm-up (SSD-SGD's) is synchronous; traffic after it is what its own stage costs.
+    warmup_steps = ssd_warmup_steps(cfg.algorithm, run.steps_per_epoch) if algorithm_of(cfg).warmup else 0
     t_start = time.perf_counter()
     counters = Counters(warmup_steps, ACC_TAG[run.data.eval_set], time.perf_counter())
     if run.saved_counters is not None:

@@ -159,7 +159,7 @@ def _simulate_strict_ssd(cfg, num_workers, total_steps):
 
     alg, tr = cfg.algorithm, cfg.train
     lr, mu, wd, N = tr.lr, tr.momentum, tr.wd, num_workers
-    lr_loc, c, k, Tw = tr.lr * alg.local.lr_scale, alg.local.c, alg.delay, alg.warmup_iters
+    lr_loc, c, k, Tw = alg.lr * alg.local.lr_scale, alg.local.c, alg.delay, alg.warmup_iters
     glob = [np.concatenate([W0.ravel(), b0])]          # glob[v] = global weights at version v
     vel = np.zeros_like(glob[0])
     split = W0.size
@@ -172,7 +172,9 @@ def _simulate_strict_ssd(cfg, num_workers, total_steps):
             gW, gb = grad(loc[r][:split].reshape(W0.shape), loc[r][split:], *batches[r][t])
             grads.append(np.concatenate([gW.ravel(), gb]))
         G = sum(grads)
-        vel = mu * vel - lr * (G / (N * B) + wd * glob[-1])
+        delayed = t >= Tw                                # the delay stage's own rate and momentum
+        rate, m = (alg.lr, alg.momentum) if delayed else (lr, mu)
+        vel = m * vel - rate * (G / (N * B) + wd * glob[-1])
         glob.append(glob[-1] + vel)                      # round t applied: version t+1
         if t < Tw:                                       # synchronous: every step is a refresh
             loc = [glob[t + 1].copy() for _ in range(N)]
@@ -188,10 +190,11 @@ def _simulate_strict_ssd(cfg, num_workers, total_steps):
 
 
 @pytest.mark.timeout(240)
-def test_strict_ssd_matches_numpy_simulation(tmp_path):
+@pytest.mark.parametrize("lr", ["0.05", "0.3"])          # below and above algorithm.lr_cap (0.1)
+def test_strict_ssd_matches_numpy_simulation(tmp_path, lr):
     from ssdsgd.config import load_config
     sets = ["model.name=linear", "model.hybridize=false", "train.epochs=2", "train.batch_size=16",
-            "train.lr=0.05", "train.lr_schedule.type=constant", "algorithm.warmup_iters=5",
+            f"train.lr={lr}", "train.lr_schedule.type=constant", "algorithm.warmup_iters=5",
             "algorithm.delay=3", "algorithm.strict=true"]
     job = run_job(tmp_path, SSD, *sets, name="strict")
     assert job.rc == 0, job.output

@@ -123,7 +123,7 @@ def test_plan_chooses_the_coding_per_buffer_and_per_density_stage():
     (listed,) = make_plan(shapes, 1, counts=dense_counts, codec="sparse", index_coding="list")
     assert not listed.wire.bitmap and listed.wire.length == 2 + 2 * 484
     # A 1% stage (48 + 1 values) keeps the index list; the 10% steady state uses the bitmap.
-    (stage,), = warmup_stages([buf], [[48, 1]], 1)
+    (stage,), = warmup_stages([buf], [[48, 1]])
     assert not stage.wire.bitmap and stage.wire.length == 2 + 2 * 49
     (dense,) = make_plan(shapes, 1, index_coding="auto")
     assert not dense.wire.bitmap and dense.wire == WireFormat("dense", 4848)

@@ -82,7 +82,8 @@ def test_liveness_interval_is_the_hooks():
 # layer can be read (and tested) knowing only what lies below it. A package is one layer.
 LAYERS = [
     {"env", "errors"},                                          # names and errors shared by everything
-    {"faults", "schedule", "metrics", "compression", "provenance", "run_id", "paths"},   # leaf helpers
+    {"faults", "schedule", "metrics", "compression", "provenance", "run_id", "paths",   # leaf helpers,
+     "registry"},                                               # the algorithms by name
     {"schema"},                                                 # the config's keys and their checks
     {"config_yaml"},                                            # reading YAML with limits
     {"idle"},                                                   # which keys the rest of a config leaves idle

@@ -13,9 +13,10 @@ from support.jobs import ROOT
 from ssdsgd.compression.codec import WireFormat
 from ssdsgd.compression.compressor import RandomK, SampledThreshold, TopK
 from ssdsgd.compression.encoders import SparseEncoder, make_encoders, tensor_counts
-from ssdsgd.compression.fusion import KEY_HASH, make_plan, plan_cost_model
+from ssdsgd.compression.fusion import make_plan, plan_cost_model
 from ssdsgd.compression.memory import Memory
 from ssdsgd.config import load_config
+from ssdsgd.ps.keys import KEY_HASH, place_buffers
 from ssdsgd.ps.rounds import BufferState
 
 TOPK_CONFIG = "configs/demo_digits_ssd_topk.yaml"
@@ -375,6 +376,7 @@ def test_workers_build_identical_plans(buffers, servers):
     sizes = [int(np.prod(s)) for s in SMALL_CNN_LIKE]
     # every parameter in exactly one buffer, backward order, contiguous offsets
     assert [p for b in plan0 for p in b.params] == list(range(len(sizes)))[::-1]
+    place_buffers(plan0, servers)
     keys = []
     for b in plan0:
         assert b.offsets == list(np.cumsum([0] + b.sizes[:-1]))

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from ssdsgd.config import load_config
+from ssdsgd.config import ConfigError, load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "**", "*.yaml"), recursive=True))
@@ -48,8 +48,7 @@ def test_settings_the_rest_of_the_config_leaves_idle_are_named():
     topk = os.path.join(ROOT, "configs", "fmnist_resnet20_ssd_topk.yaml")
     flipped = load_config(topk, ["algorithm.type=ssgd", "algorithm.delay=5", "checkpoint.keep=2"])
     assert flipped.ignored == (
-        "algorithm.delay = 5 has no effect: algorithm.type is ssgd; only SSD-SGD (ssd) has a delay stage",
-        "algorithm.momentum = 0.9 has no effect: algorithm.type is ssgd; only SSD-SGD (ssd) has a delay stage",
+        "algorithm.delay = 5 has no effect: algorithm.type is ssgd, which does not use it (used by ssd)",
         "checkpoint.keep = 2 has no effect: no checkpoint is written (checkpoint.dir and checkpoint.every_epochs "
         "are not both set)")
     ssd = os.path.join(ROOT, "configs", "fmnist_resnet20_ssd.yaml")
@@ -107,6 +106,25 @@ def test_defaults_follow_the_other_keys(tmp_path):
     assert load_config(str(plain), ["algorithm.local.optimizer=glu"]).algorithm.local.lr_scale == 4.0
     behind = load_config(str(plain), ["compression.type=topk", "compression.fusion=behind"])
     assert behind.compression.allocation == "size" and behind.compression.downlink == "sparse"
+
+
+def test_delay_stage_rate_above_the_cap_moves_into_momentum(tmp_path):
+    """Above algorithm.lr_cap the steps-delay stage runs at the cap with more momentum, keeping SSGD's
+    lr / (1 - momentum); at or below it, at SSGD's rate and momentum exactly."""
+    plain = tmp_path / "p.yaml"
+    plain.write_text("algorithm:\n  type: ssd\n")
+    scaled = load_config(str(plain), ["cluster.workers=8", "train.lr=0.4", "train.momentum=0.9"]).algorithm
+    assert scaled.lr == 0.1 and scaled.momentum == pytest.approx(0.975, abs=1e-12)
+    assert 0.4 / (1 - 0.9) == pytest.approx(scaled.lr / (1 - scaled.momentum))
+    at_cap = load_config(str(plain), ["train.lr=0.1", "train.momentum=0.9"]).algorithm
+    assert (at_cap.lr, at_cap.momentum) == (0.1, 0.9)
+    uncapped = load_config(str(plain), ["train.lr=0.4", "algorithm.lr_cap=null"]).algorithm
+    assert (uncapped.lr, uncapped.momentum) == (0.4, 0.9)
+    own = load_config(str(plain), ["train.lr=0.4", "algorithm.momentum=0.95"]).algorithm
+    assert (own.lr, own.momentum) == (0.1, 0.95)                 # a momentum given is kept
+    assert load_config(str(plain), ["algorithm.type=ssgd", "train.lr=0.4"]).algorithm.lr is None
+    with pytest.raises(ConfigError, match=r"^algorithm\.lr: .* above train\.lr"):
+        load_config(str(plain), ["train.lr=0.1", "algorithm.lr=0.2"])
 
 
 @pytest.mark.parametrize("name", ["cifar10_resnet20_ssd", "imagenet_resnet50_ssd"])

@@ -70,7 +70,7 @@ def test_tags_depend_on_secret_server_worker_and_nonce():
 
 
 def test_proof_keys_land_on_their_servers():
-    from ssdsgd.compression.fusion import KEY_HASH
+    from ssdsgd.ps.keys import KEY_HASH
     for servers in (1, 2, 3):
         keys = membership.proof_keys(servers)
         assert [(k * KEY_HASH) % servers for k in keys] == list(range(servers))

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from ssdsgd.compression.codec import WireFormat, SparseGrad
-from ssdsgd.compression.fusion import KEY_HASH, group_balanced, group_even, largest_deviation, make_plan
+from ssdsgd.compression.fusion import group_balanced, group_even, largest_deviation, make_plan
+from ssdsgd.ps.keys import KEY_HASH, balanced_keys, place_buffers
 from ssdsgd.ps import commands
 from ssdsgd.ps.rounds import BufferState, RoundError
 from ssdsgd.ps.server import RoundService
@@ -39,9 +40,9 @@ def make_grads(rng, rounds=ROUNDS, workers=N, size=SIZE):
     return rng.standard_normal((rounds, workers, size)).astype(np.float32) * 3
 
 
-def reference(w0, grads, lr_of, version0=0, mu=MU, wd=WD, n=N, b=B, delay_mu=None, warmup=0):
+def reference(w0, grads, lr_of, version0=0, mu=MU, wd=WD, n=N, b=B, delay_mu=None, warmup=0, delay_lr=1.0):
     """Weights after 0..R rounds: momentum SGD on the summed gradient, in float64 (momentum
-    delay_mu from round `warmup` on, if given)."""
+    delay_mu and the rate times delay_lr from round `warmup` on, if given)."""
     w = w0.astype(np.float64)
     v = np.zeros_like(w)
     out = [w.copy()]
@@ -49,6 +50,8 @@ def reference(w0, grads, lr_of, version0=0, mu=MU, wd=WD, n=N, b=B, delay_mu=Non
         G = grads[r].astype(np.float64).sum(axis=0)
         lr = lr_of(version0 + r + 1)
         m = delay_mu if delay_mu is not None and version0 + r >= warmup else mu
+        if version0 + r >= warmup:
+            lr *= delay_lr
         v = m * v - lr * (G / (n * b) + wd * w)
         w = w + v
         out.append(w.copy())
@@ -116,6 +119,21 @@ def test_delay_stage_momentum_from_round_warmup_on():
         np.testing.assert_allclose(st.weights, ref[r + 1], rtol=1e-5, atol=1e-6)
     same = reference(w0, grads, step_lr)
     assert np.abs(ref[2] - same[2]).max() == 0 and np.abs(ref[3] - same[3]).max() > 1e-3
+
+
+def test_delay_stage_rate_from_round_warmup_on():
+    """algorithm.lr: rounds >= warmup apply the schedule's rate times algorithm.lr / train.lr."""
+    rng, grads, w0 = problem(6)
+    ref = reference(w0, grads, step_lr, delay_mu=0.95, warmup=2, delay_lr=0.5)
+    st = BufferState(SIZE, N, B, MU, WD, make_schedule(), [WireFormat("dense", SIZE)],
+                     delay_momentum=0.95, warmup=2, delay_lr_factor=0.5)
+    st.bind(w0)
+    for r in range(ROUNDS):
+        for k in range(N):
+            st.receive(message(r, k, grads[r, k]))
+        np.testing.assert_allclose(st.weights, ref[r + 1], rtol=1e-5, atol=1e-6)
+    full_rate = reference(w0, grads, step_lr, delay_mu=0.95, warmup=2)
+    assert np.abs(ref[2] - full_rate[2]).max() == 0 and np.abs(ref[3] - full_rate[3]).max() > 1e-3
 
 
 def test_fast_worker_several_rounds_ahead():
@@ -457,7 +475,7 @@ def cosine_lr(t, base=0.1, total=4, final=0.01):
 
 
 def make_service_plan(shapes, workers, batch, **plan_kw):
-    buffers = make_plan(shapes, 1, **plan_kw)
+    buffers = place_buffers(make_plan(shapes, 1, **plan_kw), 1)
     plan = {"op": "round_plan", "num_workers": workers, "batch_size": batch, "momentum": MU, "wd": WD,
             "schedule": LRSchedule("cosine", base_lr=0.1, total_updates=4, final_lr=0.01).to_dict(),
             "buffers": [b.to_dict() for b in buffers]}
@@ -563,7 +581,7 @@ def check_plan(buffers, shapes):
 @pytest.mark.parametrize("servers", [1, 2, 3])
 @pytest.mark.parametrize("mode", ["one", "fixed"])
 def test_plan_covers_all_params_and_places_keys(servers, mode):
-    buffers = make_plan(SHAPES, servers, mode=mode, buffer_bytes=4 * 700)
+    buffers = place_buffers(make_plan(SHAPES, servers, mode=mode, buffer_bytes=4 * 700), servers)
     check_plan(buffers, SHAPES)
     keys = [k for b in buffers for k in (b.weight_key, b.mailbox_key, b.clock_key)]
     assert len(set(keys)) == len(keys)
@@ -577,7 +595,7 @@ def test_plan_covers_all_params_and_places_keys(servers, mode):
 
 @pytest.mark.parametrize("servers", [1, 2, 3])
 def test_mode_one_gives_one_buffer_per_server(servers):
-    buffers = make_plan(SHAPES, servers, mode="one")
+    buffers = place_buffers(make_plan(SHAPES, servers, mode="one"), servers)
     assert len(buffers) == servers
     assert sorted(b.server for b in buffers) == list(range(servers))
 
@@ -585,7 +603,7 @@ def test_mode_one_gives_one_buffer_per_server(servers):
 def test_mode_one_one_buffer_per_server_when_first_layer_is_largest():
     # Backward order puts the largest parameter last; two servers must still get a buffer each.
     shapes = [(100,), (1,), (1,), (1,)]
-    buffers = make_plan(shapes, 2, mode="one")
+    buffers = place_buffers(make_plan(shapes, 2, mode="one"), 2)
     check_plan(buffers, shapes)
     assert len(buffers) == 2
     assert sorted(b.server for b in buffers) == [0, 1]
@@ -632,7 +650,7 @@ def test_mode_one_splits_resnet20_consecutively_unless_only_whole_tensor_placeme
     placed largest first: 8%), 18% on 8 (placed so: 14%, not within 10% either: kept)."""
     shapes = parameter_shapes("cifar_resnet20_v1", 10, (3, 32, 32))
     sizes_bwd = [numel(s) for s in shapes][::-1]
-    buffers = make_plan(shapes, servers, mode="one")
+    buffers = place_buffers(make_plan(shapes, servers, mode="one"), servers)
     assert sorted(i for b in buffers for i in b.params) == list(range(len(shapes)))
     assert sorted(b.server for b in buffers) == list(range(servers))
     positions = [[len(shapes) - 1 - i for i in b.params] for b in buffers]
@@ -642,7 +660,8 @@ def test_mode_one_splits_resnet20_consecutively_unless_only_whole_tensor_placeme
     for b in buffers:                                  # offsets follow each buffer's own tensor list
         assert b.sizes == [numel(shapes[i]) for i in b.params]
         assert b.offsets == [int(x) for x in np.concatenate([[0], np.cumsum(b.sizes)[:-1]])]
-    assert [x.to_dict() for x in make_plan(list(shapes), servers, mode="one")] == [x.to_dict() for x in buffers]
+    assert [x.to_dict() for x in place_buffers(make_plan(list(shapes), servers, mode="one"), servers)] == \
+        [x.to_dict() for x in buffers]
     kept = make_plan(shapes, servers, mode="consecutive")       # always the consecutive split
     assert [[len(shapes) - 1 - i for i in b.params] for b in kept] == group_even(sizes_bwd, servers)
 
@@ -651,17 +670,16 @@ def test_mode_one_plan_is_recomputed_identically():
     """What a resume relies on: the same shapes give the same buffers, servers and keys."""
     shapes = [(16, 3, 3, 3), (16,), (16,), (32, 16, 3, 3), (32,), (32,), (64, 32, 3, 3), (64,), (10, 64), (10,)]
     for servers in (2, 3, 4):
-        a, b = make_plan(shapes, servers, mode="one"), make_plan(list(shapes), servers, mode="one")
+        a, b = (place_buffers(make_plan(s, servers, mode="one"), servers) for s in (shapes, list(shapes)))
         assert [x.to_dict() for x in a] == [x.to_dict() for x in b]
         check_plan(a, shapes)
         assert sorted(x.server for x in a) == list(range(servers))
 
 
 def test_stock_keys_spread_elements_and_keys_over_the_servers():
-    """The stock path's keys (ssdsgd.algorithms.stock.balanced_keys): each hashes to the server chosen
+    """The stock path's keys (ssdsgd.ps.keys.balanced_keys): each hashes to the server chosen
     for it; elements and key counts even where the sizes allow; one server: 0..n-1 (the numbering
     before, so one-server checkpoints keep their keys); arrays at the big-array bound place nowhere."""
-    from ssdsgd.algorithms.stock import balanced_keys
     sizes = [36864] * 5 + [18432, 9216, 9216, 4608, 2304, 432] + [64, 32, 16] * 10     # ResNet-20-like
     assert balanced_keys(sizes, 1) == list(range(len(sizes)))
     for servers in (2, 3, 4):
@@ -703,7 +721,7 @@ def test_fixed_mode_gives_every_server_as_many_buffers_of_about_the_same_size(se
     # 40 tensors of 100 elements with a cap of 1,500: filling each buffer to the cap made 1,500, 1,500 and
     # 1,000 elements, leaving a fourth server without a buffer and the others uneven.
     shapes = [(100,)] * 40
-    buffers = make_plan(shapes, servers, mode="fixed", buffer_bytes=4 * 1500)
+    buffers = place_buffers(make_plan(shapes, servers, mode="fixed", buffer_bytes=4 * 1500), servers)
     check_plan(buffers, shapes)
     assert len(buffers) % servers == 0 and all(b.size <= 1500 for b in buffers)
     load = [sum(b.size for b in buffers if b.server == s) for s in range(servers)]

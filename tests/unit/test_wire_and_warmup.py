@@ -13,7 +13,8 @@ from ssdsgd.algorithms.policy import density_stage
 from ssdsgd.compression.codec import DIGIT, FP16_MAX, WireFormat
 from ssdsgd.compression.compressor import TopK
 from ssdsgd.compression.encoders import SparseEncoder, make_stages, tensor_counts
-from ssdsgd.compression.fusion import KEY_HASH, make_plan
+from ssdsgd.compression.fusion import make_plan
+from ssdsgd.ps.keys import KEY_HASH, place_stages
 from ssdsgd.compression.memory import Memory
 from ssdsgd.config import ConfigError, load_config
 from ssdsgd.ps.server import RoundService
@@ -175,6 +176,7 @@ def test_warmup_stages_share_buffers_and_get_their_own_mailboxes(servers, fp16):
     comp = comp_config(f"compression.warmup={warmup}", "compression.buffers=fixed",
                        "compression.buffer_bytes=40000", f"compression.fp16_values={str(fp16).lower()}")
     stages = make_stages(SMALL_CNN_LIKE, servers, comp, 0)
+    place_stages([bufs for bufs, _ in stages], servers)
     assert len(stages) == 3
     final, _ = stages[-1]
     assert len(final) >= 2
@@ -202,6 +204,8 @@ def test_round_service_applies_rounds_pushed_in_every_stage():
                        "compression.error_feedback=false")
     workers, batch, lr = 2, 4, 0.05
     stages = [make_stages(SHAPES, 1, comp, rank) for rank in range(workers)]
+    for made in stages:
+        place_stages([bufs for bufs, _ in made], 1)
     (buf,) = stages[0][-1][0]
     plan = {"num_workers": workers, "batch_size": batch, "momentum": 0.0, "wd": 0.0,
             "schedule": LRSchedule("constant", base_lr=lr, total_updates=10).to_dict(),

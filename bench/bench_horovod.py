@@ -35,7 +35,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
 from bench import bench_network as bn  # noqa: E402
-from bench import horovod_table, netns, vcluster  # noqa: E402
+from bench import horovod_table  # noqa: E402
+from testbed import netns, vcluster  # noqa: E402
 from scripts.results_io import rate_name, read_jsonl, stop_on_sigterm, write_manifest  # noqa: E402
 
 SSDSGD_VARIANTS = ("ssgd", "ssd", "ssd_topk_sparse", "ssd_topk_compressed")   # bench_network's keys

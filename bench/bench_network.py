@@ -1,7 +1,7 @@
 """Bandwidth-limited network benchmark: every job on per-host shaped links (default) or on one shaped loopback.
 
 Two topologies (--topology):
-  hosts (default): each job gets a fresh virtual cluster (bench/vcluster.py): one network namespace
+  hosts (default): each job gets a fresh virtual cluster (testbed/vcluster.py): one network namespace
     per host, each with its own link (eth0 on a bridge), `tbf rate R mbit burst 256kb latency 50ms` on
     both directions of every host link (no qdisc for rate 0 = unlimited), one sshd per host. Host h0
     runs the launcher and the scheduler (the ssh launcher runs the scheduler where it runs itself; its
@@ -20,7 +20,7 @@ Two topologies (--topology):
     per-host topology existed; the README's older figures).
 
 For each repeat, rate and algorithm (interleaved: repeat 1 runs A B C ... at every rate, then repeat 2),
-the loopback topology creates a namespace (bench/netns.py: lo mtu 9000, `tbf rate R mbit burst 256kb
+the loopback topology creates a namespace (testbed/netns.py: lo mtu 9000, `tbf rate R mbit burst 256kb
 latency 50ms`, no qdisc for rate 0 = unlimited), runs `python -m ssdsgd` inside it for a fixed
 number of steps, and records:
   - the job's summary.json (images/s, wall time, steps, push/pull bytes per step of rank 0),
@@ -61,7 +61,7 @@ import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
-from bench import netns, vcluster
+from testbed import netns, vcluster
 from scripts.results_io import (COMPUTE_BOUND, rate_name, read_csv, read_jsonl, stop_group, stop_on_sigterm,
                                 write_manifest)
 from ssdsgd.metrics import SUMMARY_FILE, metrics_file

@@ -1,7 +1,7 @@
 """How evenly the servers share the load: each server's CPU and link bytes per step, at 2 and 4 servers.
 
 For each repeat, server count (--servers) and algorithm (--algorithms), one job of bench_network's hosts
-topology (bench/vcluster.py: h0 the launcher and the scheduler, the servers on h1..hS, the workers after
+topology (testbed/vcluster.py: h0 the launcher and the scheduler, the servers on h1..hS, the workers after
 them, one host each; unlimited links unless --rate): the base config with --workers workers at a small
 per-worker batch (--batch), so that many processes on few cores still step quickly. bench_network's
 run_one runs it and measures, besides its usual columns, per server host in the steady window (the
@@ -13,7 +13,7 @@ Writes <out>/runs.csv (bench_network's columns, one row per job as it ends), <ou
 per server count and algorithm: every server's figures, the largest deviations, and whether each is
 within TOLERANCE of the mean) and <out>/manifest.json.
 
-Usage (root; the tools of bench/vcluster.py):
+Usage (root; the tools of testbed/vcluster.py):
   python bench/bench_server_balance.py --out results/server_balance
   python bench/bench_server_balance.py --servers 2 --algorithms ssgd --steps 20 --out /tmp/balance
   python bench/bench_server_balance.py --table-only --out results/server_balance
@@ -28,7 +28,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
 from bench import bench_network as bn
-from bench import vcluster
+from testbed import vcluster
 from scripts.results_io import rate_name, write_manifest
 
 ALGORITHMS = "ssgd,ssd_topk_sparse,ssd_topk_compressed"

@@ -16,7 +16,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
-from bench.netns import Namespace, tools_problem
+from testbed.netns import Namespace, tools_problem
 from scripts.results_io import (job_command, job_name, job_summary, results_folder, run_captured, stop_on_sigterm,
                                 write_csv, write_manifest, write_text)
 

@@ -20,7 +20,7 @@ Every kind asked for is drawn at least once when there are as many faults as kin
 then finish with exit 0, final weights bit for bit the reference's, its metrics recording every step
 once, one restart per kill, stop, disk and cut fault (none for the others) and no process of it left.
 
---cluster runs both jobs with `--launcher ssh` on a virtual cluster (bench/vcluster.py, root only):
+--cluster runs both jobs with `--launcher ssh` on a virtual cluster (testbed/vcluster.py, root only):
 4 hosts in network namespaces on one bridge, one sshd each; h0 runs the launcher and the scheduler,
 h1 server 0, h2 worker 0, h3 worker 1. Roles are found by PID inside the hosts' namespaces (their
 DMLC_ROLE and DMLC_TASK_ID), a link is taken down at the switch (`ip link set v<i> down`: the host's
@@ -43,7 +43,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
-from bench.procs import processes_with, role_of
+from testbed.procs import processes_with, role_of
 from scripts.results_io import job_command, run_folder, stop_on_sigterm, write_manifest, write_text
 from ssdsgd.launch.watch import PAUSE_NOTE
 from ssdsgd.metrics import read_metrics, read_summary
@@ -155,7 +155,7 @@ class Cluster:
     settings = SETTINGS + ["cluster.stall_timeout=60"]
 
     def __init__(self, marker, scratch):
-        from bench import vcluster
+        from testbed import vcluster
         self.marker, self.vcluster = marker, vcluster
         self.vc = vcluster.VCluster(hosts=len(HOST_ROLES)).create()
         hostfile = self.vc.write_hostfile(os.path.join(scratch, "hosts"), range(1, len(HOST_ROLES)))
@@ -383,7 +383,7 @@ def parse_args(argv):
     if os.path.exists(os.path.join(args.out, "manifest.json")):
         ap.error(f"--out: {args.out} already holds results; choose another folder")
     if args.cluster:
-        from bench import vcluster
+        from testbed import vcluster
         try:
             vcluster.check_tools()
         except vcluster.ClusterError as err:

@@ -3,7 +3,7 @@
     python scripts/gen_config_doc.py            # rewrite docs/config.md
     python scripts/gen_config_doc.py --check    # exit 1 if docs/config.md differs from SCHEMA
 
-tests/test_docs.py renders the file in memory and compares it with the committed one, so the reference
+tests/unit/test_docs.py renders the file in memory and compares it with the committed one, so the reference
 cannot drift from the code. Whether a key may change on `--resume` comes from ssdsgd.checkpoint.
 """
 import argparse
@@ -33,7 +33,7 @@ SECTION_TEXT = {
     "log": "Where run folders go and how often a step is logged.",
 }
 
-# Descriptions of the keys whose Field in SCHEMA has no doc string yet (tests/test_docs.py checks that
+# Descriptions of the keys whose Field in SCHEMA has no doc string yet (tests/unit/test_docs.py checks that
 # every key has exactly one of the two, so a doc added to SCHEMA must be removed here).
 NOTES = {
     "seed": "seed of the initial weights and the data order (the order depends only on seed, epoch and rank)",
@@ -167,7 +167,7 @@ def render():
         "# Configuration reference",
         "",
         f"Generated from `SCHEMA` in `ssdsgd/schema.py` by `{COMMAND}`; do not edit by hand "
-        "(`tests/test_docs.py` fails when this file and the schema disagree).",
+        "(`tests/unit/test_docs.py` fails when this file and the schema disagree).",
         "",
         "A config is a YAML file of these sections; a key left out takes its default. Override any key on the "
         "command line with `--set section.key=value` (the value is YAML: "

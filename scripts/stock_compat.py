@@ -22,7 +22,7 @@ sha256 (not the files).
 
 Writes runs.csv (one row per run), table.md and manifest.json to --out. --load N keeps N busy-loop
 processes running meanwhile (a machine as loaded as a whole `make test` on 2 cores), for failures that
-show only under load. Slow (tens of minutes): not part of `make test`; tests/test_stock_compat.py runs
+show only under load. Slow (tens of minutes): not part of `make test`; tests/jobs/test_stock_compat.py runs
 each of our own cases once.
 """
 import argparse

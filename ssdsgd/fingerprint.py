@@ -5,7 +5,7 @@ import json
 
 from ssdsgd.schema import shown
 
-# Every config key is one of these two (tests/test_fingerprint.py walks SCHEMA): the keys a
+# Every config key is one of these two (tests/unit/test_fingerprint.py walks SCHEMA): the keys a
 # resume may change, because they change neither the data a step sees nor the arithmetic of a step
 # (where the job runs, how long it may take, what is logged, when it stops and how it is evaluated),
 # and everything else, which must match the checkpoint. A new key is refused by that test until it is

@@ -1,5 +1,5 @@
 """When an SSD-SGD worker pushes, waits, pulls and lands a pull: the step policy, pure (no MXNet, no
-processes), so every case can be tested from a table (tests/test_step_policy.py).
+processes), so every case can be tested from a table (tests/unit/test_step_policy.py).
 
 The global weights of a buffer have a version, the number of rounds the servers applied to it; a
 worker's local weights carry the version of the pull they were last refreshed from. Per step t, after

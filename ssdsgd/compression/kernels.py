@@ -4,7 +4,7 @@ candidate search of `compression.selection: sampled`, in one pass over each tens
 Each kernel does, element by element, exactly the float32 operations the numpy formulation does, in the
 same order (u * mu, then + g; r * carry, then + the momentum or gradient; the magnitude |r|), so its
 results are the numpy formulation's bit for bit: numba compiles without fastmath, so LLVM neither fuses
-a multiply and an add nor reorders them. The numpy formulation is kept in tests/test_kernels.py, as the
+a multiply and an add nor reorders them. The numpy formulation is kept in tests/unit/test_kernels.py, as the
 oracle the kernels are compared with.
 
 The pass runs chunk by chunk (CHUNK elements, within the L1 cache). Collecting a sampled search's

@@ -92,7 +92,7 @@ def _die_with_wrapper(wrapper_pid):
 
 def main(command):
     env = dict(os.environ)
-    # The names are ssdsgd.env's (no imports here; tests/test_code_shape.py checks them).
+    # The names are ssdsgd.env's (no imports here; tests/unit/test_code_shape.py checks them).
     env.pop('SSDSGD_REMOTE_WRAPPER', None)   # the role itself keeps its liveness file (pyhooks/sitecustomize.py)
     job_dir = env.pop(JOB_DIR_ENV, '')
     iface = env.pop('SSDSGD_HOST_INTERFACE', '')

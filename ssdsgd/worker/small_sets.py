@@ -20,7 +20,7 @@ from ssdsgd.worker.datasets import (
 
 # Images per class (0..9) of the digits training split (build_digits: 80 % of scikit-learn's 1797, stratified,
 # random_state 0), from which the front end counts a digits training set without importing scikit-learn
-# (seconds); tests/test_data.py checks them against the split itself.
+# (seconds); tests/unit/test_data.py checks them against the split itself.
 DIGITS_TRAIN_PER_CLASS = (142, 146, 142, 146, 145, 145, 145, 143, 139, 144)
 
 

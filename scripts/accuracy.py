@@ -33,7 +33,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
-from scripts.accuracy_scale import SCALE_ABLATION, SCALE_BUDGET
+from scripts.accuracy_scale import SCALE_ABLATION, SCALE_BUDGET, scaled_by_linear_rule
 from scripts.results_io import (done_rows, earlier_runs, job_command, job_name, job_summary, results_folder,
                                 run_captured, run_folder, settings_problem, summary_row, survive_closed_stdout,
                                 write_csv, write_manifest, write_text)
@@ -149,14 +149,12 @@ for _n in (8, 4, 2):
     })
 
 
-def _fixed_worker_batch(workers, per_worker_batch=128, base_lr=0.1, base_workers=2):
-    """N workers at the configs' per-worker batch (global batch 128 N), as users scale: Goyal et al.'s
-    linear rule (lr = the 2-worker configs' 0.1 x N/2) with a linear lr warm-up over the first epoch;
-    the local update's lr N times the global one. SSD-SGD's synchronous warm-up is one epoch at every
-    N (`algorithm.warmup_iters: null`), as the configs' 39 steps are one epoch at 2 workers."""
-    return [f"cluster.workers={workers}", f"train.batch_size={per_worker_batch}",
-            f"train.lr={base_lr * workers / base_workers:g}", "train.lr_schedule.warmup_epochs=1",
-            f"algorithm.local.lr_scale={float(workers)}"]
+def _fixed_worker_batch(workers):
+    """N workers at the configs' per-worker batch (global batch 128 N) by the linear rule
+    (accuracy_scale.scaled_by_linear_rule); the local update's lr N times the global one. SSD-SGD's
+    synchronous warm-up is one epoch at every N (`algorithm.warmup_iters: null`), as the configs' 39 steps
+    are one epoch at 2 workers."""
+    return [*scaled_by_linear_rule(workers), f"algorithm.local.lr_scale={float(workers)}"]
 
 
 # The same algorithms at N = 8 and 4 with a fixed per-worker batch (issue 36, item 1, second view).

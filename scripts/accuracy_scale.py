@@ -26,9 +26,16 @@ def epochs_for(steps, workers):
     return max(1, round(steps / per_epoch))
 
 
+def scaled_by_linear_rule(workers, per_worker_batch=PER_WORKER_BATCH, base_lr=0.1, base_workers=2):
+    """N workers at a fixed per-worker batch, as users scale: Goyal et al.'s linear rule (lr = the 2-worker
+    configs' 0.1 x N/2) with a linear lr warm-up over the first epoch."""
+    return [f"cluster.workers={workers}", f"train.batch_size={per_worker_batch}",
+            f"train.lr={base_lr * workers / base_workers:g}", "train.lr_schedule.warmup_epochs=1"]
+
+
 def linear_rule(workers, steps):
-    return [f"cluster.workers={workers}", f"train.batch_size={PER_WORKER_BATCH}", f"train.lr={0.05 * workers:g}",
-            "train.lr_schedule.warmup_epochs=1", "algorithm.warmup_iters=null",
+    """The proxy at N workers by the linear rule for about `steps` steps, SSD-SGD's warm-up one epoch."""
+    return [*scaled_by_linear_rule(workers), "algorithm.warmup_iters=null",
             f"train.epochs={epochs_for(steps, workers)}", *PROXY]
 
 

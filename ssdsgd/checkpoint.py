@@ -39,7 +39,8 @@ import zipfile
 import numpy as np
 
 from ssdsgd.compression.fusion import describe_sizes, plan_for_config
-from ssdsgd.config import apply_override, idle_settings, runner_of
+from ssdsgd.config import apply_override, runner_of
+from ssdsgd.idle import idle_keys
 from ssdsgd.errors import CheckpointError
 from ssdsgd.fingerprint import (  # noqa: F401  (read through checkpoint by the run folders and tests)
     RESUME_MAY_CHANGE, RESUME_MUST_MATCH, differences, differing, fingerprint, fingerprint_parts, hash_parts)
@@ -373,7 +374,7 @@ def _only_idle_keys_differ(manifest, now, cfg):
     before = cfg.to_dict()
     for key, value, _ in diff:
         apply_override(before, key.split("."), value)
-    idle_before = idle_settings(before, before)
+    idle_before = idle_keys(before, before)
     return all(key in idle_before for key, _, _ in diff)
 
 

@@ -31,7 +31,7 @@ class Config:
 
     def __init__(self, data, idle=None):
         object.__setattr__(self, "_data", data)
-        # The keys the rest of the config leaves without effect (idle_settings), dotted, and a
+        # The keys the rest of the config leaves without effect (idle.idle_keys), dotted, and a
         # line for each one given a value of its own (rank 0 and --dry-run print them, so that nothing is
         # ignored silently). A resume may change an idle key: it changes nothing.
         idle = idle or {}
@@ -318,7 +318,7 @@ def load_config(path, overrides=()):
     given = copy.deepcopy(data)
     _resolve_auto(data)
     _check_consistency(data)
-    idle = idle_settings(given, data)
+    idle = idle_keys(given, data)
     if data["name"] is None:
         data["name"] = os.path.splitext(os.path.basename(path))[0]
     _check_run_name(data["name"])
@@ -356,11 +356,6 @@ def dump_config(cfg, path):
         with open(tmp, "w") as f:
             yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
     write_atomic(path, write)
-
-
-def idle_settings(given, data):
-    """idle.idle_keys of a config dict (`given` before _resolve_auto, `data` after)."""
-    return idle_keys(given, data)
 
 
 def algorithm_of(cfg):

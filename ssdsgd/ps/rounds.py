@@ -154,8 +154,8 @@ class BufferState:
         scratch arrays: as whole-array expressions it allocated four buffer-sized temporaries a round,
         which at ResNet-50's size cost more than the arithmetic. Same float32 operations per element."""
         lr = self.schedule(self.version + 1)                 # MXNet counts updates from 1
-        if self.version >= self.warmup and self.delay_lr_factor != 1.0:
-            lr *= self.delay_lr_factor
+        if self.version >= self.warmup:
+            lr *= self.delay_lr_factor                       # (x 1.0 is exact: no cap, SSGD's rate)
         lr = np.float32(lr)
         mu = np.float32(self.momentum if self.version < self.warmup else self.delay_momentum)
         scale, wd = np.float32(self.scale), np.float32(self.wd)

@@ -14,6 +14,7 @@ The suites (--suite):
                      budgets and training subsets
   scale_ablation     at 4 and 8 workers with the linear rule, one change at a time (scripts/accuracy_scale.py)
   scale_budget       at 4 and 8 workers with the linear rule, 300, 1,000 and 3,000 steps (the same file)
+  scale_compressor   top-k 1% at 8 workers, 1,000 steps: its density warm-up and the alternatives (the same file)
 
     python scripts/accuracy.py [--suite digits] [--seeds 0 1 2] [--variants LABEL ...]
         [--set KEY=VALUE ...] [--out results/accuracy_digits] [--keep-done]
@@ -33,7 +34,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
-from scripts.accuracy_scale import SCALE_ABLATION, SCALE_BUDGET, scaled_by_linear_rule
+from scripts.accuracy_scale import SCALE_ABLATION, SCALE_BUDGET, SCALE_COMPRESSOR, scaled_by_linear_rule
 from scripts.results_io import (done_rows, earlier_runs, job_command, job_name, job_summary, results_folder,
                                 run_captured, run_folder, settings_problem, summary_row, survive_closed_stdout,
                                 write_csv, write_manifest, write_text)
@@ -191,7 +192,7 @@ BUDGET = {
 }
 SUITES = {"digits": VARIANTS, "fmnist": FMNIST, "defaults": DEFAULTS, "selection": SELECTION, "scale": SCALE,
           "scale_fixed_batch": SCALE_FIXED_BATCH, "budget": BUDGET,
-          "scale_ablation": SCALE_ABLATION, "scale_budget": SCALE_BUDGET}
+          "scale_ablation": SCALE_ABLATION, "scale_budget": SCALE_BUDGET, "scale_compressor": SCALE_COMPRESSOR}
 
 
 def run(label, config, sets, seed, out):

@@ -5,6 +5,8 @@ cosine), SSD-SGD's synchronous warm-up one epoch.
 scale_ablation  one change at a time away from the shipped SSD-SGD at N = 4 and 8, 300 steps, on a proxy
                 cheap enough for many runs on 2 cores: an MLP on 28x28 Fashion-MNIST (50,000 training
                 images, validation from the rest). Run it with a validation split.
+scale_compressor the compressor's share at N = 8 and 1,000 steps: top-k 1% with and without its density
+                warm-up, and other ways to hold back less under the lr warm-up
 scale_budget    SSGD, SSD-SGD and SSD-SGD + top-k 1% (the shipped defaults, and the delay stage without
                 its rate cap) at N = 4 and 8 and 300, 1,000 and 3,000 steps, on the same proxy.
 """
@@ -80,5 +82,25 @@ def _budget(n, steps):
     }
 
 
+def _compressor(n, steps=1000):
+    """The compressor's share at N = n: the shipped top-k 1% (with its density warm-up, the default under
+    an lr warm-up) against one change at a time, and SSGD + top-k, which has no delay stage."""
+    base = linear_rule(n, steps)
+    none = base + ["compression.warmup=[]"]            # the density warm-up off: as shipped before it
+    return {
+        f"N={n}, {steps} steps: SSGD": (SSGD, base),
+        f"N={n}, {steps} steps: SSD-SGD + top-k 1% (shipped)": (TOPK, base),
+        f"N={n}, {steps} steps: top-k 1%, no density warm-up": (TOPK, none),
+        f"N={n}, {steps} steps: top-k 1%, density warm-up [0.25] (the lr warm-up's epoch)":
+            (TOPK, base + ["compression.warmup=[0.25]"]),
+        f"N={n}, {steps} steps: top-k 1%, no density warm-up, held values rescaled":
+            (TOPK, none + ["compression.rescale_held=true"]),
+        f"N={n}, {steps} steps: top-k 4%, no density warm-up": (TOPK, none + ["compression.density=0.04"]),
+        f"N={n}, {steps} steps: SSGD + top-k 1%, no density warm-up": (TOPK, none + ["algorithm.type=ssgd"]),
+        f"N={n}, {steps} steps: SSGD + top-k 1%": (TOPK, base + ["algorithm.type=ssgd"]),
+    }
+
+
 SCALE_ABLATION = {**_ablation(8), **_ablation(4)}
+SCALE_COMPRESSOR = _compressor(8)
 SCALE_BUDGET = {label: v for steps in BUDGETS for n in (8, 4) for label, v in _budget(n, steps).items()}

@@ -7,6 +7,7 @@ Here: reading the YAML, the overrides, the keys whose default depends on others,
 keys against each other.
 """
 import copy
+import math
 import os
 
 import yaml
@@ -129,6 +130,8 @@ def _resolve_auto(c):
         _resolve_delay_stage_rate(alg, c["train"])
     if alg["local"]["lr_scale"] is None:
         alg["local"]["lr_scale"] = 4.0 if alg["local"]["optimizer"] == "glu" else float(c["cluster"]["workers"])
+    if comp["warmup"] is None:
+        comp["warmup"] = density_warmup(comp["density"], c["train"]) if sparsifier else []
     if comp["momentum_correction"] is None:
         comp["momentum_correction"] = sparsifier
     if comp["allocation"] == "auto":
@@ -152,6 +155,20 @@ def _resolve_delay_stage_rate(alg, train):
     if alg["momentum"] is None:
         same = alg["lr"] == train["lr"]        # (exactly train.momentum then, not 1 - (1 - it))
         alg["momentum"] = train["momentum"] if same else 1.0 - (1.0 - train["momentum"]) * alg["lr"] / train["lr"]
+
+
+def density_warmup(density, train):
+    """compression.warmup's default. Under a learning-rate warm-up, error feedback holds a value back for
+    about 1/density steps and sends it at a later step's rate, many times the rate of the step that
+    computed it (docs/design.md, "Density under a learning-rate warm-up"). A dense warm-up sends most
+    values at about their own step's rate while the rate rises (DGC's ramp, held through the lr warm-up)."""
+    lr_warmup = train["lr_schedule"]["warmup_epochs"]
+    if not lr_warmup or density >= 0.25:
+        return []
+    ramp = [0.25] * math.ceil(lr_warmup)
+    while ramp[-1] / 4 > density:
+        ramp.append(ramp[-1] / 4)
+    return ramp[:(train["epochs"] - 1) // 2]
 
 
 def ssd_warmup_steps(algorithm, steps_per_epoch):

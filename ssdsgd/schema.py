@@ -333,9 +333,13 @@ SCHEMA = {
                              "server, evenly sized); cost_model: planned from link costs measured at job start"),
         "buffer_bytes": Field(int, 4 << 20, min=1024),
         "threshold": Field(float, 0.5, gt=0, doc="2bit threshold"),
-        "warmup": ListField([], item=float, max=1,
+        "warmup": ListField(None, item=float, max=1, nullable=True,
                             doc="density of each of the first epochs, e.g. DGC's [0.25, 0.0625, 0.015625, "
-                                "0.004]; `density` from then on"),
+                                "0.004]; `density` from then on. null: with a sparsifier and a learning-rate "
+                                "warm-up (train.lr_schedule.warmup_epochs), 0.25 through the lr warm-up's "
+                                "epochs, then a quarter of the last each epoch while above density (1%: "
+                                "[0.25, 0.0625, 0.015625] after a one-epoch lr warm-up), in at most "
+                                "(train.epochs - 1) // 2 epochs; [] otherwise"),
         "downlink": Field(str, "auto", choices=("auto", "dense", *RING_DOWNLINKS),
                           doc="round-based runs with a sparsifier: refresh from dense weight pulls, or from "
                               "the rounds' aggregated sparse updates applied to a replica of the servers' state "

@@ -127,6 +127,29 @@ def test_delay_stage_rate_above_the_cap_moves_into_momentum(tmp_path):
         load_config(str(plain), ["train.lr=0.1", "algorithm.lr=0.2"])
 
 
+def test_density_warmup_follows_the_lr_warmup(tmp_path):
+    """compression.warmup null: DGC's ramp held through the lr warm-up, within half the run; none without
+    an lr warm-up or a sparsifier; a list given is kept."""
+    plain = tmp_path / "p.yaml"
+    plain.write_text("algorithm:\n  type: ssd\ncompression:\n  type: topk\n  density: 0.01\ntrain:\n  epochs: 20\n")
+
+    def warmup(*sets):
+        return load_config(str(plain), list(sets)).compression.warmup
+
+    assert warmup("train.lr_schedule.warmup_epochs=1") == [0.25, 0.0625, 0.015625]
+    assert warmup("train.lr_schedule.warmup_epochs=2.5") == [0.25, 0.25, 0.25, 0.0625, 0.015625]
+    assert warmup("train.lr_schedule.warmup_epochs=1", "compression.density=0.001") == \
+        [0.25, 0.0625, 0.015625, 0.00390625]
+    assert warmup("train.lr_schedule.warmup_epochs=1", "train.epochs=5") == [0.25, 0.0625]   # (5 - 1) // 2
+    assert warmup("train.lr_schedule.warmup_epochs=1", "train.epochs=2") == []
+    assert warmup("train.lr_schedule.warmup_epochs=1", "compression.density=0.3") == []
+    assert warmup() == []                                                   # no lr warm-up
+    assert warmup("train.lr_schedule.warmup_epochs=1", "compression.warmup=[]") == []
+    assert warmup("train.lr_schedule.warmup_epochs=1", "compression.type=none", "algorithm.type=ssgd") == []
+    imagenet = load_config(os.path.join(ROOT, "configs", "imagenet_resnet50_ssd_topk.yaml")).compression
+    assert imagenet.warmup[:5] == [0.25] * 5 and imagenet.warmup[-1] > imagenet.density
+
+
 @pytest.mark.parametrize("name", ["cifar10_resnet20_ssd", "imagenet_resnet50_ssd"])
 def test_paper_configs_hold_the_authors_setting(name):
     cfg = load_config(os.path.join(ROOT, "configs", "paper", name + ".yaml"))

@@ -15,6 +15,7 @@ from ssdsgd.cli import config_from_args, parse_args
 from ssdsgd.env import NUM_SERVER_ENV, NUM_WORKER_ENV, ROLE_ENV, ROLE_NAME_ENV, SECRET_ENV
 from ssdsgd.errors import JobError
 from ssdsgd.folders import make_private
+from ssdsgd.lean_mxnet import import_mxnet
 from ssdsgd.ps.scheduler import run_scheduler
 
 
@@ -82,6 +83,7 @@ def main(argv=None):
         return 2
     try:
         # Imports MXNet, which a server or the scheduler must not import with its own DMLC_ROLE (run_server).
+        import_mxnet()
         from ssdsgd.worker.loop import run_worker
         run_worker(cfg, resume=args.resume, overwrite=args.overwrite)
     except BaseException as err:

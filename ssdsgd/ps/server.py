@@ -20,6 +20,7 @@ from ssdsgd.checkpoint import SERVER_STOCK, CheckpointError, load_npz, save_npz,
 from ssdsgd.compression.codec import WireFormat
 from ssdsgd.env import ROLE_ENV, SECRET_ENV, rank_line
 from ssdsgd.errors import JobError
+from ssdsgd.lean_mxnet import import_mxnet
 from ssdsgd.ps import commands
 from ssdsgd.ps.eval_tally import TALLY_KEY
 from ssdsgd.ps.membership import RollCall, proof_keys
@@ -256,7 +257,7 @@ def run_server():
     # import; pretend to be a worker until mxnet is fully imported, then restore the real role
     # (ps-lite reads it again at kv.create).
     os.environ[ROLE_ENV] = "worker"
-    import mxnet as mx
+    mx = import_mxnet()
     from mxnet.kvstore.kvstore_server import KVStoreServer
     os.environ[ROLE_ENV] = role
 

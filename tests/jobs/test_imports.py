@@ -14,3 +14,14 @@ def test_the_front_end_the_role_entry_point_and_the_server_import_no_heavy_packa
             "print(sorted(m for m in ('mxnet', 'gluoncv', 'sklearn', 'cv2') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout == "[]\n", out.stdout + out.stderr
+
+
+def test_mxnet_imported_by_a_role_leaves_scipy_and_scikit_learn_out_and_importable():
+    """ssdsgd.lean_mxnet: a server or worker imports MXNet without SciPy, scikit-learn and pandas (CPU it would
+    spend on every role's start), and a digits worker can import scikit-learn afterwards."""
+    code = ("import sys; from ssdsgd.lean_mxnet import import_mxnet; mx = import_mxnet(); "
+            "print(mx.nd.ones((2,)).sum().asscalar(), "
+            "sorted(m for m in ('sklearn', 'scipy', 'pandas') if m in sys.modules)); "
+            "from sklearn.datasets import load_digits; print(len(load_digits().target))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout == "2.0 []\n1797\n", out.stdout + out.stderr

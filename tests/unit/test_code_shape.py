@@ -83,7 +83,8 @@ def test_liveness_interval_is_the_hooks():
 LAYERS = [
     {"env", "errors"},                                          # names and errors shared by everything
     {"faults", "schedule", "metrics", "compression", "provenance", "run_id", "paths",   # leaf helpers,
-     "registry"},                                               # the algorithms by name
+     "registry",                                                # the algorithms by name,
+     "lean_mxnet"},                                             # importing MXNet
     {"schema"},                                                 # the config's keys and their checks
     {"config_yaml"},                                            # reading YAML with limits
     {"idle"},                                                   # which keys the rest of a config leaves idle

@@ -18,12 +18,13 @@ import argparse
 import os
 import sys
 
-import mxnet as mx
 import numpy as np
-from mxnet import autograd, gluon
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
+from ssdsgd.lean_mxnet import import_mxnet
+mx = import_mxnet()
+from mxnet import autograd, gluon
 from scripts.gpu_check import medians_ms, parameters_of
 from scripts.results_io import results_folder, write_csv, write_manifest, write_text
 from ssdsgd.worker.devices import HOST, DeviceReplicas

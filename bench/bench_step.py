@@ -36,7 +36,8 @@ def child(mode, task, model, batch, shape, warmup, steps):
     this process; print one JSON list of seconds."""
     from types import SimpleNamespace
 
-    import mxnet as mx
+    from ssdsgd.lean_mxnet import import_mxnet
+    mx = import_mxnet()                 # each copy is a process of its own: MXNet without SciPy's imports
     from mxnet import autograd
 
     from ssdsgd.worker.loop import build_eval_net, build_net

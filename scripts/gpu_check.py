@@ -24,8 +24,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.* and ssdsgd from this checkout
-import mxnet as mx
 import numpy as np
+from ssdsgd.lean_mxnet import import_mxnet
+mx = import_mxnet()
 from mxnet import gluon
 
 from scripts.results_io import job_command, read_jsonl, results_folder, run_folder, write_csv, write_manifest

@@ -3,11 +3,11 @@
 MXNet 1.9.1 imports SciPy, scikit-learn and (through them) pandas at import time, each inside
 `try: ... except ImportError`: mxnet.model for the legacy FeedForward estimator, mxnet.test_utils for
 its own test helpers, mxnet.ndarray.sparse and .utils to accept SciPy sparse matrices, mxnet.contrib
-for quantization statistics. That is about 0.85 s of the 2.3 s of CPU `import mxnet` takes; every
-server and worker of every job pays it, on a 2-core machine a noticeable part of a short job. With
-those packages hidden during the import, MXNet takes its fallbacks (no SciPy-matrix input, which we
-never give it); they are importable again right after, for whoever needs them (a digits worker
-imports scikit-learn for its data set).
+for quantization statistics: a large part of the CPU `import mxnet` takes, which every server and
+worker of every job pays (docs/design.md, "The code, folder by folder"). With those packages hidden
+during the import, MXNet takes its fallbacks (no SciPy-matrix input, which we never give it); they are
+importable again right after, for whoever needs them (a digits worker imports scikit-learn for its
+data set).
 """
 import sys
 

@@ -1,5 +1,5 @@
 """Horovod SSGD against ssdsgd's SSGD and SSD-SGD + top-k 1% at the same settings and seeds: the final test
-accuracy of each, so that the speed comparison (bench/bench_horovod.py) is between equals (issue 62).
+accuracy of each, so that the speed comparison (bench/bench_horovod.py) is between equals.
 
     python bench/horovod_accuracy.py [--workers 2 4] [--seeds 0 1 2] [--steps 1000]
         [--set KEY=VALUE ...] [--out results/horovod_accuracy]

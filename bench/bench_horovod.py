@@ -13,8 +13,9 @@ Same config (configs/bench_cifar_resnet20.yaml: ResNet-20, synthetic CIFAR-shape
 steps and steady window (from step min(warm-up + k, steps / 2) on) for both systems.
 
 Then <out>/table.csv (bench/horovod_table.py: one row per layout, with the compute bound N x one worker's
-images/s and the machine bound min(N, cores) x that), <out>/throughput_vs_rate.png and <out>/manifest.json
-(command, config, commit, machine, date, the load average at start and end: the machine may be shared).
+images/s and the machine bound min(N, cores) x that), <out>/images_per_sec_vs_rate.png (scripts/plot.py) and
+<out>/manifest.json (command, config, commit, machine, date, the load average at start and end: the machine may
+be shared; the command that redraws the plot).
 
 Usage (root; iproute2, openssh; Horovod: bench/install_horovod.sh):
   python bench/bench_horovod.py --workers 2,4 --rates 20,100,1000,0 --steps 40 --out results/horovod_vs_ssdsgd
@@ -37,6 +38,7 @@ sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from th
 from bench import bench_network as bn  # noqa: E402
 from bench import horovod_table  # noqa: E402
 from testbed import netns, vcluster  # noqa: E402
+from scripts.plot_rates import FIGURE as RATE_FIGURE  # noqa: E402
 from scripts.results_io import rate_name, read_jsonl, stop_on_sigterm, write_manifest  # noqa: E402
 
 SSDSGD_VARIANTS = ("ssgd", "ssd", "ssd_topk_sparse", "ssd_topk_compressed")   # bench_network's keys
@@ -289,6 +291,7 @@ def manifest(args, **extra):
             sub[name] = {k: found.get(k) for k in ("command", "date", "commit")}
     write_manifest(args.out, [args.config], cores=os.cpu_count(), invocations=read_jsonl(
         os.path.join(args.out, INVOCATIONS)), bench_network=sub,
+        plots={RATE_FIGURE: horovod_table.plot_command(args.out)},
         note="one run per layout on a machine shared with other engineers' jobs: see each invocation's "
              "load_average (1, 5, 15 min) and each run's other_cpu_share in the runs.csv files", **extra)
 

@@ -1,13 +1,16 @@
 """The results of bench/bench_horovod.py as one table: <out>/table.csv (one row per layout), table.md (the same,
-with SSD-SGD + top-k's ratio to Horovod per N and rate) and throughput_vs_rate.png (images/s against link rate,
-one panel per N). Reads <out>/ssdsgd_n<N>/runs.csv and <out>/horovod_n<N>/runs.csv (bench_network's columns);
-needs neither Horovod nor root, so `bench_horovod.py --table-only` and the tests run it anywhere."""
+with SSD-SGD + top-k's ratio to Horovod per N and rate) and images_per_sec_vs_rate.png (scripts/plot.py:
+images/s against link rate, one panel per N). Reads <out>/ssdsgd_n<N>/runs.csv and <out>/horovod_n<N>/runs.csv
+(bench_network's columns); needs neither Horovod nor root, so `bench_horovod.py --table-only` and the tests
+run it anywhere."""
 import glob
 import os
 import re
+import shlex
 import statistics
 
-from scripts.results_io import COMPUTE_BOUND, rate_name, read_csv, write_text
+from scripts import plot
+from scripts.results_io import COMPUTE_BOUND, ROOT, rate_name, read_csv, write_text
 
 SYSTEMS = {"ssdsgd": "ssdsgd", "horovod": "Horovod"}
 TOPK = "ssd_topk_sparse"                       # the product's setting: SSD-SGD + top-k 1%, exact downlink
@@ -138,47 +141,21 @@ def markdown(rows, cores):
     return "\n".join(lines)
 
 
-def plot(rows, path):
-    """images/s against link rate (unlimited rightmost), one panel per N, one line per variant."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    ns = sorted({r["workers"] for r in rows})
-    rates = sorted({r["rate_mbit"] for r in rows}, key=lambda x: (x == 0, x))
-    fig, axes = plt.subplots(1, len(ns), figsize=(5.2 * len(ns), 4.2), squeeze=False, sharey=True)
-    for ax, n in zip(axes[0], ns):
-        sel = [r for r in rows if r["workers"] == n]
-        for label in dict.fromkeys(r["label"] for r in sel):
-            pts = [(rates.index(r["rate_mbit"]), r["images_per_sec"]) for r in sel
-                   if r["label"] == label and r["status"] == "ok" and r["images_per_sec"]]
-            style = "--o" if label.startswith("Horovod") else "-o"
-            if pts:
-                ax.plot(*zip(*sorted(pts)), style, label=label)
-        for key, style in (("compute_bound", ":"), ("machine_bound", "-.")):
-            v = next((r[key] for r in sel if r[key]), None)
-            if v:
-                ax.axhline(v, color="grey", linestyle=style, label=key.replace("_", " "))
-        ax.set_xticks(range(len(rates)), [rate_name(r).replace(" Mbit/s", "") for r in rates])
-        ax.set_xlabel("link rate per host (Mbit/s)")
-        ax.set_yscale("log")
-        ax.set_title(f"N = {n} workers")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("images/s (steady window)")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def plot_command(out):
+    """The command that redraws the folder's figure from its table.csv (the manifest's "plots" entry)."""
+    folder = os.path.relpath(os.path.abspath(out), ROOT)
+    return shlex.join(["python", "scripts/plot.py", "--csv", os.path.join(folder, "table.csv"), "--out", folder])
 
 
 def write_outputs(out, cores=None):
-    """table.csv, table.md and the plot in `out`; returns table.md's text."""
+    """table.csv, table.md and the plot (scripts/plot.py, as plot_command says) in `out`; returns table.md's text."""
     cores = cores or os.cpu_count()
     rows = table_rows(read_runs(out), cores)
     write_csv_ordered(os.path.join(out, "table.csv"), rows)
     text = markdown(rows, cores)
     write_text(os.path.join(out, "table.md"), text)
     if rows:
-        plot(rows, os.path.join(out, "throughput_vs_rate.png"))
+        plot.plot_csv(os.path.join(out, "table.csv"), out)
     return text
 
 

@@ -5,6 +5,8 @@
                           compute bound (N x one worker without communication) as a dashed line
       bytes_per_step.png  kernel (loopback tx) bytes per training step per algorithm and rate
       worker_rss.png      peak resident memory of a worker per algorithm and rate
+  python scripts/plot.py --csv results/horovod_vs_ssdsgd/table.csv --out results/horovod_vs_ssdsgd/
+      images_per_sec_vs_rate.png  bench/bench_horovod.py's table: images/s against link rate, a panel per N
   python scripts/plot.py --evals results/X/evals.csv --title "Fashion-MNIST, ResNet-20 at 20 Mbit/s" --out results/X
       from the evals.csv that scripts/time_to_accuracy.py writes (variant, seed, epoch, seconds, train_seconds,
       test_acc); one line per variant, the median over seeds, thin lines for the single seeds, and a dashed
@@ -27,6 +29,8 @@ import matplotlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
+from scripts.plot_rates import FIGURE as RATE_FIGURE
+from scripts.plot_rates import is_rate_table, rate_figure
 from scripts.results_io import COMPUTE_BOUND, rate_name, read_csv, read_jsonl, resolve_run_dir
 from ssdsgd.metrics import CONFIG_FILE, SUMMARY_FILE, metrics_file
 
@@ -181,6 +185,8 @@ def rss_figure(rows):
 
 def plot_csv(csv_path, out_dir):
     rows = read_csv(csv_path)
+    if is_rate_table(rows):         # bench/bench_horovod.py's side-by-side table
+        return [_save(rate_figure(rows, plt.subplots), out_dir, RATE_FIGURE)]
     written = []
     for name, make in (("throughput.png", throughput_figure), ("bytes_per_step.png", bytes_figure),
                        ("worker_rss.png", rss_figure)):
@@ -357,7 +363,7 @@ def plot_runs(run_dirs, out_dir):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--csv", help="runs.csv written by bench/bench_network.py")
+    ap.add_argument("--csv", help="runs.csv of bench/bench_network.py or table.csv of bench/bench_horovod.py")
     ap.add_argument("--evals", help="evals.csv written by scripts/time_to_accuracy.py")
     ap.add_argument("--title", default="", help="a second title line for the accuracy figures (data, link)")
     ap.add_argument("--runs", nargs="+", default=[], metavar="RUN_DIR", help="run folders with metrics.jsonl")

@@ -64,7 +64,7 @@ def test_the_table_has_one_row_per_layout_with_its_compute_bound_and_the_ratios(
     [q] = horovod_table.ratios(horovod_table.table_rows(horovod_table.read_runs(out), 1))
     assert (q["over_horovod_fp32"], q["over_horovod_fp16"]) == (3.0, None)   # fp16 ran at another rate only
     assert "| 2 | 20 Mbit/s | 300.0 | 3.00x | – |" in text
-    assert os.path.getsize(os.path.join(out, "throughput_vs_rate.png")) > 0
+    assert os.path.getsize(os.path.join(out, "images_per_sec_vs_rate.png")) > 0
 
 
 def test_the_ring_check_predicts_each_horovod_layout_from_the_single_worker(tmp_path):

@@ -279,6 +279,9 @@ def log_invocation(out, **entry):
         f.write(json.dumps(entry) + "\n")
 
 
+MEASURING_KEYS = ("command", "cwd", "commit", "uncommitted_changes", "date", "finished", "exit_status")
+
+
 def manifest(args, **extra):
     """<out>/manifest.json: this invocation's command, config, commit, machine and date, every invocation
     that wrote into the folder, and the bench_network commands of its ssdsgd_n<N> folders."""
@@ -289,7 +292,7 @@ def manifest(args, **extra):
             with open(path) as f:
                 found = json.load(f)
             sub[name] = {k: found.get(k) for k in ("command", "date", "commit")}
-    write_manifest(args.out, [args.config], cores=os.cpu_count(), invocations=read_jsonl(
+    return write_manifest(args.out, [args.config], cores=os.cpu_count(), invocations=read_jsonl(
         os.path.join(args.out, INVOCATIONS)), bench_network=sub,
         plots={RATE_FIGURE: horovod_table.plot_command(args.out)},
         note="one run per layout on a machine shared with other engineers' jobs: see each invocation's "
@@ -297,18 +300,20 @@ def manifest(args, **extra):
 
 
 def remade_manifest(args):
-    """--table-only: the manifest again (the folder's invocations may have grown), its command the last
-    bench_horovod invocation that measured (the index shows it), this one's under table_only_command."""
-    runs = [e for e in read_jsonl(os.path.join(args.out, INVOCATIONS))
-            if e["command"][0].endswith("bench_horovod.py") and "--table-only" not in e["command"]]
-    manifest(args, table_only_command=[os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
-    if runs:
-        path = os.path.join(args.out, "manifest.json")
+    """--table-only: the manifest again (the folder's invocations may have grown, the plots' command is
+    recorded), keeping the measuring run's command, commit, date and exit status; this invocation's own go
+    under table_only."""
+    path = os.path.join(args.out, "manifest.json")
+    try:
         with open(path) as f:
-            found = json.load(f)
-        found["command"] = runs[-1]["command"]
-        with open(path, "w") as f:
-            json.dump(found, f, indent=2)
+            measured = json.load(f)
+    except (OSError, ValueError):
+        measured = {}
+    remade = manifest(args)
+    table_only = {k: remade.get(k) for k in ("command", "commit", "uncommitted_changes", "date")}
+    kept = {k: measured[k] for k in MEASURING_KEYS if k in measured and "--table-only" not in measured["command"]}
+    with open(path, "w") as f:
+        json.dump({**remade, **kept, "table_only": table_only}, f, indent=2)
 
 
 def main(argv=None):

@@ -94,3 +94,22 @@ def test_the_horovod_worker_trains_and_times_one_rank(tmp_path):
     with open(tmp_path / "rank0.json") as f:
         res = json.load(f)
     assert res["workers"] == 1 and res["steps"] == 4 and len(res["times"]) == 4 and res["images_per_sec_median"] > 0
+
+
+def test_table_only_keeps_the_measuring_run_and_records_the_plot_command(tmp_path):
+    from bench import bench_horovod
+    out = _fixture(tmp_path)
+    measured = {"command": ["bench/bench_horovod.py", "--workers", "2"], "commit": "a" * 40, "date": "then",
+                "finished": True, "exit_status": 0}
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(measured, f)
+    assert bench_horovod.main(["--table-only", "--out", out]) == 0
+    with open(os.path.join(out, "manifest.json")) as f:
+        remade = json.load(f)
+    assert {k: remade[k] for k in measured} == measured
+    assert remade["table_only"]["commit"] != "a" * 40       # this invocation's own, beside the measuring run's
+    [(name, command)] = remade["plots"].items()
+    words = command.split()
+    assert name == "images_per_sec_vs_rate.png" and words[:3] == ["python", "scripts/plot.py", "--csv"]
+    assert os.path.samefile(os.path.join(ROOT, words[3]), os.path.join(out, "table.csv"))   # from the checkout
+    assert os.path.getsize(os.path.join(out, name)) > 0

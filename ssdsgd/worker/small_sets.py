@@ -1,6 +1,9 @@
 """The small data sets read (or drawn) whole in one call: scikit-learn's digits, MNIST and Fashion-MNIST
 (from the IDX files, idx.py) and synthetic Gaussian images.
 """
+import importlib.util
+import os
+
 import numpy as np
 
 from ssdsgd.schema import SYNTHETIC_SHAPE
@@ -24,17 +27,15 @@ from ssdsgd.worker.datasets import (
 DIGITS_TRAIN_PER_CLASS = (142, 146, 142, 146, 145, 145, 145, 143, 139, 144)
 
 
-def build_digits(shape, num_classes, shard, split):
-    # Imported here: scikit-learn is only needed for this small test dataset.
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+DIGITS_SPLIT_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "digits_split.txt")
 
+
+def build_digits(shape, num_classes, shard, split):
     check_ten_classes("digits", num_classes)
     shape, scale = _digits_shape(shape)
     channels = shape[0]
-    digits = load_digits()
-    x_train, x_test, y_train, y_test = train_test_split(
-        digits.data, digits.target, test_size=0.2, random_state=0, stratify=digits.target)
+    pixels, labels = _read_digits()
+    train_rows, test_rows = _digits_split()
 
     def to_images(flat):
         # Pixels are 0..16; upscale each pixel to an m x m block and repeat it per channel.
@@ -42,7 +43,31 @@ def build_digits(shape, num_classes, shard, split):
         images = np.kron(images, np.ones((1, 1, scale, scale), np.float32))
         return np.repeat(images, channels, axis=1)
 
-    return in_memory_bundle(to_images(x_train), y_train, to_images(x_test), y_test, shard, split, shape)
+    return in_memory_bundle(to_images(pixels[train_rows]), labels[train_rows], to_images(pixels[test_rows]),
+                            labels[test_rows], shard, split, shape)
+
+
+def _read_digits():
+    """(pixels (1797, 64) float64, labels) of scikit-learn's digits, read from the file its load_digits reads:
+    importing scikit-learn would cost a worker about 0.8 CPU-s, more than the training of a short test job."""
+    spec = importlib.util.find_spec("sklearn")
+    path = os.path.join(list(spec.submodule_search_locations)[0], "datasets", "data", "digits.csv.gz") if spec else ""
+    if not os.path.isfile(path):
+        raise DataError(f"digits: scikit-learn's digits.csv.gz not found ({path or 'scikit-learn not installed'})")
+    table = np.loadtxt(path, delimiter=",")
+    return table[:, :-1], table[:, -1].astype(int)
+
+
+def _digits_split():
+    """(train rows, test rows) of digits: scikit-learn's stratified 80/20 split, random_state 0, as
+    scripts/digits_split.py wrote it (tests/unit/test_data.py checks it against scikit-learn)."""
+    rows = {}
+    with open(DIGITS_SPLIT_FILE) as f:
+        for line in f:
+            if not line.startswith("#"):
+                name, *values = line.split()
+                rows[name] = np.array(values, dtype=np.int64)
+    return rows["train"], rows["test"]
 
 
 def _digits_shape(shape):

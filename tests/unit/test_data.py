@@ -394,6 +394,19 @@ def test_digits_split_shapes_and_range():
     np.testing.assert_allclose(test_x.reshape(360, 64), x_test / 16, atol=1e-7)
 
 
+def test_digits_are_read_and_split_as_scikit_learn_does_without_importing_it():
+    from sklearn.datasets import load_digits
+
+    from scripts.digits_split import sklearn_split
+    from ssdsgd.worker import small_sets
+    digits = load_digits()
+    pixels, labels = small_sets._read_digits()
+    np.testing.assert_array_equal(pixels, digits.data)
+    np.testing.assert_array_equal(labels, digits.target)
+    for shipped, sklearn_rows in zip(small_sets._digits_split(), sklearn_split()):   # rewrite: scripts/digits_split.py
+        np.testing.assert_array_equal(shipped, sklearn_rows)
+
+
 def test_digits_upscaled_equals_kron_of_original():
     small = data.build_data("digits", batch_size=50, **SHARD)
     big = data.build_data("digits", batch_size=50, shape=(3, 32, 32), **SHARD)

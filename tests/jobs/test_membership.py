@@ -53,6 +53,16 @@ def _job_pids(job, proc, workers):
     return _wait("the job's processes", roles)
 
 
+def _resume(pids):
+    """SIGCONT to each held role still there: the job may already have ended (what the test provokes) and
+    its cleanup killed them."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
 def _scheduler_port(pids):
     return int(_environment(pids[("scheduler", 0)])["DMLC_PS_ROOT_PORT"])
 
@@ -95,8 +105,7 @@ def let_a_stranger_in(job, proc, stranger, workers=2):
             return time.time()
         time.sleep(0.5)       # its registration reaches the scheduler
     finally:
-        for pid in held:
-            os.kill(pid, signal.SIGCONT)
+        _resume(held)
     _wait("a worker of the job to register", lambda: any(_connected_to(pid, port) for pid in held))
     return time.time()
 
@@ -181,8 +190,7 @@ def let_a_stranger_in_first(job, proc, stranger, workers=2):
             os.kill(pid, signal.SIGCONT)       # the workers first: with the stranger, W + S nodes
         time.sleep(1.5)
     finally:
-        for pid in held:
-            os.kill(pid, signal.SIGCONT)
+        _resume(held)
 
 
 @pytest.mark.timeout(150)

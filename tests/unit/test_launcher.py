@@ -131,3 +131,17 @@ def test_interface_not_found_is_refused_naming_the_option(monkeypatch):
                                          r'\(loopback\) and no route leads out of this machine \(Network is '
                                          r'unreachable\): give --interface'):
         plan.mxnet_interface()
+
+
+def test_the_front_end_knows_gluoncvs_model_names_without_importing_gluoncv():
+    import sys
+
+    from ssdsgd.worker.model_names import ModelError, check_model_name, zoo_names
+    before = set(sys.modules)
+    names = zoo_names()
+    assert not [m for m in set(sys.modules) - before if m.startswith(("gluoncv", "mxnet"))]   # read, not imported
+    from gluoncv.model_zoo import get_model_list
+    assert names == set(get_model_list()) and "cifar_resnet20_v1" in names
+    check_model_name("resnet50_v1")
+    with pytest.raises(ModelError, match="model.name: unknown model 'resnet51_v1'"):
+        check_model_name("resnet51_v1")

@@ -15,6 +15,7 @@ import os
 import socket
 
 ABORT_MARK = 'there is no socket to node'   # ps-lite's scheduler, when a node it ranked has no connection
+ESTABLISHED = '01'                          # a socket's state in /proc/net/tcp
 PRIVATE_NETWORK = "keep the job's ports on a private network (README: A private network)"
 
 
@@ -27,10 +28,13 @@ def _address(hex_address):
     return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw), int(port, 16)
 
 
-def tcp_rows():
-    """(state, (local ip, port), (remote ip, port), inode) of every TCP socket of this network namespace."""
+def tcp_rows(port, tables=('/proc/net/tcp', '/proc/net/tcp6')):
+    """(state, (local ip, port), (remote ip, port), inode) of the established TCP sockets of this network
+    namespace with `port` at one end. The port is matched on the table's text before any address is parsed:
+    on a busy machine the table holds hundreds of sockets, and the launcher reads it every poll."""
+    end = f':{port:04X}'
     rows = []
-    for table in ('/proc/net/tcp', '/proc/net/tcp6'):
+    for table in tables:
         try:
             with open(table) as f:
                 lines = list(f)[1:]
@@ -38,7 +42,8 @@ def tcp_rows():
             continue
         for line in lines:
             cols = line.split()
-            rows.append((cols[3], _address(cols[1]), _address(cols[2]), cols[9]))
+            if cols[3] == ESTABLISHED and (cols[1].endswith(end) or cols[2].endswith(end)):
+                rows.append((cols[3], _address(cols[1]), _address(cols[2]), cols[9]))
     return rows
 
 
@@ -83,7 +88,7 @@ class Roll:
         self.remote = set()  # peer (ip, port) seen only from the scheduler's side: another host
 
     def look(self):
-        rows = [r for r in tcp_rows() if r[0] == '01']
+        rows = tcp_rows(self.port)
         ours = {r[1]: r[3] for r in rows
                 if r[2][1] == self.port and (self.ip is None or r[2][0] == self.ip) and r[1] not in self.local}
         if ours:

@@ -9,11 +9,10 @@ import pickle
 import tarfile
 import zlib
 
-import mxnet as mx
 import numpy as np
 
 from ssdsgd.worker.datasets import DataError, check_ten_classes, in_memory_bundle, random_crop_flip
-from ssdsgd.worker.recordio import record_label, records
+from ssdsgd.worker.recordio import record_label, records, unpack_image
 
 # gluoncv's CIFAR-10 recipe (scripts/classification/cifar/train_cifar10.py).
 _CIFAR_MEAN = np.array([0.4914, 0.4822, 0.4465], np.float32).reshape(1, 3, 1, 1)
@@ -162,7 +161,7 @@ def _read_cifar_recordio(path):
         raw = f.read()
     images, labels = [], []
     for number, (offset, body) in enumerate(records(path, raw)):
-        header, encoded = mx.recordio.unpack(body)
+        header, encoded = unpack_image(body)
         label = record_label(header)
         where = f"{path}: record {number} (id {header.id}, byte {offset})"
         if not (label == int(label) and 0 <= label <= 9):

@@ -2,19 +2,27 @@
 ImageRecordIter, the check of a .rec/.idx pair and its labels before any worker trains on it, and a
 reader of the records themselves (for CIFAR-10 packed as RecordIO).
 """
+import collections
 import contextlib
 import os
 import re
 import struct
 
-import mxnet as mx
+import numpy as np
 
+from ssdsgd.lean_mxnet import import_mxnet
 from ssdsgd.worker.datasets import DataBundle, DataError, augment_seed, check_shape, steps_per_epoch
 
 # The standard ResNet ImageNet normalization, on 0..255 RGB pixels.
 _IMAGENET_NORM = dict(mean_r=123.68, mean_g=116.779, mean_b=103.939,
                       std_r=58.393, std_g=57.12, std_b=57.375)
 _IMAGENET_FILES = ["train.rec", "train.idx", "val.rec", "val.idx"]
+
+
+def _mx():
+    """MXNet, when a set is read: the front end checks the files (build_imagenet, _check_recordio) and
+    reads CIFAR-10's RecordIO form without it (seconds of CPU in every job's launcher)."""
+    return import_mxnet()
 
 
 class RecordTrainSet:
@@ -45,7 +53,7 @@ class RecordTrainSet:
             augmentation = dict(resize=_eval_resize(self._shape))
         where = f"rank {self._rank}'s part, epoch {epoch}"
         with _reading(self._rec, where):          # it decodes its first batches at once
-            records = mx.io.ImageRecordIter(
+            records = _mx().io.ImageRecordIter(
                 path_imgrec=self._rec, path_imgidx=self._idx, data_shape=self._shape,
                 batch_size=self._batch_size, shuffle=True, seed=self._seed + epoch,
                 seed_aug=augment_seed(self._seed, epoch, self._rank),
@@ -77,7 +85,7 @@ class RecordTestSet:
         parts > 1: batches part, part + parts, ... only. Every record is still decoded (the record
         file's own partitioning splits by bytes, so the shares' sizes would not be known)."""
         with _reading(self._rec, "evaluation"):
-            records = iter(mx.io.ImageRecordIter(
+            records = iter(_mx().io.ImageRecordIter(
                 path_imgrec=self._rec, data_shape=self._shape, batch_size=batch_size,
                 resize=_eval_resize(self._shape), round_batch=False,
                 preprocess_threads=self._preprocess_threads, **_IMAGENET_NORM))
@@ -105,7 +113,7 @@ def _reading(rec, where):
     MXNet decodes a few batches ahead, so the image may be in a batch after the one named."""
     try:
         yield
-    except mx.base.MXNetError as err:
+    except _mx().base.MXNetError as err:
         raise DataError(f"{rec}: {decode_problem(err, where)}") from None
 
 
@@ -123,6 +131,7 @@ def _on_cpu(batch):
     """(data, label) of an ImageRecordIter batch on cpu(0). The iterator hands out cpu_pinned(0)
     arrays (also with ctx='cpu'), and a hybridized network refuses inputs off its parameters'
     context; one copy per batch is small next to the forward pass."""
+    mx = _mx()
     return batch.data[0].as_in_context(mx.cpu()), batch.label[0].as_in_context(mx.cpu())
 
 
@@ -169,12 +178,7 @@ def _check_recordio(rec, idx, num_classes):
     the 36 bytes at each offset the .idx lists (the record head and its image header), not the
     images: 1.3 M records on ImageNet.
     """
-    try:
-        reader = mx.recordio.MXIndexedRecordIO(idx, rec, "r")
-    except (ValueError, IndexError) as err:
-        raise DataError(f"{idx} is not an im2rec index (lines of 'key<TAB>offset'): {err}") from None
-    offsets = reader.idx
-    reader.close()
+    offsets = read_index(idx)
     if not offsets:
         raise DataError(f"{idx} lists no records")
     size = os.path.getsize(rec)
@@ -216,6 +220,33 @@ def _record_part(path, head, offset, size, what):
         raise DataError(f"{path} is truncated: {what} at byte {offset} needs "
                         f"{_RECORD_HEAD.size + length} bytes, the file ends at byte {size}")
     return length, word >> 29
+
+
+def read_index(idx):
+    """{key: byte offset} of an im2rec .idx file (lines of 'key<TAB>offset'), as MXIndexedRecordIO reads it."""
+    offsets = {}
+    with open(idx) as f:
+        for line in f:
+            try:
+                key, offset = line.strip().split("\t")[:2]
+                offsets[int(key)] = int(offset)
+            except ValueError as err:
+                raise DataError(f"{idx} is not an im2rec index (lines of 'key<TAB>offset'): {err}") from None
+    return offsets
+
+
+ImageHeader = collections.namedtuple("ImageHeader", "flag label id id2")   # mxnet.recordio.IRHeader's fields
+
+
+def unpack_image(payload):
+    """(header, image bytes) of an image record's payload, as mxnet.recordio.unpack splits it: flag > 0
+    means the label is that many float32 values after the header."""
+    header = ImageHeader(*_IR_HEADER.unpack_from(payload))
+    rest = payload[_IR_HEADER.size:]
+    if header.flag > 0:
+        header = header._replace(label=np.frombuffer(rest, np.float32, header.flag))
+        rest = rest[header.flag * 4:]
+    return header, rest
 
 
 def records(path, raw):

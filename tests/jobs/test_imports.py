@@ -25,3 +25,22 @@ def test_mxnet_imported_by_a_role_leaves_scipy_and_scikit_learn_out_and_importab
             "from sklearn.datasets import load_digits; print(len(load_digits().target))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout == "2.0 []\n1797\n", out.stdout + out.stderr
+
+
+def test_the_front_ends_data_and_model_checks_import_no_heavy_package(tmp_path):
+    """preflight reads a CIFAR-10 copy (batch files) and checks an ImageNet RecordIO pair and a gluoncv model
+    name as rank 0 would, without MXNet, gluoncv or scikit-learn: seconds of CPU in every job's front end."""
+    from jobs.test_data import write_imagenet
+    from unit.test_data import make_cifar_arrays, write_cifar
+    write_cifar(str(tmp_path / "bin"), "bin", make_cifar_arrays())
+    imagenet = write_imagenet(tmp_path / "imagenet", 32, 8, 4)
+    small = ["train.batch_size=4", "cluster.workers=2", "cluster.launcher=local", "cluster.hostfile=", "cluster.interface="]
+    checks = [("configs/cifar10_resnet20_ssd_topk.yaml", [*small, f"data.root={tmp_path / 'bin'}"]),
+              ("configs/imagenet_resnet50_ssd_topk.yaml", [*small, f"data.root={imagenet}", "data.num_classes=10",
+                                                           "data.shape=[3,32,32]"])]
+    for config, sets in checks:
+        code = ("import sys; from ssdsgd.config import load_config; from ssdsgd.launch.run import preflight; "
+                f"print(preflight(load_config({config!r}, {sets!r})), "
+                "sorted(m for m in ('mxnet', 'gluoncv', 'sklearn', 'cv2') if m in sys.modules))")
+        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and out.stdout == "None []\n", (config, out.stdout + out.stderr)

@@ -1195,3 +1195,26 @@ def test_idx_header_whose_size_overflows_names_the_file(tmp_path, idx_arrays):
     message = build_error("mnist", tmp_path)
     assert message.startswith(f"{path}: 16 bytes, but its header (2147483648, 2147483648, 4) needs "
                               f"{16 + 2 ** 64} (truncated)"), message
+
+
+def test_record_reading_without_mxnet_matches_mxnets_own(tmp_path):
+    """The index and the image-record headers as mxnet.recordio reads them, by recordio.py's own readers
+    (the front end checks and reads RecordIO files without importing MXNet)."""
+    from ssdsgd.worker.recordio import read_index, records, unpack_image
+    prefix = str(tmp_path / "r")
+    writer = mx.recordio.MXIndexedRecordIO(prefix + ".idx", prefix + ".rec", "w")
+    headers = [mx.recordio.IRHeader(0, 3.0, 7, 0), mx.recordio.IRHeader(2, [4.0, 5.0], 8, 1)]
+    for i, header in enumerate(headers):
+        writer.write_idx(10 + i, mx.recordio.pack(header, b"image bytes %d" % i))
+    writer.close()
+    reader = mx.recordio.MXIndexedRecordIO(prefix + ".idx", prefix + ".rec", "r")
+    assert read_index(prefix + ".idx") == reader.idx
+    reader.close()
+    with open(prefix + ".rec", "rb") as f:
+        raw = f.read()
+    for _, payload in records(prefix + ".rec", raw):
+        ours, theirs = unpack_image(payload), mx.recordio.unpack(payload)
+        (header, image), (mx_header, mx_image) = ours, theirs
+        assert image == mx_image and (header.flag, header.id, header.id2) == (mx_header.flag, mx_header.id,
+                                                                                mx_header.id2)
+        np.testing.assert_array_equal(header.label, mx_header.label)

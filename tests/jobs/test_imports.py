@@ -34,7 +34,8 @@ def test_the_front_ends_data_and_model_checks_import_no_heavy_package(tmp_path):
     from unit.test_data import make_cifar_arrays, write_cifar
     write_cifar(str(tmp_path / "bin"), "bin", make_cifar_arrays())
     imagenet = write_imagenet(tmp_path / "imagenet", 32, 8, 4)
-    small = ["train.batch_size=4", "cluster.workers=2", "cluster.launcher=local", "cluster.hostfile=", "cluster.interface="]
+    small = ["train.batch_size=4", "cluster.workers=2", "cluster.launcher=local", "cluster.hostfile=",
+             "cluster.interface="]
     checks = [("configs/cifar10_resnet20_ssd_topk.yaml", [*small, f"data.root={tmp_path / 'bin'}"]),
               ("configs/imagenet_resnet50_ssd_topk.yaml", [*small, f"data.root={imagenet}", "data.num_classes=10",
                                                            "data.shape=[3,32,32]"])]

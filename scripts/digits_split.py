@@ -1,7 +1,7 @@
 """Write ssdsgd/worker/digits_split.txt: the rows of scikit-learn's digits that its stratified 80/20 split
 (train_test_split(..., test_size=0.2, random_state=0, stratify=target)) puts in the training and test sets,
 in the order it returns them. The workers read that file instead of importing scikit-learn for the split
-(about 0.8 CPU-s a worker); tests/unit/test_data.py checks it against scikit-learn's split.
+(docs/design.md, "The code, folder by folder"); tests/unit/test_data.py checks it against scikit-learn's split.
 
     python scripts/digits_split.py
 """

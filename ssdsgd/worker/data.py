@@ -79,8 +79,8 @@ def split_settings(d):
 def check_data(cfg):
     """Raise the DataError every worker would meet, once, before any process starts (the front end's
     preflight). A data set on disk is read as rank 0 will read it; digits and synthetic are counted with
-    their checks, not read (reading digits costs seconds of scikit-learn imports, drawing synthetic
-    images up to gigabytes), so that a batch larger than the data set is refused too."""
+    their checks, not read (their sizes follow from the settings; drawing synthetic images would take up to
+    gigabytes), so that a batch larger than the data set is refused too."""
     d, workers = cfg.data, cfg.cluster.workers
     if d.dataset in ROOTED_DATASETS:
         data_from_config(cfg, 0, workers)

@@ -22,8 +22,8 @@ from ssdsgd.worker.datasets import (
 )
 
 # Images per class (0..9) of the digits training split (build_digits: 80 % of scikit-learn's 1797, stratified,
-# random_state 0), from which the front end counts a digits training set without importing scikit-learn
-# (seconds); tests/unit/test_data.py checks them against the split itself.
+# random_state 0), from which the front end counts a digits training set without reading it;
+# tests/unit/test_data.py checks them against the split itself.
 DIGITS_TRAIN_PER_CLASS = (142, 146, 142, 146, 145, 145, 145, 143, 139, 144)
 
 
@@ -48,8 +48,8 @@ def build_digits(shape, num_classes, shard, split):
 
 
 def _read_digits():
-    """(pixels (1797, 64) float64, labels) of scikit-learn's digits, read from the file its load_digits reads:
-    importing scikit-learn would cost a worker about 0.8 CPU-s, more than the training of a short test job."""
+    """(pixels (1797, 64) float64, labels) of scikit-learn's digits, read from the file its load_digits reads,
+    without importing scikit-learn (its cost: docs/design.md, "The code, folder by folder")."""
     spec = importlib.util.find_spec("sklearn")
     path = os.path.join(list(spec.submodule_search_locations)[0], "datasets", "data", "digits.csv.gz") if spec else ""
     if not os.path.isfile(path):

@@ -6,8 +6,7 @@ its own test helpers, mxnet.ndarray.sparse and .utils to accept SciPy sparse mat
 for quantization statistics: a large part of the CPU `import mxnet` takes, which every server and
 worker of every job pays (docs/design.md, "The code, folder by folder"). With those packages hidden
 during the import, MXNet takes its fallbacks (no SciPy-matrix input, which we never give it); they are
-importable again right after, for whoever needs them (a digits worker imports scikit-learn for its
-data set).
+importable again right after, for whoever needs them (scripts and tests that use scikit-learn).
 """
 import sys
 

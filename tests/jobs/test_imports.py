@@ -18,7 +18,7 @@ def test_the_front_end_the_role_entry_point_and_the_server_import_no_heavy_packa
 
 def test_mxnet_imported_by_a_role_leaves_scipy_and_scikit_learn_out_and_importable():
     """ssdsgd.lean_mxnet: a server or worker imports MXNet without SciPy, scikit-learn and pandas (CPU it would
-    spend on every role's start), and a digits worker can import scikit-learn afterwards."""
+    spend on every role's start), and scikit-learn can still be imported afterwards."""
     code = ("import sys; from ssdsgd.lean_mxnet import import_mxnet; mx = import_mxnet(); "
             "print(mx.nd.ones((2,)).sum().asscalar(), "
             "sorted(m for m in ('sklearn', 'scipy', 'pandas') if m in sys.modules)); "

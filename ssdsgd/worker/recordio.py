@@ -10,6 +10,8 @@ import struct
 
 import numpy as np
 
+# MXNet only where a set is read (import_mxnet() there): the front end checks the files (build_imagenet,
+# _check_recordio) and reads CIFAR-10's RecordIO form without it (seconds of CPU in every job's launcher).
 from ssdsgd.lean_mxnet import import_mxnet
 from ssdsgd.worker.datasets import DataBundle, DataError, augment_seed, check_shape, steps_per_epoch
 
@@ -17,12 +19,6 @@ from ssdsgd.worker.datasets import DataBundle, DataError, augment_seed, check_sh
 _IMAGENET_NORM = dict(mean_r=123.68, mean_g=116.779, mean_b=103.939,
                       std_r=58.393, std_g=57.12, std_b=57.375)
 _IMAGENET_FILES = ["train.rec", "train.idx", "val.rec", "val.idx"]
-
-
-def _mx():
-    """MXNet, when a set is read: the front end checks the files (build_imagenet, _check_recordio) and
-    reads CIFAR-10's RecordIO form without it (seconds of CPU in every job's launcher)."""
-    return import_mxnet()
 
 
 class RecordTrainSet:
@@ -53,7 +49,7 @@ class RecordTrainSet:
             augmentation = dict(resize=_eval_resize(self._shape))
         where = f"rank {self._rank}'s part, epoch {epoch}"
         with _reading(self._rec, where):          # it decodes its first batches at once
-            records = _mx().io.ImageRecordIter(
+            records = import_mxnet().io.ImageRecordIter(
                 path_imgrec=self._rec, path_imgidx=self._idx, data_shape=self._shape,
                 batch_size=self._batch_size, shuffle=True, seed=self._seed + epoch,
                 seed_aug=augment_seed(self._seed, epoch, self._rank),
@@ -85,7 +81,7 @@ class RecordTestSet:
         parts > 1: batches part, part + parts, ... only. Every record is still decoded (the record
         file's own partitioning splits by bytes, so the shares' sizes would not be known)."""
         with _reading(self._rec, "evaluation"):
-            records = iter(_mx().io.ImageRecordIter(
+            records = iter(import_mxnet().io.ImageRecordIter(
                 path_imgrec=self._rec, data_shape=self._shape, batch_size=batch_size,
                 resize=_eval_resize(self._shape), round_batch=False,
                 preprocess_threads=self._preprocess_threads, **_IMAGENET_NORM))
@@ -113,7 +109,7 @@ def _reading(rec, where):
     MXNet decodes a few batches ahead, so the image may be in a batch after the one named."""
     try:
         yield
-    except _mx().base.MXNetError as err:
+    except import_mxnet().base.MXNetError as err:
         raise DataError(f"{rec}: {decode_problem(err, where)}") from None
 
 
@@ -131,7 +127,7 @@ def _on_cpu(batch):
     """(data, label) of an ImageRecordIter batch on cpu(0). The iterator hands out cpu_pinned(0)
     arrays (also with ctx='cpu'), and a hybridized network refuses inputs off its parameters'
     context; one copy per batch is small next to the forward pass."""
-    mx = _mx()
+    mx = import_mxnet()
     return batch.data[0].as_in_context(mx.cpu()), batch.label[0].as_in_context(mx.cpu())
 
 

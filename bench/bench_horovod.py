@@ -311,7 +311,8 @@ def remade_manifest(args):
         measured = {}
     remade = manifest(args)
     table_only = {k: remade.get(k) for k in ("command", "commit", "uncommitted_changes", "date")}
-    kept = {k: measured[k] for k in MEASURING_KEYS if k in measured and "--table-only" not in measured["command"]}
+    by_a_measuring_run = "--table-only" not in measured.get("command", ["--table-only"])
+    kept = {k: measured[k] for k in MEASURING_KEYS if k in measured} if by_a_measuring_run else {}
     with open(path, "w") as f:
         json.dump({**remade, **kept, "table_only": table_only}, f, indent=2)
 

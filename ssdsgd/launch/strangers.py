@@ -6,7 +6,8 @@ registers before the job's own (anyone who reaches the scheduler's port with the
 leave the servers no place: the scheduler then aborts in van.cc (`there is no socket to node 8`, SIGABRT), and
 ps-lite says nothing of who registered. ps-lite cannot be told to refuse it (its transport is unauthenticated),
 so the launcher names it instead. While the job starts (until a worker's first step) it reads this machine's
-TCP table (/proc/net/tcp, tcp6; the scheduler runs here) every poll: the connections to the scheduler's port,
+TCP table (/proc/net/tcp, or tcp6 for an IPv6 scheduler; the scheduler runs here) every LOOK_SECONDS: the
+connections to the scheduler's port,
 and, when one is new, the process that holds its other end if that is on this machine too. A connection from
 a process outside the job's process groups, or from a host that runs none of the job's roles, is a stranger's.
 Standard library only (the launcher imports no mxnet nor numpy).
@@ -17,6 +18,11 @@ import socket
 ABORT_MARK = 'there is no socket to node'   # ps-lite's scheduler, when a node it ranked has no connection
 ESTABLISHED = '01'                          # a socket's state in /proc/net/tcp
 PRIVATE_NETWORK = "keep the job's ports on a private network (README: A private network)"
+# A stranger's connection stays open until the scheduler aborts, so a look this often still sees it. Each
+# look reads a table the kernel builds by walking its whole socket hash, empty buckets too: a cost in
+# system time that does not shrink with the number of sockets.
+LOOK_SECONDS = 0.5
+TABLES = {socket.AF_INET: '/proc/net/tcp', socket.AF_INET6: '/proc/net/tcp6'}
 
 
 def _address(hex_address):
@@ -28,10 +34,10 @@ def _address(hex_address):
     return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw), int(port, 16)
 
 
-def tcp_rows(port, tables=('/proc/net/tcp', '/proc/net/tcp6')):
+def tcp_rows(port, tables=tuple(TABLES.values())):
     """(state, (local ip, port), (remote ip, port), inode) of the established TCP sockets of this network
     namespace with `port` at one end. The port is matched on the table's text before any address is parsed:
-    on a busy machine the table holds hundreds of sockets, and the launcher reads it every poll."""
+    on a busy machine the table holds hundreds of sockets."""
     end = f':{port:04X}'
     rows = []
     for table in tables:
@@ -61,6 +67,18 @@ def socket_owners(inodes):
     return owners
 
 
+def _tables(ip):
+    """The TCP tables that hold connections to a scheduler listening on `ip`: the one of its address family
+    (ps-lite listens on the address it is given), both for a host name or no address."""
+    for family, table in TABLES.items():
+        try:
+            socket.inet_pton(family, ip or '')
+            return (table,)
+        except OSError:
+            continue
+    return tuple(TABLES.values())
+
+
 def _group(pid):
     try:
         with open(f'/proc/{pid}/stat') as f:
@@ -84,11 +102,18 @@ class Roll:
 
     def __init__(self, port, ip=None):
         self.port, self.ip = port, ip
+        self.tables = _tables(ip)
+        self.next_look = 0.0
         self.local = {}      # peer (ip, port) -> (pid, pgid, command) of a process on this machine, or None
         self.remote = set()  # peer (ip, port) seen only from the scheduler's side: another host
 
-    def look(self):
-        rows = tcp_rows(self.port)
+    def look(self, now=None):
+        """Read the TCP table, unless the last look was less than LOOK_SECONDS before `now` (monotonic)."""
+        if now is not None:
+            if now < self.next_look:
+                return
+            self.next_look = now + LOOK_SECONDS
+        rows = tcp_rows(self.port, self.tables)
         ours = {r[1]: r[3] for r in rows
                 if r[2][1] == self.port and (self.ip is None or r[2][0] == self.ip) and r[1] not in self.local}
         if ours:

@@ -173,5 +173,5 @@ def supervise(children, timeout, stall_timeout, received, server_timeout=None):
         else:
             pauses.check(time.time())   # file times are wall-clock times
             if roll is not None and not any(_mtime(w.heartbeat) for w in workers if w.heartbeat):
-                roll.look()
+                roll.look(now)
         time.sleep(POLL_SECONDS)

@@ -196,8 +196,23 @@ def test_a_connection_to_the_scheduler_from_a_host_without_roles_is_a_strangers(
     rows = [('01', ('10.0.0.1', 9000), ('10.0.0.2', 5000), '2'),     # a role's host
             ('01', ('10.0.0.1', 9000), ('10.0.0.9', 5001), '3'),     # nobody's
             ('01', ('10.0.0.1', 41000), ('10.0.0.7', 9000), '4')]    # ours, to another machine's port 9000
-    monkeypatch.setattr(strangers, 'tcp_rows', lambda port: rows)
+    monkeypatch.setattr(strangers, 'tcp_rows', lambda port, tables: rows)
     monkeypatch.setattr(strangers, 'socket_owners', lambda inodes: {})
     roll = strangers.Roll(9000, '10.0.0.1')
     roll.look()
     assert roll.strangers(set(), {'10.0.0.2'}) == ['host 10.0.0.9']
+
+
+def test_the_roll_reads_the_table_of_the_schedulers_address_family_at_its_own_pace(monkeypatch):
+    from ssdsgd.launch import strangers
+    assert strangers.Roll(9000, '10.0.0.1').tables == ('/proc/net/tcp',)
+    assert strangers.Roll(9000, 'fe80::1').tables == ('/proc/net/tcp6',)
+    assert strangers.Roll(9000, 'node1').tables == strangers.Roll(9000).tables == ('/proc/net/tcp', '/proc/net/tcp6')
+    looks = []
+    monkeypatch.setattr(strangers, 'tcp_rows', lambda port, tables: looks.append(tables) or [])
+    roll = strangers.Roll(9000, '127.0.0.1')
+    for now in (100.0, 100.1, 100.4, 100.5, 100.6, 101.2):
+        roll.look(now)
+    assert len(looks) == 3                                 # at 100.0, 100.5 and 101.2
+    roll.look()                                            # without a time: at once
+    assert len(looks) == 4

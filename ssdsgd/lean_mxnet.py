@@ -7,23 +7,33 @@ for quantization statistics: a large part of the CPU `import mxnet` takes, which
 worker of every job pays (docs/design.md, "The code, folder by folder"). With those packages hidden
 during the import, MXNet takes its fallbacks (no SciPy-matrix input, which we never give it); they are
 importable again right after, for whoever needs them (scripts and tests that use scikit-learn).
+numba does the same with SciPy when it first compiles or loads a kernel (compression/kernels.py).
 """
 import sys
+from contextlib import contextmanager
 
 NOT_FOR_MXNET = ("sklearn", "scipy", "pandas")
+
+
+@contextmanager
+def hidden(names):
+    """Within the block, `import name` raises ImportError for each of `names` not imported yet; after it,
+    they are importable again."""
+    missing = [name for name in names if name not in sys.modules]
+    for name in missing:
+        sys.modules[name] = None
+    try:
+        yield
+    finally:
+        for name in missing:
+            if sys.modules.get(name, False) is None:
+                del sys.modules[name]
 
 
 def import_mxnet():
     """The mxnet module, imported now with NOT_FOR_MXNET hidden unless it already was imported (then as is)."""
     if "mxnet" in sys.modules:
         return sys.modules["mxnet"]
-    hidden = [name for name in NOT_FOR_MXNET if name not in sys.modules]
-    for name in hidden:
-        sys.modules[name] = None          # `import name` raises ImportError
-    try:
+    with hidden(NOT_FOR_MXNET):
         import mxnet
-    finally:
-        for name in hidden:
-            if sys.modules.get(name, False) is None:
-                del sys.modules[name]
     return mxnet

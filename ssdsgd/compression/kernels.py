@@ -29,6 +29,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from ssdsgd.lean_mxnet import hidden
+
 CHUNK = 2048                          # elements per chunk (8 KiB of float32: each step's reads stay in L1)
 _PACK = np.uint64(0x0102040810204080)  # 8 flag bytes (0 or 1) of a word times this: bit i of the top byte is byte i
 # The key of a magnitude: its float32 bits as an int32, which order non-negative floats as their values
@@ -328,6 +330,13 @@ def warm():
     per process: the gradient read-only (a view of MXNet's memory) or writable (a host copy)."""
     if _warmed:
         return
+    # numba's first compile or cache load imports scipy.linalg to look for a BLAS, which no kernel calls.
+    with hidden(["scipy.linalg"]):
+        _compile_all()
+    _warmed.append(True)
+
+
+def _compile_all():
     n = CHUNK + 3
     f, i8 = np.zeros(n, np.float32), np.arange(8, dtype=np.int64)
     for readonly in (False, True):
@@ -342,4 +351,3 @@ def warm():
     count_around(f[:8], bounds, np.float32(0))
     top_among(i8, f[:8], bounds, np.array([3], np.int64), np.array([True]), np.zeros(1), np.empty(3, np.int64))
     take(f, f, i8, True, np.empty(8, np.float32))
-    _warmed.append(True)

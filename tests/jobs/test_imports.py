@@ -45,3 +45,13 @@ def test_the_front_ends_data_and_model_checks_import_no_heavy_package(tmp_path):
                 "sorted(m for m in ('mxnet', 'gluoncv', 'sklearn', 'cv2') if m in sys.modules))")
         out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0 and out.stdout == "None []\n", (config, out.stdout + out.stderr)
+
+
+def test_the_kernels_load_without_scipys_linear_algebra_and_leave_it_importable():
+    """numba's first compile or cache load would import scipy.linalg to look for a BLAS, which no kernel of
+    compression/kernels.py calls: a top-k worker's start-up does without it, and it can still be imported."""
+    code = ("import sys, numpy as np; from ssdsgd.compression import kernels; kernels.warm(); "
+            "print('scipy.linalg' in sys.modules, kernels.kth_smallest(np.arange(8, dtype=np.float32), 3)); "
+            "import scipy.linalg; print(scipy.linalg.norm([3.0, 4.0]))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.splitlines() == ["False (True, 3.0)", "5.0"], out.stdout + out.stderr

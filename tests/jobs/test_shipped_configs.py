@@ -1,7 +1,8 @@
 """Every shipped config trains a few steps end to end, as a user first tries it on one machine: its own
 model, algorithm and compression sections, on small data generated in its dataset's published format,
 with 2 local workers and 1 server (ResNet-50 on one server once failed only after every process had
-started). What the configs leave for the cluster (hosts, interface, batch, data size) is overridden."""
+started). What the configs leave for the cluster (hosts, interface, batch, data size) is overridden. The demo's
+configs train a whole epoch each, as shipped, in tests/jobs/test_scripts.py (scripts/demo.py runs them)."""
 import os
 
 import numpy as np
@@ -10,10 +11,11 @@ from support.jobs import ROOT, processes_with, run_job
 from unit.test_configs import CONFIGS as SHIPPED
 from unit.test_data import IDX_NAMES, make_cifar_arrays, write_cifar, write_idx_set
 from jobs.test_data import write_imagenet
+from scripts.demo import CONFIGS as DEMO_CONFIGS
 
 from ssdsgd.config import load_config
 
-CONFIGS = [os.path.relpath(c, ROOT) for c in SHIPPED]
+CONFIGS = [os.path.relpath(c, ROOT) for c in SHIPPED if os.path.relpath(c, ROOT) not in DEMO_CONFIGS]
 # The ImageNet top-k config reads 224x224 images, ImageNet's own size; the other ResNet-50 configs read
 # 32x32 ones (the same network takes them), which keeps this file short.
 AT_IMAGENET_SIZE = "configs/imagenet_resnet50_ssd_topk.yaml"
@@ -48,6 +50,11 @@ def data_roots(tmp_path_factory):
         AT_IMAGENET_SIZE: [f"data.root={write_imagenet(base / 'imagenet224', 224, 16, 4)}", "data.num_classes=10",
                            "data.preprocess_threads=1"],
     }
+
+
+def test_every_shipped_config_is_trained_here_or_by_the_demo():
+    assert set(DEMO_CONFIGS) < {os.path.relpath(c, ROOT) for c in SHIPPED}
+    assert set(CONFIGS) | set(DEMO_CONFIGS) == {os.path.relpath(c, ROOT) for c in SHIPPED}
 
 
 @pytest.mark.timeout(150)

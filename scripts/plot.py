@@ -30,14 +30,14 @@ import matplotlib
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
 from scripts.plot_rates import FIGURE as RATE_FIGURE
-from scripts.plot_rates import is_rate_table, rate_figure
+from scripts.plot_rates import is_rate_table, log_axis, rate_figure
 from scripts.results_io import COMPUTE_BOUND, rate_name, read_csv, read_jsonl, resolve_run_dir
 from ssdsgd.metrics import CONFIG_FILE, SUMMARY_FILE, metrics_file
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 DPI = 110
 TARGET_LABEL = "target: SSGD's final accuracy"
@@ -163,10 +163,7 @@ def bytes_figure(rows):
     if made is None:
         return None
     fig, ax = made
-    ax.set_yscale("log")
-    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(NullFormatter())
+    log_axis(ax)
     which = "steady-state window" if field.startswith("steady") else "whole job incl. start-up"
     _finish_bars(fig, ax, "Loopback bytes sent per training step, all workers",
                  "kernel bytes per step (MB, log scale)", f"{which}, median over repeats")

@@ -13,6 +13,14 @@ BOUNDS = (("compute_bound", "--", "compute bound (N × one worker alone)"),
           ("machine_bound", ":", "this machine's bound (its cores shared by all N)"))
 
 
+def log_axis(ax):
+    """A log-scale y axis labelled at 1, 2 and 5 of each decade, in plain numbers."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
 def is_rate_table(rows):
     return bool(rows) and COLUMNS <= set(rows[0])
 
@@ -46,10 +54,7 @@ def rate_figure(rows, subplots):
             if values:
                 ax.axhline(statistics.median(values), color="k", linestyle=style, linewidth=1,
                            label=words if n == counts[0] else None)
-        ax.set_yscale("log")
-        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(NullFormatter())
+        log_axis(ax)
         ax.set_xticks(range(len(rates)))
         ax.set_xticklabels([rate_name(r) for r in rates], fontsize=8)
         ax.set_title(f"{n} workers", fontsize=10)

@@ -3,13 +3,13 @@ with SSD-SGD + top-k's ratio to Horovod per N and rate) and images_per_sec_vs_ra
 images/s against link rate, one panel per N). Reads <out>/ssdsgd_n<N>/runs.csv and <out>/horovod_n<N>/runs.csv
 (bench_network's columns); needs neither Horovod nor root, so `bench_horovod.py --table-only` and the tests
 run it anywhere."""
+import csv
 import glob
 import os
 import re
 import shlex
 import statistics
 
-from scripts import plot
 from scripts.results_io import COMPUTE_BOUND, ROOT, rate_name, read_csv, write_text
 
 SYSTEMS = {"ssdsgd": "ssdsgd", "horovod": "Horovod"}
@@ -155,13 +155,13 @@ def write_outputs(out, cores=None):
     text = markdown(rows, cores)
     write_text(os.path.join(out, "table.md"), text)
     if rows:
+        from scripts import plot     # matplotlib: here, not at import (bench/ring_check.py reads tables only)
         plot.plot_csv(os.path.join(out, "table.csv"), out)
     return text
 
 
 def write_csv_ordered(path, rows):
     """table.csv in COLUMNS' order (results_io.write_csv sorts its columns)."""
-    import csv
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()

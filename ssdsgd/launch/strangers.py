@@ -35,7 +35,7 @@ def _address(hex_address):
 
 
 def tcp_rows(port, tables=tuple(TABLES.values())):
-    """(state, (local ip, port), (remote ip, port), inode) of the established TCP sockets of this network
+    """((local ip, port), (remote ip, port), inode) of the established TCP sockets of this network
     namespace with `port` at one end. The port is matched on the table's text before any address is parsed:
     on a busy machine the table holds hundreds of sockets."""
     end = f':{port:04X}'
@@ -49,7 +49,7 @@ def tcp_rows(port, tables=tuple(TABLES.values())):
         for line in lines:
             cols = line.split()
             if cols[3] == ESTABLISHED and (cols[1].endswith(end) or cols[2].endswith(end)):
-                rows.append((cols[3], _address(cols[1]), _address(cols[2]), cols[9]))
+                rows.append((_address(cols[1]), _address(cols[2]), cols[9]))
     return rows
 
 
@@ -114,14 +114,14 @@ class Roll:
                 return
             self.next_look = now + LOOK_SECONDS
         rows = tcp_rows(self.port, self.tables)
-        ours = {r[1]: r[3] for r in rows
-                if r[2][1] == self.port and (self.ip is None or r[2][0] == self.ip) and r[1] not in self.local}
+        ours = {local: inode for local, remote, inode in rows
+                if remote[1] == self.port and (self.ip is None or remote[0] == self.ip) and local not in self.local}
         if ours:
             owners = socket_owners(set(ours.values()))
             for peer, inode in ours.items():
                 pid = owners.get(inode)
                 self.local[peer] = (pid, _group(pid), _command(pid)) if pid else None
-        for _, local, remote, _ in rows:
+        for local, remote, _ in rows:
             if local[1] == self.port and (self.ip is None or local[0] == self.ip) and remote not in self.local:
                 self.remote.add(remote)
 

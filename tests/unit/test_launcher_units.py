@@ -185,17 +185,17 @@ def test_the_tcp_table_gives_the_established_connections_at_the_port(tmp_path):
                      + row.format('0100007F:A411', '0100007F:2329', '01', 14)             # other ports
                      + row.format('0100007F:A412', '0100007F:2328', '06', 15))            # TIME_WAIT
     assert strangers.tcp_rows(9000, [str(table)]) == [
-        ('01', ('127.0.0.1', 9000), ('127.0.0.1', 42000), '12'),
-        ('01', ('127.0.0.1', 42000), ('127.0.0.1', 9000), '13')]
+        (('127.0.0.1', 9000), ('127.0.0.1', 42000), '12'),
+        (('127.0.0.1', 42000), ('127.0.0.1', 9000), '13')]
 
 
 def test_a_connection_to_the_scheduler_from_a_host_without_roles_is_a_strangers(monkeypatch):
     """ssh jobs: only the scheduler's end of a remote connection is in this machine's TCP table; a host that
     runs none of the job's roles is named. A connection to the same port elsewhere is not the scheduler's."""
     from ssdsgd.launch import strangers
-    rows = [('01', ('10.0.0.1', 9000), ('10.0.0.2', 5000), '2'),     # a role's host
-            ('01', ('10.0.0.1', 9000), ('10.0.0.9', 5001), '3'),     # nobody's
-            ('01', ('10.0.0.1', 41000), ('10.0.0.7', 9000), '4')]    # ours, to another machine's port 9000
+    rows = [(('10.0.0.1', 9000), ('10.0.0.2', 5000), '2'),     # a role's host
+            (('10.0.0.1', 9000), ('10.0.0.9', 5001), '3'),     # nobody's
+            (('10.0.0.1', 41000), ('10.0.0.7', 9000), '4')]    # ours, to another machine's port 9000
     monkeypatch.setattr(strangers, 'tcp_rows', lambda port, tables: rows)
     monkeypatch.setattr(strangers, 'socket_owners', lambda inodes: {})
     roll = strangers.Roll(9000, '10.0.0.1')

@@ -7,9 +7,9 @@ leave the servers no place: the scheduler then aborts in van.cc (`there is no so
 ps-lite says nothing of who registered. ps-lite cannot be told to refuse it (its transport is unauthenticated),
 so the launcher names it instead. While the job starts (until a worker's first step) it reads this machine's
 TCP table (/proc/net/tcp, or tcp6 for an IPv6 scheduler; the scheduler runs here) every LOOK_SECONDS: the
-connections to the scheduler's port,
-and, when one is new, the process that holds its other end if that is on this machine too. A connection from
-a process outside the job's process groups, or from a host that runs none of the job's roles, is a stranger's.
+connections to the scheduler's port, and, when one is new, the process that holds its other end if that is on
+this machine too. A connection from a process outside the job's process groups, or from a host that runs none of
+the job's roles, is a stranger's.
 Standard library only (the launcher imports no mxnet nor numpy).
 """
 import os

@@ -7,8 +7,11 @@ for quantization statistics: a large part of the CPU `import mxnet` takes, which
 worker of every job pays (docs/design.md, "The code, folder by folder"). With those packages hidden
 during the import, MXNet takes its fallbacks (no SciPy-matrix input, which we never give it); they are
 importable again right after, for whoever needs them (scripts and tests that use scikit-learn).
-numba does the same with SciPy when it first compiles or loads a kernel (compression/kernels.py).
+numba does the same with SciPy when it first compiles or loads a kernel (compression/kernels.py). And where
+a process needs only a package's files (the scheduler MXNet's library, the front end gluoncv's model names, a
+digits worker scikit-learn's digits file), package_folder finds them without importing the package.
 """
+import importlib.util
 import sys
 from contextlib import contextmanager
 
@@ -28,6 +31,14 @@ def hidden(names):
         for name in missing:
             if sys.modules.get(name, False) is None:
                 del sys.modules[name]
+
+
+def package_folder(name):
+    """The folder of the installed package `name`, found without importing it; None if it is not installed."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return list(spec.submodule_search_locations)[0]
 
 
 def import_mxnet():

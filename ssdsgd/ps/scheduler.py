@@ -12,6 +12,8 @@ import ctypes
 import importlib.util
 import os
 
+from ssdsgd.lean_mxnet import package_folder
+
 # MXKVStoreServerController(int head, const char *body, void *handle): the scheduler gets no commands.
 CONTROLLER = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 
@@ -19,10 +21,9 @@ CONTROLLER = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void
 def mxnet_library_path():
     """The libmxnet.so that `import mxnet` would load (MXNet's own lookup in mxnet/libinfo.py, which
     also honours MXNET_LIBRARY_PATH), found without importing the mxnet package."""
-    spec = importlib.util.find_spec("mxnet")
-    if spec is None or not spec.submodule_search_locations:
+    folder = package_folder("mxnet")
+    if folder is None:
         raise RuntimeError("the mxnet package is not installed in this interpreter")
-    folder = list(spec.submodule_search_locations)[0]
     info_spec = importlib.util.spec_from_file_location("_mxnet_libinfo", os.path.join(folder, "libinfo.py"))
     libinfo = importlib.util.module_from_spec(info_spec)
     info_spec.loader.exec_module(libinfo)

@@ -2,8 +2,9 @@
 model zoo's. Apart from models.py, which imports MXNet, so that the launcher front end checks a name
 without it."""
 import ast
-import importlib.util
 import os
+
+from ssdsgd.lean_mxnet import package_folder
 
 SMALL_MODELS = ("linear", "mlp", "small_cnn")
 
@@ -16,10 +17,10 @@ def zoo_names():
     """The gluoncv model zoo's names, read from the source of gluoncv/model_zoo/model_zoo.py (its `_models`
     table, which get_model_list returns) rather than imported: importing gluoncv imports MXNet, seconds of CPU
     in the front end of every job. None if gluoncv is missing or the file has no such table (another version)."""
-    spec = importlib.util.find_spec("gluoncv")
-    if spec is None or not spec.submodule_search_locations:
+    folder = package_folder("gluoncv")
+    if folder is None:
         return None
-    path = os.path.join(list(spec.submodule_search_locations)[0], "model_zoo", "model_zoo.py")
+    path = os.path.join(folder, "model_zoo", "model_zoo.py")
     try:
         with open(path) as f:
             tree = ast.parse(f.read(), path)

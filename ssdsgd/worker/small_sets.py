@@ -1,11 +1,11 @@
 """The small data sets read (or drawn) whole in one call: scikit-learn's digits, MNIST and Fashion-MNIST
 (from the IDX files, idx.py) and synthetic Gaussian images.
 """
-import importlib.util
 import os
 
 import numpy as np
 
+from ssdsgd.lean_mxnet import package_folder
 from ssdsgd.schema import SYNTHETIC_SHAPE
 
 from ssdsgd.worker import idx
@@ -50,8 +50,8 @@ def build_digits(shape, num_classes, shard, split):
 def _read_digits():
     """(pixels (1797, 64) float64, labels) of scikit-learn's digits, read from the file its load_digits reads,
     without importing scikit-learn (its cost: docs/design.md, "The code, folder by folder")."""
-    spec = importlib.util.find_spec("sklearn")
-    path = os.path.join(list(spec.submodule_search_locations)[0], "datasets", "data", "digits.csv.gz") if spec else ""
+    folder = package_folder("sklearn")
+    path = os.path.join(folder, "datasets", "data", "digits.csv.gz") if folder else ""
     if not os.path.isfile(path):
         raise DataError(f"digits: scikit-learn's digits.csv.gz not found ({path or 'scikit-learn not installed'})")
     table = np.loadtxt(path, delimiter=",")

@@ -6,13 +6,18 @@ import sys
 from support.jobs import ROOT
 
 
+def _python(code):
+    """`code` run in a fresh interpreter from the project's root: nothing this test process imported counts."""
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
 def test_the_front_end_the_role_entry_point_and_the_server_import_no_heavy_package():
     """`import mxnet` under DMLC_ROLE=server or scheduler would enter MXNet's stock server loop inside the import
     (run_server imports it as a worker), and the front end's --help and --dry-run would pay seconds for it: these
     modules import MXNet (and gluoncv, scikit-learn, OpenCV) only inside the functions that need them."""
     code = ("import sys, ssdsgd.launch.run, ssdsgd.train, ssdsgd.ps.server, ssdsgd.ps.scheduler; "
             "print(sorted(m for m in ('mxnet', 'gluoncv', 'sklearn', 'cv2') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = _python(code)
     assert out.returncode == 0 and out.stdout == "[]\n", out.stdout + out.stderr
 
 
@@ -23,7 +28,7 @@ def test_mxnet_imported_by_a_role_leaves_scipy_and_scikit_learn_out_and_importab
             "print(mx.nd.ones((2,)).sum().asscalar(), "
             "sorted(m for m in ('sklearn', 'scipy', 'pandas') if m in sys.modules)); "
             "from sklearn.datasets import load_digits; print(len(load_digits().target))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = _python(code)
     assert out.returncode == 0 and out.stdout == "2.0 []\n1797\n", out.stdout + out.stderr
 
 
@@ -43,7 +48,7 @@ def test_the_front_ends_data_and_model_checks_import_no_heavy_package(tmp_path):
         code = ("import sys; from ssdsgd.config import load_config; from ssdsgd.launch.run import preflight; "
                 f"print(preflight(load_config({config!r}, {sets!r})), "
                 "sorted(m for m in ('mxnet', 'gluoncv', 'sklearn', 'cv2') if m in sys.modules))")
-        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        out = _python(code)
         assert out.returncode == 0 and out.stdout == "None []\n", (config, out.stdout + out.stderr)
 
 
@@ -53,5 +58,5 @@ def test_the_kernels_load_without_scipys_linear_algebra_and_leave_it_importable(
     code = ("import sys, numpy as np; from ssdsgd.compression import kernels; kernels.warm(); "
             "print('scipy.linalg' in sys.modules, kernels.kth_smallest(np.arange(8, dtype=np.float32), 3)); "
             "import scipy.linalg; print(scipy.linalg.norm([3.0, 4.0]))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = _python(code)
     assert out.returncode == 0 and out.stdout.splitlines() == ["False (True, 3.0)", "5.0"], out.stdout + out.stderr

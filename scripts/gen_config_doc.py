@@ -70,7 +70,6 @@ NOTES = {
     "algorithm.local.lr": "local learning rate as a number (overrides lr_scale)",
     "compression.type": "none: dense pushes; 2bit: MXNet's native 2-bit compression (stock path only); or a "
                         "registered sparsifier (topk, randomk, dgc)",
-    "compression.density": "fraction of each tensor's values a worker sends per step",
     "compression.error_feedback": "add what was not sent to the next step's gradient",
     "compression.fp16_values": "sparsifiers: send values (and index digits) as float16, 6 bytes a value "
                                "instead of 8",

@@ -39,7 +39,7 @@ import zipfile
 import numpy as np
 
 from ssdsgd.compression.fusion import describe_sizes, plan_for_config
-from ssdsgd.config import apply_override, runner_of
+from ssdsgd.config import apply_override, resumed_density, runner_of
 from ssdsgd.idle import idle_keys
 from ssdsgd.errors import CheckpointError
 from ssdsgd.fingerprint import (  # noqa: F401  (read through checkpoint by the run folders and tests)
@@ -244,6 +244,7 @@ def verify(directory, cfg):
     except (OSError, ValueError) as err:
         raise CheckpointError(f"checkpoint manifest {path} cannot be read: {err}") from None
     match = re.fullmatch(r"epoch-(\d+)", os.path.basename(os.path.normpath(directory)))
+    cfg = resumed_density(cfg, manifest)
     problem = manifest_problem(manifest, cfg, int(match.group(1)) if match else None)
     saved = manifest.get("config") if isinstance(manifest, dict) else None
     # Keys the config leaves idle (algorithm.delay under SSGD) may differ: they change no step. A key that
@@ -393,7 +394,7 @@ def resume_point(cfg):
         if saved != manifest["step"]:
             raise CheckpointError(f"{os.path.join(directory, MANIFEST)}: step {manifest['step']}, but "
                                   f"{worker_file(rank)} says step {saved}; resume refused")
-    problem = served_plan_problem(cfg, directory, manifest)
+    problem = served_plan_problem(resumed_density(cfg, manifest), directory, manifest)
     if problem:
         raise CheckpointError(f"{directory}: {problem}; resume refused")
     return directory, manifest

@@ -7,12 +7,14 @@ Here: reading the YAML, the overrides, the keys whose default depends on others,
 keys against each other.
 """
 import copy
-import math
 import os
 
 import yaml
 
-from ssdsgd.compression.registry import NATIVE_2BIT, SPARSIFIERS, is_sparsifier, sparsifier_names
+from ssdsgd.compression.registry import NATIVE_2BIT, is_sparsifier
+from ssdsgd.config_compression import (  # noqa: F401  (read through config)
+    auto_densities, check_compression, check_compression_type, density_note, density_warmup, resumed_density,
+    with_density)
 from ssdsgd.idle import idle_keys
 from ssdsgd.registry import ALGORITHMS, PluginError, import_plugins, runner
 from ssdsgd.schema import (  # noqa: F401  (the names the rest of the package reads through config)
@@ -52,6 +54,13 @@ class Config:
     def to_dict(self):
         return copy.deepcopy(self._data)
 
+    def replaced(self, data):
+        """A Config of `data` (a changed to_dict()) with this one's idle keys and notes."""
+        new = Config(data)
+        object.__setattr__(new, "idle", self.idle)
+        object.__setattr__(new, "ignored", self.ignored)
+        return new
+
 
 def _validate(schema, user, path=""):
     if not isinstance(user, dict):
@@ -67,57 +76,6 @@ def _validate(schema, user, path=""):
     return out
 
 
-def _check_compression_type(algorithm, kind, sparsifier):
-    """compression.type against what algorithm.type's client takes (its registry entry)."""
-    entry = ALGORITHMS[algorithm]
-    if sparsifier and not entry.sparsifiers:
-        takers = " or ".join(n for n, a in ALGORITHMS.items() if a.sparsifiers)
-        raise ConfigError(f"compression.type: {kind} needs the round-based server (algorithm.type {takers}); "
-                          f"{algorithm} supports {' or '.join(entry.compression)}")
-    if not sparsifier and kind not in entry.compression:
-        takers = " or ".join(n for n, a in ALGORITHMS.items() if kind in a.compression) or "none"
-        instead = f"use {'/'.join(SPARSIFIERS)} with {algorithm}" if entry.sparsifiers else \
-            f"{algorithm} supports {' or '.join(entry.compression)}"
-        native = " (MXNet's native compression, on the stock KVStore path)" if kind == NATIVE_2BIT else ""
-        raise ConfigError(f"compression.type: {kind}{native} works with algorithm.type {takers}; {instead}")
-
-
-def _check_compression(c, sparsifier):
-    """The compression section's keys against each other (and train.epochs)."""
-    comp = c["compression"]
-    # Settings that only mean something for a sparse push: (set?, why), per key.
-    sparse_only = {
-        "fp16_values": (comp["fp16_values"], "only sparse pushes have an fp16 wire format"),
-        "index_coding": (comp["index_coding"] != "auto", "only sparse messages carry indices"),
-        "warmup": (bool(comp["warmup"]), "a density warm-up needs a sparsifier"),
-        "selection": (comp["selection"] == "sampled", "only the sparse encoders select values"),
-        "rescale_held": (comp["rescale_held"], "only a sparsifier's error feedback holds values back to rescale"),
-        "downlink": (comp["downlink"] in RING_DOWNLINKS,
-                     f"{comp['downlink']} rebuilds the global weights from the rounds' sparse updates, so it "
-                     f"needs a sparsifier"),
-    }
-    for key, (is_set, why) in sparse_only.items():
-        if is_set and not sparsifier:
-            raise ConfigError(f"compression.{key}: {why}; set compression.type to {sparsifier_names()} "
-                              f"(got {comp['type']})")
-    if comp["allocation"] == "gradient" and (not sparsifier or comp["fusion"] != "ahead"):
-        raise ConfigError("compression.allocation: gradient re-allocates the per-tensor quotas of "
-                          "sparsification ahead of fusion; it needs compression.fusion: ahead and a "
-                          f"sparsifier (got fusion {comp['fusion']}, type {comp['type']})")
-    if not comp["momentum_masking"] and not comp["momentum_correction"]:
-        raise ConfigError("compression.momentum_masking: masks the momentum of DGC's momentum correction; "
-                          "false needs compression.momentum_correction: true")
-    if comp["rescale_held"] and not (comp["error_feedback"] or comp["momentum_correction"]):
-        raise ConfigError("compression.rescale_held: rescales what error feedback and momentum correction hold "
-                          "back; with both off nothing is held (set compression.error_feedback: true)")
-    if any(d < comp["density"] for d in comp["warmup"]):
-        raise ConfigError(f"compression.warmup: a warm-up density below compression.density "
-                          f"({comp['density']}) would not be a warm-up; got {shown(comp['warmup'])}")
-    if len(comp["warmup"]) >= c["train"]["epochs"]:
-        raise ConfigError(f"compression.warmup: {len(comp['warmup'])} warm-up epochs but train.epochs is "
-                          f"{c['train']['epochs']}; the run would never reach compression.density")
-
-
 def _resolve_auto(c):
     """The keys whose default depends on other keys (null or auto in SCHEMA) made concrete, so that the
     run folder's config.yaml, the checkpoint fingerprint and the code all see what runs. (A warm-up of
@@ -130,7 +88,8 @@ def _resolve_auto(c):
         _resolve_delay_stage_rate(alg, c["train"])
     if alg["local"]["lr_scale"] is None:
         alg["local"]["lr_scale"] = 4.0 if alg["local"]["optimizer"] == "glu" else float(c["cluster"]["workers"])
-    if comp["warmup"] is None:
+    # Under density: auto the warm-up's default follows the density chosen (with_density).
+    if comp["warmup"] is None and comp["density"] != "auto":
         comp["warmup"] = density_warmup(comp["density"], c["train"]) if sparsifier else []
     if comp["momentum_correction"] is None:
         comp["momentum_correction"] = sparsifier
@@ -155,20 +114,6 @@ def _resolve_delay_stage_rate(alg, train):
     if alg["momentum"] is None:
         same = alg["lr"] == train["lr"]        # (exactly train.momentum then, not 1 - (1 - it))
         alg["momentum"] = train["momentum"] if same else 1.0 - (1.0 - train["momentum"]) * alg["lr"] / train["lr"]
-
-
-def density_warmup(density, train):
-    """compression.warmup's default. Under a learning-rate warm-up, error feedback holds a value back for
-    about 1/density steps and sends it at a later step's rate, many times the rate of the step that
-    computed it (docs/design.md, "Density under a learning-rate warm-up"). A dense warm-up sends most
-    values at about their own step's rate while the rate rises (DGC's ramp, held through the lr warm-up)."""
-    lr_warmup = train["lr_schedule"]["warmup_epochs"]
-    if not lr_warmup or density >= 0.25:
-        return []
-    ramp = [0.25] * math.ceil(lr_warmup)
-    while ramp[-1] / 4 > density:
-        ramp.append(ramp[-1] / 4)
-    return ramp[:(train["epochs"] - 1) // 2]
 
 
 def ssd_warmup_steps(algorithm, steps_per_epoch):
@@ -221,8 +166,8 @@ def _check_consistency(c):
     if c["train"]["eval_workers"] == "all" and alg["type"] == "asgd":
         raise ConfigError("train.eval_workers: all: asgd workers do not wait for one another, so their shares "
                           "would be counted on different global weights; use train.eval_workers: rank0")
-    _check_compression_type(alg["type"], comp["type"], sparsifier)
-    _check_compression(c, sparsifier)
+    check_compression_type(alg["type"], comp["type"], sparsifier)
+    check_compression(c, sparsifier)
     _check_unused(c)
     cl = c["cluster"]
     _check_devices(c)

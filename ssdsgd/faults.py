@@ -12,7 +12,8 @@
 Unset in normal runs; the worker reads it once.
 
 SSDSGD_TEST_COST_SCALE="alpha=1e-6[,beta=F][,backward=F]" multiplies the link costs a worker measures
-for compression.buffers: cost_model (a link that looks different from the one a checkpoint was planned on).
+for compression.buffers: cost_model (a link that looks different from the one a checkpoint was planned on);
+"up_rate=F[,down_rate=F]" the link rates compression.density: auto measures.
 """
 import os
 import pickle

@@ -37,19 +37,7 @@ def idle_keys(given, c):
                                                   f"{alg['local']['optimizer']}"
         if alg["local"]["lr"]:
             unused[("algorithm", "local", "lr_scale")] = "algorithm.local.lr is set, and sets the local rate"
-    sparsifier = is_sparsifier(comp["type"])
-    if not sparsifier:
-        why = f"compression.type is {comp['type']}; only the sparsifiers ({sparsifier_names()}) use it"
-        unused.update({("compression", k): why for k in (
-            "density", "error_feedback", "momentum_correction", "momentum_masking", "min_dense_bytes", "fusion",
-            "allocation", "allocate_every", "downlink_check_every")})
-    else:
-        if comp["allocation"] != "gradient":
-            unused[("compression", "allocate_every")] = f"only allocation: gradient re-allocates, and " \
-                                                        f"compression.allocation is {comp['allocation']}"
-        if comp["downlink"] not in RING_DOWNLINKS:
-            unused[("compression", "downlink_check_every")] = f"only the sparse and compressed downlinks are " \
-                                                              f"checked, and compression.downlink is {comp['downlink']}"
+    _idle_compression(comp, unused)
     if runner(alg["type"], comp["type"]).plan == STOCK:
         why = f"MXNet's stock KVStore runs algorithm.type {alg['type']} with compression.type {comp['type']}; " \
               f"only the round-based server plans buffers"
@@ -68,6 +56,26 @@ def idle_keys(given, c):
         value, was_set = value_given(path)
         idle[".".join(path)] = f"{'.'.join(path)} = {shown(value)} has no effect: {why}" if was_set else None
     return idle
+
+
+def _idle_compression(comp, unused):
+    """The compression keys the section's type, density, allocation and downlink leave idle, into `unused`."""
+    sparsifier = is_sparsifier(comp["type"])
+    if not sparsifier:
+        why = f"compression.type is {comp['type']}; only the sparsifiers ({sparsifier_names()}) use it"
+        unused.update({("compression", k): why for k in (
+            "density", "auto_slack", "error_feedback", "momentum_correction", "momentum_masking", "min_dense_bytes",
+            "fusion", "allocation", "allocate_every", "downlink_check_every")})
+    else:
+        if comp["density"] != "auto":
+            unused[("compression", "auto_slack")] = f"only density: auto uses it, and compression.density is " \
+                                                    f"{shown(comp['density'])}"
+        if comp["allocation"] != "gradient":
+            unused[("compression", "allocate_every")] = f"only allocation: gradient re-allocates, and " \
+                                                        f"compression.allocation is {comp['allocation']}"
+        if comp["downlink"] not in RING_DOWNLINKS:
+            unused[("compression", "downlink_check_every")] = f"only the sparse and compressed downlinks are " \
+                                                              f"checked, and compression.downlink is {comp['downlink']}"
 
 
 def _algorithm_keys():

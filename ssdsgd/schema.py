@@ -39,9 +39,10 @@ class Field:
     """One leaf of the schema: allowed types, default, and optional range/choices."""
 
     def __init__(self, types, default, *, choices=None, min=None, max=None, gt=None,
-                 nullable=False, doc=""):
+                 nullable=False, keywords=(), doc=""):
         self.types = types if isinstance(types, tuple) else (types,)
         self.default = default
+        self.keywords = keywords         # words that stand for a value the run decides (density: auto)
         self.choices = choices
         self.min, self.max, self.gt = min, max, gt
         self.nullable = nullable
@@ -52,6 +53,8 @@ class Field:
             if self.nullable:
                 return None
             raise ConfigError(f"{path}: must be set (got null)")
+        if isinstance(value, str) and value in self.keywords:
+            return value
         # YAML gives ints where floats are meant ("lr: 1"); bools are not numbers here.
         if float in self.types and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
@@ -79,7 +82,7 @@ class Field:
         return value
 
     def _type_names(self):
-        return " or ".join(t.__name__ for t in self.types)
+        return " or ".join([t.__name__ for t in self.types] + list(self.keywords))
 
 
 def _number_list(path, value, item):
@@ -148,6 +151,8 @@ ROOTED_DATASETS = ("cifar10", "mnist", "fashion_mnist", "imagenet")   # read fro
 # data.format (cifar10): auto finds the first of the others in data.root, in this order.
 CIFAR_FORMATS = ("auto", "binary", "python", "archive", "recordio")
 RING_DOWNLINKS = ("sparse", "compressed")   # compression.downlink values that rebuild weights from the rounds' ring
+# compression.density: auto picks one of these (fractions of each tensor's values a worker sends).
+AUTO_DENSITIES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
 SYNTHETIC_SHAPE = (3, 32, 32)   # a synthetic data set's images when data.shape is not set
 MIN_SERVER_TIMEOUT = 3.0   # seconds: three missed touches of a liveness file (pyhooks/sitecustomize.py)
 
@@ -291,7 +296,15 @@ SCHEMA = {
     },
     "compression": {
         "type": Field(str, "none", choices=compression_types),
-        "density": Field(float, 0.01, gt=0, max=1),
+        "density": Field(float, 0.01, gt=0, max=1, keywords=("auto",),
+                         doc="fraction of each tensor's values a worker sends per step; auto: the highest of "
+                             "AUTO_DENSITIES whose predicted step, from the link rates, step time and encoding "
+                             "time the workers measure at the start of the synchronous warm-up, stays within "
+                             "auto_slack of the compute bound (round-based runs; the choice is printed, written "
+                             "into the run folder's config.yaml and kept by every checkpoint)"),
+        "auto_slack": Field(float, 0.05, gt=0, max=1,
+                            doc="density: auto: how far above the compute bound (forward and backward alone) "
+                                "the predicted step may be"),
         "error_feedback": Field(bool, True),
         "momentum_correction": Field(bool, None, nullable=True,
                                      doc="DGC's momentum correction: the workers accumulate the momentum before "

@@ -142,10 +142,20 @@ class VCluster:
             _run(["ip", "-n", self.switch, "link", "set", f"v{i}", "master", "br0", "up"], "plugging a veth")
             _run(["ip", "-n", ns, "addr", "add", f"{self.addresses[i]}/24", "dev", "eth0"], "adding an address")
             _run(["ip", "-n", ns, "link", "set", "eth0", "up"], "bringing eth0 up")
-            if self.rate_mbit:
-                tbf = ["tbf", "rate", f"{self.rate_mbit:g}mbit", "burst", self.burst, "latency", self.latency]
-                _run(["tc", "-n", ns, "qdisc", "add", "dev", "eth0", "root"] + tbf, "shaping egress")
-                _run(["tc", "-n", self.switch, "qdisc", "add", "dev", f"v{i}", "root"] + tbf, "shaping ingress")
+        if self.rate_mbit:
+            self.shape(self.rate_mbit)
+
+    def shape(self, rate_mbit):
+        """Every host link at rate_mbit Mbit/s each way (tbf on the host's eth0 and on its switch end), or
+        unshaped for None or 0; replaces the links' shaping, so a cluster can be reused at another rate."""
+        was, self.rate_mbit = self.rate_mbit, rate_mbit or None
+        for i, ns in enumerate(self.namespaces):
+            for where, dev in ((ns, "eth0"), (self.switch, f"v{i}")):
+                if was and not self.rate_mbit:
+                    _run(["tc", "-n", where, "qdisc", "del", "dev", dev, "root"], "removing the shaping")
+                elif self.rate_mbit:
+                    tbf = ["tbf", "rate", f"{self.rate_mbit:g}mbit", "burst", self.burst, "latency", self.latency]
+                    _run(["tc", "-n", where, "qdisc", "replace", "dev", dev, "root"] + tbf, "shaping a link")
 
     def _keys(self):
         self.key = os.path.join(self.dir, "job_key")

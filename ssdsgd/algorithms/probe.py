@@ -45,7 +45,8 @@ def probe_costs(kv, measure_backward, num_params, repeats=3):
     alpha, beta, backward = (float(v) for v in agreed.asnumpy())
     cost = {"alpha": alpha, "beta": beta, "backward": backward}
     for name, factor in cost_scale().items():          # tests only: a link that looks different
-        cost[name] *= factor
+        if name in cost:                                # (up_rate, down_rate: measure_link's)
+            cost[name] *= factor
     return quantise_costs(cost)
 
 
@@ -58,3 +59,45 @@ def quantise_costs(cost, steps_per_octave=2):
     def q(x):
         return float(2.0 ** (round(np.log2(x) * steps_per_octave) / steps_per_octave)) if x > 0 else 0.0
     return {name: q(v) for name, v in cost.items()}
+
+
+def measure_link(kv, num_params, mine, repeats=3):
+    """compression.density: auto's link probe, collective: every worker times pushes and pulls of a small
+    and a large key at the same moment (a barrier before each), as training steps load the links, so
+    each latency and rate is what this worker's link achieves while every worker's traffic shares the
+    servers'. `mine`: what else this worker measured (a list of floats); returns every worker's
+    [up latency, up rate, down latency, down rate, *mine], by rank (the same numbers on every worker)."""
+    from ssdsgd.ps.keys import LINK_PROBE_KEYS
+    small, big, gather = LINK_PROBE_KEYS
+    n = probe_elements(num_params)
+    fields = 4 + len(mine)
+    kv.init([small, big, gather], [mx.nd.zeros(1), mx.nd.zeros(n), mx.nd.zeros(kv.num_workers * fields)])
+    a, b = mx.nd.zeros(1), mx.nd.zeros(n)
+
+    def timed(move):
+        times = []
+        for _ in range(repeats):
+            kv._barrier()
+            t0 = time.perf_counter()
+            move()
+            mx.nd.waitall()              # a push is done when its server has answered
+            times.append(time.perf_counter() - t0)
+        return sorted(times)[repeats // 2]
+
+    measured = []
+    for move in (kv.push, lambda key, arr: kv.pull(key, out=arr)):
+        t_small, t_big = timed(lambda: move(small, a)), timed(lambda: move(big, b))
+        # The rate over the whole large transfer, its latency included: on a fast link the difference of
+        # two timings this short is noise (even negative), and on a slow one the latency is negligible.
+        measured += [t_small, 4 * n / t_big]
+    scale = cost_scale()                 # tests only: a link that looks slower than it is
+    measured[1] *= scale.get("up_rate", 1.0)
+    measured[3] *= scale.get("down_rate", 1.0)
+    share = np.zeros(kv.num_workers * fields, np.float32)
+    share[kv.rank * fields:(kv.rank + 1) * fields] = measured + list(mine)
+    kv.push(gather, mx.nd.array(share))
+    mx.nd.waitall()
+    kv._barrier()                        # every worker's share is in
+    agreed = mx.nd.zeros(kv.num_workers * fields)
+    kv.pull(gather, out=agreed)
+    return agreed.asnumpy().reshape(kv.num_workers, fields).tolist()

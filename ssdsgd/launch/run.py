@@ -16,7 +16,7 @@ import yaml
 from ssdsgd import checkpoint as ckpt
 from ssdsgd import checkpoint_dir, folders
 from ssdsgd.cli import config_from_args, parse_args
-from ssdsgd.config import ROOTED_DATASETS
+from ssdsgd.config import ROOTED_DATASETS, density_note
 from ssdsgd.env import COMMAND_ENV, LOCKED_ENV, RUN_DIR_ENV
 from ssdsgd.errors import JobError
 from ssdsgd.launch.hosts import is_host_list, read_hosts
@@ -147,8 +147,9 @@ def dry_run(cfg, args):
     would make): exit 2 then, so that a script can check a config with it. Nothing is written, nothing is started."""
     print(f"# effective config of {args.config}" + "".join(f" --set {s}" for s in args.set))
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
-    for note in cfg.ignored:
-        print(f"# note: {note}")
+    for note in (*cfg.ignored, density_note(cfg)):
+        if note:
+            print(f"# note: {note}")
     problem = preflight(cfg) or folders.start_problem(cfg, args.resume, args.overwrite)
     print("# planned processes")
     try:

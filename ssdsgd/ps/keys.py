@@ -10,6 +10,10 @@ call's proof keys (ssdsgd.ps.membership).
 """
 KEY_HASH = 9973  # ps-lite key placement in MXNet's KVStoreDist
 MXNET_BIGARRAY_BOUND = 1000 * 1000     # MXNet's default of MXNET_KVSTORE_BIGARRAY_BOUND
+# compression.density: auto's link probe (ssdsgd.algorithms.probe.measure_link): a small and a large key
+# timed by pushes and pulls, and the key gathering every worker's measurements. The servers add every push
+# into them, as into the evaluation tally's key. Far above any plan key, past the tally's.
+LINK_PROBE_KEYS = ((1 << 20) + 4, (1 << 20) + 5, (1 << 20) + 6)
 
 
 class KeyAllocator:

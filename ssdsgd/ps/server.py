@@ -4,7 +4,8 @@ Commands from workers travel as signed JSON data (ssdsgd.ps.commands), never as 
 server would unpickle whatever arrives. The one updater installed on the server dispatches by key:
   - keys of a round-based plan (SSD-SGD, compressed SSGD): weight / mailbox / clock keys, handled by
     RoundService with the numpy global update of ssdsgd.ps.rounds;
-  - the evaluation tally key (ssdsgd.ps.eval_tally): every push is added into it;
+  - the evaluation tally key (ssdsgd.ps.eval_tally) and the link probe's keys (density: auto): every push is
+    added into them;
   - any other key: the stock MXNet optimizer built from the `stock_optimizer` command, so the SSGD
     (dist_sync) and ASGD (dist_async) baselines run with stock semantics against this same process.
 An exception inside the updater would be swallowed by MXNet's ctypes callback and leave the weights
@@ -23,6 +24,7 @@ from ssdsgd.errors import JobError
 from ssdsgd.lean_mxnet import import_mxnet
 from ssdsgd.ps import commands
 from ssdsgd.ps.eval_tally import TALLY_KEY
+from ssdsgd.ps.keys import LINK_PROBE_KEYS
 from ssdsgd.ps.membership import RollCall, proof_keys
 from ssdsgd.ps.ring import DownlinkRing, RingLayout, StagedRings
 from ssdsgd.ps.rounds import BufferState
@@ -215,7 +217,7 @@ def _dispatch_push(server, key, recv, stored):
         server.roll_call.answer(stored)
     elif server.rounds is not None and server.rounds.owns(key):
         server.rounds.push(key, recv, stored)
-    elif key == TALLY_KEY:
+    elif key == TALLY_KEY or key in LINK_PROBE_KEYS:
         stored += recv
         stored.wait_to_read()
     elif server.stock is not None:

@@ -15,8 +15,9 @@ from mxnet import gluon
 from ssdsgd import checkpoint as ckpt
 from ssdsgd import folders, provenance
 from ssdsgd.algorithms import create_kvstore, make_client
+from ssdsgd.algorithms.auto_density import choose_density
 from ssdsgd.algorithms.base import Client
-from ssdsgd.config import Config, dump_config
+from ssdsgd.config import Config, dump_config, resumed_density
 from ssdsgd.env import COMMAND_ENV, LOCKED_ENV, RUN_DIR_ENV
 from ssdsgd.faults import FaultPlan
 from ssdsgd.metrics import CONFIG_FILE, RUN_MANIFEST_FILE, MetricsLog, write_json_atomic
@@ -62,7 +63,7 @@ def start_run(cfg, resume, overwrite):
     rank, nworkers = kv.rank, kv.num_workers
     if nworkers != cfg.cluster.workers:   # ssdsgd.train refused a mismatch with DMLC_NUM_WORKER: not expected here
         raise RuntimeError(f"cluster.workers is {cfg.cluster.workers} but the job has {nworkers} workers")
-    held, out_dir, point = _prepare_run_folder(cfg, kv, resume, overwrite)
+    held, out_dir, point, cfg = _prepare_run_folder(cfg, kv, resume, overwrite)
     data = data_from_config(cfg, rank, nworkers)
     if rank == 0:
         for note in (*cfg.ignored, *data.notes):
@@ -87,10 +88,19 @@ def start_run(cfg, resume, overwrite):
     # A resumed run appends to its metrics, dropping what a failed attempt logged after the checkpoint.
     log = MetricsLog(out_dir, rank, keep_until_step=step if resume else None,
                      tensorboard=cfg.log.tensorboard and rank == 0)
+    choice = None
+    if cfg.compression.density == "auto" and ckpt.round_based(cfg):
+        cfg, choice = choose_density(cfg, kv, [p.shape for p in params], lambda: _time_backward(
+            net, loss_fn, data.train, replicas, with_forward=True))
+        if rank == 0:
+            print(choice.line(), flush=True)
+            dump_config(cfg, os.path.join(out_dir, CONFIG_FILE))     # the run's config: with the density chosen
     schedule = schedule_from_config(cfg.train, steps_per_epoch)
     client = make_client(cfg, kv, params, schedule, log, total_steps=total_steps, steps_per_epoch=steps_per_epoch,
                          measure_backward=lambda: _time_backward(net, loss_fn, data.train, replicas))
     client.setup(resume_dir, saved[1] if saved else None, manifest.get("plan") if resume else None)
+    if choice is not None:
+        client.stats["density_choice"] = choice.record()
     if saved is not None:
         client.load_state(*saved)
     replicas.scatter()                     # the weights setup pulled (or the checkpoint's) onto every device
@@ -128,7 +138,8 @@ def _load_checkpoint(point, rank, replicas, steps_per_epoch, total_steps):
 
 
 def _prepare_run_folder(cfg, kv, resume, overwrite):
-    """(folder locks, run folder, the verified checkpoint to resume from or None). Under ssdsgd.launch.run the
+    """(folder locks, run folder, the verified checkpoint to resume from or None, cfg: with a resumed run's
+    density if it was auto: config.resumed_density). Under ssdsgd.launch.run the
     front end chose the run folder and holds the locks (SSDSGD_RUN_DIR); under another launcher rank 0
     does both (folders.prepare, locks held until this process ends) and the other workers, after a
     barrier, take the folder the resumed checkpoint records or the one `latest` points at. Rank 0 writes
@@ -143,6 +154,7 @@ def _prepare_run_folder(cfg, kv, resume, overwrite):
         kv._barrier()
     if resume:
         point = ckpt.resume_point(cfg)            # (folder, manifest), verified once per worker
+        cfg = resumed_density(cfg, point[1])      # density: auto goes on with the density the run chose
     if not os.environ.get(LOCKED_ENV) and kv.rank != 0:
         # the folder rank 0 chose: the resumed run's, or else the new one `latest` points at
         out_dir = (folders.resume_run_folder(cfg, point[1])[0] if resume else None) or folders.latest_run_folder(cfg)
@@ -156,7 +168,7 @@ def _prepare_run_folder(cfg, kv, resume, overwrite):
         dump_config(cfg, os.path.join(out_dir, name))
         _write_run_record(os.path.join(out_dir, made), name, point[0] if resume else None,
                           run_id(out_dir))
-    return held, out_dir, point
+    return held, out_dir, point, cfg
 
 
 def _write_run_record(path, config_file, resumed_from, folder_id):
@@ -185,21 +197,23 @@ def _print_start(run, steps_per_epoch):
           f"{sum(p.data().size for p in run.params)} parameters", flush=True)
 
 
-def _time_backward(net, loss_fn, train_set, replicas, repeats=3):
-    """Median seconds of one backward pass on a real batch, over every device, with the gradients summed
-    on the host (for the fusion cost model).
+def _time_backward(net, loss_fn, train_set, replicas, repeats=3, with_forward=False):
+    """Median seconds of one backward pass (with_forward: forward and backward) on a real batch, over every
+    device, with the gradients summed on the host (for the fusion cost model and density: auto).
 
     BatchNorm running statistics are restored afterwards, so the probe leaves no trace."""
     saved = [[a.copy() for a in per_replica] for per_replica in replicas.aux_arrays()]
     data, label = next(iter(train_set.epoch(0)))
     times = []
     for _ in range(repeats):
-        losses = replicas.forward(net, loss_fn, data, label)
         mx.nd.waitall()
         t0 = time.perf_counter()
+        losses = replicas.forward(net, loss_fn, data, label)
+        mx.nd.waitall()
+        t1 = time.perf_counter()
         replicas.backward(losses)
         mx.nd.waitall()
-        times.append(time.perf_counter() - t0)
+        times.append(time.perf_counter() - (t0 if with_forward else t1))
     for per_replica, copies in zip(replicas.aux_arrays(), saved):
         for a, s in zip(per_replica, copies):
             s.copyto(a)

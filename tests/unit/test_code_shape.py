@@ -88,6 +88,7 @@ LAYERS = [
     {"schema"},                                                 # the config's keys and their checks
     {"config_yaml"},                                            # reading YAML with limits
     {"idle"},                                                   # which keys the rest of a config leaves idle
+    {"config_compression"},                                     # the compression section's checks and density
     {"config"},
     {"cli"},                                                    # the options a job's commands share
     {"fingerprint"},                                            # which keys a resume may change

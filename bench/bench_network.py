@@ -105,10 +105,13 @@ ALGORITHMS = {
                                                "compression.density=0.01", "algorithm.max_staleness=10"]),
     # The product's top-k setting: the shipped top-k config's k, momentum, local update, quotas and
     # sparse downlink (issue targets of the per-host links are checked on this one).
-    "ssd_topk_sparse": ("SSD-SGD+top-k 1%, sparse downlink (shipped)", shipped_settings()),
+    "ssd_topk_sparse": ("SSD-SGD+top-k 1%, sparse downlink (shipped)", shipped_settings() +
+                        ["compression.density=0.01"]),
     # The same with the servers re-sparsifying each round (at N > 2: a pull of two pushes' size).
     "ssd_topk_compressed": ("SSD-SGD+top-k 1%, compressed downlink",
-                            shipped_settings() + ["compression.downlink=compressed"]),
+                            shipped_settings() + ["compression.density=0.01", "compression.downlink=compressed"]),
+    # The shipped settings with the density the workers choose for the link (compression.density: auto).
+    "ssd_topk_auto": ("SSD-SGD+top-k auto (shipped)", shipped_settings() + ["compression.density=auto"]),
 }
 COMPUTE_BOUND_LABEL = "compute bound (1 worker, no comm.)"
 # Dense pushes, not top-k: the bound must not include the compressor's own compute. On an unlimited
@@ -141,7 +144,7 @@ FIELDS = ["algorithm", "label", "topology", "rate_mbit", "repeat", "status", "ex
           "kernel_rx_bytes", "qdisc_drops", "push_bytes_per_step", "pull_bytes_per_step",
           "push_bytes_per_step_after_warmup", "pull_bytes_per_step_after_warmup"] + LINK_FIELDS + SERVER_FIELDS + \
          ["server_cpu_seconds_per_step", "steady_server_cpu_seconds_per_step",
-          "steady_worker_cpu_seconds_per_step", "final_loss", "final_test_acc",
+          "steady_worker_cpu_seconds_per_step", "final_loss", "final_test_acc", "density", "density_verdict",
           "wait_seconds"] + \
          [f"peak_rss_{r}_mb" for r in ROLES] + ["job_cpu_seconds", "other_cpu_share", "idle_wait_seconds",
                                                 "bound_workers", "run_dir", "log", "namespace", "host_links",
@@ -611,6 +614,8 @@ def _summary_columns(row, s, sampler):
                push_bytes_per_step=round(s["bytes_per_step"]["push"]),
                pull_bytes_per_step=round(s["bytes_per_step"]["pull"]),
                final_test_acc=s.get("final_test_acc"), wait_seconds=round(s.get("wait_seconds") or 0.0, 3))
+    choice = (s.get("client") or {}).get("density_choice") or {}      # compression.density: auto
+    row.update(density=choice.get("density", ""), density_verdict=choice.get("verdict", ""))
     aw = s.get("after_warmup") or {}
     if aw.get("steps"):
         row.update(push_bytes_per_step_after_warmup=round(aw["push_bytes"] / aw["steps"]),

@@ -4,7 +4,8 @@ as the model grows from ResNet-20 (0.27 M values) to ResNet-50 (25.6 M)?
 
 Per model the parameter shapes come from the model itself (gluoncv, pretrained=False, one forward
 pass to fix the deferred shapes) and the encoders from the model's shipped SSD-SGD + top-k config
-(its compression section: density, fusion, allocation, buffers, error feedback, momentum correction),
+(its compression section: fusion, allocation, buffers, error feedback, momentum correction) at 1% density
+(DENSITY: the config chooses its own for the link),
 built by ssdsgd.compression.encoders.make_encoders exactly as the worker builds them. Each measured
 step, in this order and in the same process:
   pass     np.abs(flat), flat the whole model's gradient as one float32 numpy array (a new output,
@@ -54,6 +55,7 @@ MODELS = {
     "resnet50": ("configs/imagenet_resnet50_ssd_topk.yaml", (3, 224, 224)),
 }
 SELECTIONS = ("exact", "sampled")
+DENSITY = 0.01
 
 
 def fake_gradients(shapes, seed):
@@ -114,7 +116,8 @@ class PartTimer:
 
 def bench_model(name, selection, steps, seed):
     config, sample_shape = MODELS[name]
-    cfg = load_config(os.path.join(ROOT, config), [f"compression.selection={selection}"])
+    cfg = load_config(os.path.join(ROOT, config), [f"compression.selection={selection}",
+                                                   f"compression.density={DENSITY}"])
     comp = cfg.compression
     shapes = parameter_shapes(cfg.model.name, cfg.data.num_classes or 10, sample_shape)   # CIFAR-10: null classes
     buffers, encoders = make_encoders(shapes, cfg.cluster.servers, comp, 0, momentum=cfg.train.momentum,

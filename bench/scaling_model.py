@@ -648,11 +648,13 @@ def _layout_row(key, g):
 
 # ------------------------------------------------------------------------------------- projection
 
+# The shipped config chooses its density for the link (auto); the projections count the bytes of 1%.
+ONE_PERCENT = "compression.density=0.01"
 VARIANTS = (  # name -> (kind, overrides of the model's shipped SSD-SGD + top-k config)
-    ("SSGD (PS)", "ssgd", ["algorithm.type=ssgd", "compression.type=none"]),
-    ("SSD-SGD + top-k 1%, exact downlink", "ssd", ["compression.downlink=sparse"]),
-    ("SSD-SGD + top-k 1%, compressed downlink", "ssd", ["compression.downlink=compressed"]),
-    ("ring all-reduce", "ring", ["algorithm.type=ssgd", "compression.type=none"]),
+    ("SSGD (PS)", "ssgd", [ONE_PERCENT, "algorithm.type=ssgd", "compression.type=none"]),
+    ("SSD-SGD + top-k 1%, exact downlink", "ssd", [ONE_PERCENT, "compression.downlink=sparse"]),
+    ("SSD-SGD + top-k 1%, compressed downlink", "ssd", [ONE_PERCENT, "compression.downlink=compressed"]),
+    ("ring all-reduce", "ring", [ONE_PERCENT, "algorithm.type=ssgd", "compression.type=none"]),
 )
 
 

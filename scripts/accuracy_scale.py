@@ -101,6 +101,15 @@ def _compressor(n, steps=1000):
     }
 
 
-SCALE_ABLATION = {**_ablation(8), **_ablation(4)}
-SCALE_COMPRESSOR = _compressor(8)
-SCALE_BUDGET = {label: v for steps in BUDGETS for n in (8, 4) for label, v in _budget(n, steps).items()}
+def at_one_percent(variants, configs=(TOPK,)):
+    """The variants with compression.density=0.01 before their own overrides where they run one of `configs`:
+    the shipped top-k configs choose their density for the link (compression.density: auto), and these
+    suites run on loopback, where auto would take the densest; each variant runs at the density its label
+    names, 1% unless its overrides give another."""
+    return {label: (config, (["compression.density=0.01"] if config in configs else []) + list(sets))
+            for label, (config, sets) in variants.items()}
+
+
+SCALE_ABLATION = at_one_percent({**_ablation(8), **_ablation(4)})
+SCALE_COMPRESSOR = at_one_percent(_compressor(8))
+SCALE_BUDGET = at_one_percent({label: v for steps in BUDGETS for n in (8, 4) for label, v in _budget(n, steps).items()})

@@ -144,7 +144,8 @@ def encode_ms(shapes, repeats):
     """Median ms of the worker's top-k 1% encoding of one step (the shipped top-k config's compression)."""
     from ssdsgd.compression.encoders import make_stages, time_encoding
     from ssdsgd.config import load_config
-    comp = load_config(os.path.join(ROOT, "configs/cifar10_resnet20_ssd_topk.yaml")).compression
+    comp = load_config(os.path.join(ROOT, "configs/cifar10_resnet20_ssd_topk.yaml"),
+                       ["compression.density=0.01"]).compression
     buffers, encoders = make_stages(shapes, 1, comp, 0, momentum=0.9)[-1]
     return 1000 * time_encoding(buffers, encoders, shapes, repeats=repeats)
 

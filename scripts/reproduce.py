@@ -1,4 +1,5 @@
-"""SSGD, SSD-SGD and SSD-SGD + top-k 1% side by side on your data, with the shipped configs.
+"""SSGD, SSD-SGD and SSD-SGD + top-k (its density chosen for your link) side by side on your data, with the
+shipped configs.
 
     python scripts/reproduce.py --suite cifar10 --data ROOT [--hostfile FILE --interface IF] [--epochs N]
         [--seeds 0 1 2] [--set KEY=VALUE ...] [--out runs/reproduce_cifar10] [--keep-done]
@@ -35,7 +36,7 @@ from ssdsgd.config import ConfigError, load_config
 from ssdsgd.metrics import ACC_TAG, SUMMARY_FILE, read_metrics, read_summary
 
 SUITES = {"cifar10": "cifar10_resnet20", "imagenet": "imagenet_resnet50", "fmnist": "fmnist_resnet20"}
-VARIANTS = [("SSGD", "ssgd"), ("SSD-SGD", "ssd"), ("SSD-SGD + top-k 1%", "ssd_topk")]
+VARIANTS = [("SSGD", "ssgd"), ("SSD-SGD", "ssd"), ("SSD-SGD + top-k auto", "ssd_topk")]
 STOP_GRACE = 60.0      # seconds from SIGTERM to SIGKILL of a stopped job: ssdsgd-run's cleanup of ssh hosts takes ~25
 
 

@@ -47,7 +47,7 @@ SUITES = {
     "fmnist": ("Fashion-MNIST, ResNet-20", {
         "SSGD": "configs/fmnist_resnet20_ssgd.yaml",
         "SSD-SGD": "configs/fmnist_resnet20_ssd.yaml",
-        "SSD-SGD + top-k 1%": "configs/fmnist_resnet20_ssd_topk.yaml"}),
+        "SSD-SGD + top-k auto": "configs/fmnist_resnet20_ssd_topk.yaml"}),
     # The README's headline comparison, each variant's settings in its own config.
     "fmnist_tta": ("Fashion-MNIST, ResNet-20, time-to-accuracy settings", {
         "SSGD": "configs/fmnist_resnet20_ssgd_tta.yaml",
@@ -57,12 +57,15 @@ SUITES = {
 
 def relabel(label, overrides):
     """The label a job is filed under: a compression.density override replaces the top-k variant's
-    1%, so that a run at another density does not read as the shipped 1% config."""
+    density (1%, or auto for the shipped config that chooses it), so that a run at another density does not
+    read as the config's."""
     densities = [s.split("=", 1)[1] for s in overrides if s.startswith("compression.density=")]
-    if not densities or "top-k 1%" not in label:
+    named = next((t for t in ("top-k 1%", "top-k auto") if t in label), None)
+    if not densities or named is None:
         return label
     # The last override is the one the job runs with.
-    return label.replace("top-k 1%", f"top-k {float(densities[-1]) * 100:g}%")
+    density = densities[-1]
+    return label.replace(named, "top-k auto" if density == "auto" else f"top-k {float(density) * 100:g}%")
 
 
 def variant_overrides(label, common, per_variant):

@@ -268,6 +268,11 @@ class TensorCounts(NamedTuple):
 def tensor_counts(shapes, comp, density=None):
     """Values each tensor sends: k_i = max(1, floor(density * n_i)), or all of a small tensor."""
     density = comp.density if density is None else density
+    if density == "auto":
+        if is_sparsifier(comp.type):
+            raise ValueError("compression.density: auto is chosen as the job starts; count with the density "
+                             "chosen (ssdsgd.config.with_density)")
+        density = 1.0              # without a sparsifier the density is idle: every value is sent
     sizes = [int(_numel(s)) for s in shapes]
     whole = [4 * n < comp.min_dense_bytes for n in sizes]
     counts = [n if w else max(1, int(density * n)) for n, w in zip(sizes, whole)]

@@ -40,7 +40,7 @@ def test_reproduce_cifar10_one_short_epoch(tmp_path):
     assert "[3/3] ok" in proc.stdout and "min to go" in proc.stdout
     with open(out / "runs.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [r["variant"] for r in rows] == ["SSGD", "SSD-SGD", "SSD-SGD + top-k 1%"]
+    assert [r["variant"] for r in rows] == ["SSGD", "SSD-SGD", "SSD-SGD + top-k auto"]
     for r in rows:
         assert r["rc"] == "0" and 0.0 <= float(r["final_acc"]) <= 1.0 and int(r["steps"]) == 6
         with open(out / r["run_dir"] / "config.yaml") as f:
@@ -48,7 +48,7 @@ def test_reproduce_cifar10_one_short_epoch(tmp_path):
     table = (out / "table.md").read_text()
     assert "| SSGD | " in table
     # One epoch is the configs' whole synchronous warm-up: both SSD-SGD variants ran as SSGD, and say so.
-    for label in ("SSD-SGD", "SSD-SGD + top-k 1%"):
+    for label in ("SSD-SGD", "SSD-SGD + top-k auto"):
         assert f"| {label} (never left its warm-up: ran as SSGD) | " in table
         assert f"reproduce.py: warning: {label}, seed 0 ended within its synchronous warm-up (6 steps)" in proc.stdout
     assert (out / "accuracy.png").stat().st_size > 10_000
@@ -137,7 +137,7 @@ def test_keep_done_reruns_only_the_jobs_not_done_and_keeps_the_finished_ones(tmp
     fail.add("SSD-SGD")
     assert reproduce.main(args) == 1
     before = {r["variant"]: r for r in csv.DictReader(open(out / "runs.csv"))}
-    kept = {v: (out / before[v]["run_dir"] / "summary.json").read_bytes() for v in ("SSGD", "SSD-SGD + top-k 1%")}
+    kept = {v: (out / before[v]["run_dir"] / "summary.json").read_bytes() for v in ("SSGD", "SSD-SGD + top-k auto")}
     with pytest.raises(SystemExit) as refused:                 # without the option: refused, and told of it
         reproduce.main(args)
     assert refused.value.code == 2 and "--keep-done keeps its finished jobs" in capsys.readouterr().err
@@ -146,7 +146,7 @@ def test_keep_done_reruns_only_the_jobs_not_done_and_keeps_the_finished_ones(tmp
     assert reproduce.main(args + ["--keep-done"]) == 0
     assert calls == [("SSD-SGD", 0)]                           # only what was not done
     after = {r["variant"]: r for r in csv.DictReader(open(out / "runs.csv"))}
-    assert set(after) == {"SSGD", "SSD-SGD", "SSD-SGD + top-k 1%"} and after["SSD-SGD"]["rc"] == "0"
+    assert set(after) == {"SSGD", "SSD-SGD", "SSD-SGD + top-k auto"} and after["SSD-SGD"]["rc"] == "0"
     for variant, text in kept.items():                         # the finished runs: the same folders, untouched
         assert after[variant]["run_dir"] == before[variant]["run_dir"]
         assert (out / after[variant]["run_dir"] / "summary.json").read_bytes() == text

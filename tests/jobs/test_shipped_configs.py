@@ -16,6 +16,7 @@ from scripts.demo import CONFIGS as DEMO_CONFIGS
 from scripts.reproduce import configs as reproduced
 
 from ssdsgd.config import load_config
+from ssdsgd.schema import AUTO_DENSITIES
 
 TRAINED_BY_SCRIPT_TESTS = set(DEMO_CONFIGS) | {os.path.relpath(c, ROOT) for _, c in reproduced("cifar10")}
 CONFIGS = [os.path.relpath(c, ROOT) for c in SHIPPED if os.path.relpath(c, ROOT) not in TRAINED_BY_SCRIPT_TESTS]
@@ -64,10 +65,13 @@ def test_every_shipped_config_is_trained_here_or_by_a_scripts_test():
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("config", CONFIGS)
 def test_shipped_config_trains_two_steps_on_one_machine(tmp_path, data_roots, config):
-    data = data_roots.get(config) or data_roots[load_config(os.path.join(ROOT, config)).data.dataset]
+    cfg = load_config(os.path.join(ROOT, config))
+    data = data_roots.get(config) or data_roots[cfg.data.dataset]
     job = run_job(tmp_path, config, *ONE_MACHINE, *data, f"checkpoint.dir={tmp_path / 'ck'}", timeout=140)
     assert job.rc == 0, job.output[-3000:]
     summary = job.summary()
     assert summary["steps"] == 2 and summary["num_workers"] == 2
+    if cfg.compression.density == "auto":             # the top-k configs choose their density as they start
+        assert summary["client"]["density_choice"]["density"] in AUTO_DENSITIES, summary["client"]
     assert 0 <= summary["final_test_acc"] <= 1
     assert processes_with(job.marker) == []

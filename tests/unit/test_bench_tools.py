@@ -326,13 +326,15 @@ def test_hosts_table_columns_and_issue_12_targets(tmp_path):
 
 
 def test_shipped_top_k_settings_are_the_configs():
-    """The benchmark's `ssd_topk_sparse` job runs the shipped top-k config's SSD-SGD and compression
-    settings (read from the file), on the benchmark's model and data."""
+    """The benchmark's `ssd_topk_auto` job runs the shipped top-k config's SSD-SGD and compression
+    settings (read from the file), on the benchmark's model and data; `ssd_topk_sparse` the same at 1%."""
     from ssdsgd.config import load_config
-    sets = bn.ALGORITHMS["ssd_topk_sparse"][1]
-    bench = load_config(os.path.join(bn.ROOT, bn.DEFAULT_CONFIG), sets)
+    bench = load_config(os.path.join(bn.ROOT, bn.DEFAULT_CONFIG), bn.ALGORITHMS["ssd_topk_auto"][1])
     shipped = load_config(os.path.join(bn.ROOT, bn.SHIPPED_TOPK_CONFIG))
-    assert bench.compression.to_dict() == shipped.compression.to_dict()
+    assert bench.compression.to_dict() == shipped.compression.to_dict() and shipped.compression.density == "auto"
+    one = load_config(os.path.join(bn.ROOT, bn.DEFAULT_CONFIG), bn.ALGORITHMS["ssd_topk_sparse"][1])
+    assert one.compression.to_dict() == load_config(os.path.join(bn.ROOT, bn.SHIPPED_TOPK_CONFIG),
+                                                    ["compression.density=0.01"]).compression.to_dict()
     for key in ("type", "delay", "momentum", "max_staleness", "local"):
         assert bench.algorithm.to_dict()[key] == shipped.algorithm.to_dict()[key], key
     assert bench.compression.downlink == "sparse"
@@ -356,6 +358,8 @@ def test_time_to_accuracy_labels_the_density_it_ran_at():
     assert tta.relabel("SSD-SGD + top-k 1%", ["compression.density=0.05", "compression.density=0.1"]) \
         == "SSD-SGD + top-k 10%"
     assert tta.relabel("SSGD", ["compression.density=0.05"]) == "SSGD"
+    assert tta.relabel("SSD-SGD + top-k auto", ["compression.density=0.02"]) == "SSD-SGD + top-k 2%"
+    assert tta.relabel("SSD-SGD + top-k 1%", ["compression.density=auto"]) == "SSD-SGD + top-k auto"
 
 
 def test_wire_bytes_compares_each_variant_with_its_own_reference():
@@ -382,7 +386,7 @@ def test_time_to_accuracy_plans_per_variant_overrides_interleaved_by_seed():
     then in the suite's order; each job's label shows the density it runs at."""
     from scripts import time_to_accuracy as tta
     _, variants = tta.SUITES["fmnist"]
-    topk = "SSD-SGD + top-k 1%"
+    topk = "SSD-SGD + top-k auto"
     plan = tta.plan_jobs([0, 1], variants, ["SSGD", topk], ["model.hybridize=false", "compression.density=0.05"],
                          {topk: ["train.epochs=18", "compression.density=0.1"]})
     assert [(seed, label) for seed, label, _, _ in plan] == [

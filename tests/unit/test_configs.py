@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from ssdsgd.config import ConfigError, load_config
+from ssdsgd.config import ConfigError, load_config, with_density
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "**", "*.yaml"), recursive=True))
@@ -81,13 +81,14 @@ def _effective(cfg):
 
 
 def test_a_short_config_runs_the_recommended_settings(tmp_path):
-    """Only the data, the model and `type: ssd` / `type: topk`: the same algorithm and compression as
+    """Only the data, the model, `type: ssd` / `type: topk` and `density: auto`: the same algorithm and compression as
     fmnist_resnet20_ssd_topk.yaml, which writes the recommended settings out, the warm-up and local
     rate as null (one epoch, the number of workers) so that they follow the workers and the data."""
     full = load_config(os.path.join(ROOT, "configs", "fmnist_resnet20_ssd_topk.yaml"))
     short = tmp_path / "short.yaml"
     short.write_text("data:\n  dataset: fashion_mnist\n  root: /usr/share/datasets/fashion-mnist\n"
-                     "model:\n  name: cifar_resnet20_v1\nalgorithm:\n  type: ssd\ncompression:\n  type: topk\n")
+                     "model:\n  name: cifar_resnet20_v1\nalgorithm:\n  type: ssd\ncompression:\n  type: topk\n"
+                     "  density: auto\n")
     got = load_config(str(short))
     assert _effective(got) == _effective(full)
     assert got.algorithm.warmup_iters is None                            # one epoch, resolved by the worker
@@ -146,7 +147,9 @@ def test_density_warmup_follows_the_lr_warmup(tmp_path):
     assert warmup() == []                                                   # no lr warm-up
     assert warmup("train.lr_schedule.warmup_epochs=1", "compression.warmup=[]") == []
     assert warmup("train.lr_schedule.warmup_epochs=1", "compression.type=none", "algorithm.type=ssgd") == []
-    imagenet = load_config(os.path.join(ROOT, "configs", "imagenet_resnet50_ssd_topk.yaml")).compression
+    shipped = load_config(os.path.join(ROOT, "configs", "imagenet_resnet50_ssd_topk.yaml"))
+    assert shipped.compression.density == "auto" and shipped.compression.warmup is None   # follows the choice
+    imagenet = with_density(shipped, 0.01).compression
     assert imagenet.warmup[:5] == [0.25] * 5 and imagenet.warmup[-1] > imagenet.density
 
 

@@ -62,8 +62,8 @@ import yaml
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file: scripts.*, bench.* and ssdsgd from this checkout
 from testbed import netns, vcluster
-from scripts.results_io import (COMPUTE_BOUND, rate_name, read_csv, read_jsonl, stop_group, stop_on_sigterm,
-                                write_manifest)
+from scripts.results_io import (COMPUTE_BOUND, earlier_runs, rate_name, read_csv, read_jsonl, stop_group,
+                                stop_on_sigterm, write_manifest)
 from ssdsgd.metrics import SUMMARY_FILE, metrics_file
 
 DEFAULT_CONFIG = "configs/bench_cifar_resnet20.yaml"
@@ -1172,12 +1172,14 @@ def main(argv=None):
         if header != FIELDS:
             print(f"bench_network: {csv_path} has other columns; not appending", file=sys.stderr)
             return 2
-    # With --append, runs.csv also holds the rows of the earlier runs the manifest no longer names.
-    write_manifest(args.out, [args.config], finished=False, appended=mode == "a")
+    # With --append, runs.csv also holds the rows of the earlier runs: the manifest names them under "earlier".
+    earlier = earlier_runs(args.out) if mode == "a" else []
+    write_manifest(args.out, [args.config], finished=False, appended=mode == "a", earlier=earlier)
     t_suite = time.monotonic()
     status = _run_suite(jobs, args, csv_path, mode)
     wall = time.monotonic() - t_suite
-    write_manifest(args.out, [args.config], finished=True, appended=mode == "a", jobs=len(jobs), exit_status=status)
+    write_manifest(args.out, [args.config], finished=True, appended=mode == "a", earlier=earlier, jobs=len(jobs),
+                   exit_status=status)
     title = f"Bandwidth-limited benchmark ({args.steps} steps, {args.repeats} repeat(s), suite wall time {wall:.0f} s)"
     if os.path.exists(csv_path):
         text = write_table(csv_path, args.out, title)

@@ -15,7 +15,8 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 
 # By wall time in `make test --durations` (slowest first); a file missing here only starts later.
 SLOWEST_FIRST = ["jobs/test_cluster.py", "jobs/test_shipped_configs.py", "jobs/test_reliability.py",
-                 "jobs/test_devices.py", "jobs/test_jobs.py", "jobs/test_chaos.py", "jobs/test_folders.py",
+                 "jobs/test_devices.py", "jobs/test_auto_density.py", "jobs/test_jobs.py", "jobs/test_chaos.py",
+                 "jobs/test_folders.py",
                  "jobs/test_data.py", "jobs/test_downlink.py", "jobs/test_stock_compat.py", "jobs/test_bench_step.py",
                  "jobs/test_reproduce.py", "jobs/test_launcher_units.py", "jobs/test_membership.py",
                  "jobs/test_launcher.py", "jobs/test_liveness.py", "jobs/test_stalls.py", "jobs/test_manifest.py",

@@ -39,6 +39,7 @@ from scripts.accuracy_scale import (SCALE_ABLATION, SCALE_BUDGET, SCALE_COMPRESS
 from scripts.results_io import (done_rows, earlier_runs, job_command, job_name, job_summary, results_folder,
                                 run_captured, run_folder, settings_problem, summary_row, survive_closed_stdout,
                                 write_csv, write_manifest, write_text)
+from ssdsgd.schema import AUTO_DENSITIES
 
 SSGD = "configs/demo_digits_ssgd.yaml"
 SSD = "configs/demo_digits_ssd.yaml"
@@ -191,10 +192,11 @@ BUDGET = {
     # so nothing to mask): a value that is sent gets SSGD's whole momentum, however rarely it is sent. It lost
     # 3-4.6 points to the shipped correction at 5 and 8 epochs (docs/design.md), so it stays a screen.
     "SSD-SGD + top-k 1%, servers' momentum": (F_TOPK, ["compression.momentum_correction=false"]),
-    # A density compression.density: auto chose for these settings at 20 Mbit/s per host (1% and 2% in two
-    # runs), run at that number: a strict run with auto is the run with its number, bit for bit.
-    "SSD-SGD + top-k 2%": (F_TOPK, ["compression.density=0.02"]),
 }
+# Every density compression.density: auto chooses from, each run at its number: a strict run with auto is the run
+# with the number it chose, bit for bit (which density which link gets: docs/results.md, "Which density").
+BUDGET.update({f"SSD-SGD + top-k {d * 100:g}%": (F_TOPK, [f"compression.density={d}"])
+               for d in AUTO_DENSITIES if d != 0.01})
 SUITES = {name: at_one_percent(variants, (F_TOPK, F_SHORT)) for name, variants in {
     "digits": VARIANTS, "fmnist": FMNIST, "defaults": DEFAULTS, "selection": SELECTION, "scale": SCALE,
     "scale_fixed_batch": SCALE_FIXED_BATCH, "budget": BUDGET}.items()}

@@ -3,13 +3,13 @@ summary, every checkpoint), kept by a resume, and a strict run with it is the ru
 given by hand, bit for bit; on the virtual cluster two link rates give two densities."""
 import json
 import os
-import sys
+import subprocess
 
 import numpy as np
 import pytest
 import yaml
-from testbed import vcluster
-from support.jobs import ROOT, processes_with, run_job
+from jobs.test_cluster import cluster_command
+from support.jobs import ROOT, processes_with, run_job, virtual_cluster
 
 from ssdsgd.env import COST_SCALE_ENV
 
@@ -72,34 +72,24 @@ def test_strict_auto_is_the_chosen_density_given_by_hand_and_a_resume_keeps_it(t
 
 @pytest.fixture
 def cluster(tmp_path):
-    try:
-        vc = vcluster.VCluster(hosts=4).create()
-    except vcluster.ClusterError as e:
-        pytest.skip(f"no virtual cluster here: {e}")
-    try:
+    """A 4-host cluster (h0: the launcher; h1: the server; h2, h3: the workers), checked to be empty after."""
+    with virtual_cluster(4) as vc:
         yield vc
-    finally:
         left = vc.leftovers()
-        vc.delete()
         assert left == {}, f"processes left on the hosts: {left}"
-        assert processes_with(str(tmp_path)) == []
+    assert processes_with(str(tmp_path)) == []
 
 
 def _on_hosts(vc, tmp_path, name):
-    """A 2-worker ResNet-20 job with auto over ssh on h1 (server), h2 and h3 (workers): its summary."""
-    log_dir = str(tmp_path / "runs")
-    argv = vc.exec_argv(0, [sys.executable, "-m", "ssdsgd", "--config", os.path.join(ROOT, SSD_TOPK),
-                            *[a for s in (f"log.dir={log_dir}", f"name={name}", "cluster.launcher=ssh",
-                                          f"cluster.hostfile={vc.write_hostfile(tmp_path / 'hosts', [1, 2, 3])}",
-                                          "cluster.interface=eth0", f"cluster.ssh_config={vc.ssh_config}",
-                                          "compression.density=auto", "model.name=cifar_resnet20_v1",
-                                          "data.shape=[3,32,32]", "train.max_steps=2", "cluster.timeout=150")
-                              for a in ("--set", s)]])
-    import subprocess
+    """A 2-worker ResNet-20 job with auto over ssh from h0: its density choice."""
+    # The sparse downlink: the demo's dense pulls would be most of a step's bytes at every density.
+    argv, run_dir = cluster_command(vc, tmp_path, "compression.density=auto", "compression.downlink=sparse",
+                                    "model.name=cifar_resnet20_v1", "data.shape=[3,32,32]", "train.max_steps=2",
+                                    "cluster.timeout=150", config=os.path.join(ROOT, SSD_TOPK), name=name)
     done = subprocess.run(argv, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
                           text=True, timeout=200, start_new_session=True)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    with open(os.path.join(log_dir, name, "latest", "summary.json")) as f:
+    with open(os.path.join(run_dir, "summary.json")) as f:
         return json.load(f)["client"]["density_choice"]
 
 

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 from testbed import vcluster
-from support.jobs import ROOT, processes_with
+from support.jobs import ROOT, processes_with, virtual_cluster
 
 from ssdsgd.launch.job_dir import owner_ended
 
@@ -28,14 +28,8 @@ STOP_SECONDS = 30   # a failed or stopped job must be gone from every host withi
 
 @pytest.fixture(scope="module")
 def cluster():
-    try:
-        vc = vcluster.VCluster(hosts=5).create()
-    except vcluster.ClusterError as e:
-        pytest.skip(f"no virtual cluster here: {e}")
-    try:
+    with virtual_cluster(5) as vc:
         yield vc
-    finally:
-        vc.delete()
 
 
 @pytest.fixture
@@ -53,7 +47,8 @@ def _hostfile(vc, tmp_path):
     return vc.write_hostfile(tmp_path / "hosts", [1, 2, 3])
 
 
-def _run_cmd(vc, tmp_path, *sets, config=SSD, hostfile=None, name="job"):
+def cluster_command(vc, tmp_path, *sets, config=SSD, hostfile=None, name="job"):
+    """(the argv that starts a job from h0 over ssh on h1-h3 or `hostfile`'s hosts, its run folder's `latest`)."""
     log_dir = str(tmp_path / "runs")
     return vc.exec_argv(0, [sys.executable, "-m", "ssdsgd", "--config", config, "--set", f"log.dir={log_dir}",
                             "--set", f"name={name}", "--set", "cluster.launcher=ssh",
@@ -168,7 +163,7 @@ def test_workers_that_share_a_host_get_disjoint_gpus(vc, tmp_path):
 
 @pytest.mark.timeout(150)
 def test_ssdsgd_run_on_four_hosts(vc, tmp_path):
-    argv, run_dir = _run_cmd(vc, tmp_path, "train.epochs=1", "log.every_steps=5", "cluster.stall_timeout=60",
+    argv, run_dir = cluster_command(vc, tmp_path, "train.epochs=1", "log.every_steps=5", "cluster.stall_timeout=60",
                              "cluster.server_timeout=30")
     rc, out = _finish(*_start(argv, tmp_path), timeout=120)
     assert rc == 0, out
@@ -187,7 +182,7 @@ def test_cifar10_recordio_trains_over_ssh_with_the_shipped_topk_config(vc, tmp_p
     from unit.test_data import make_cifar_arrays, write_cifar_recordio
     data = tmp_path / "cifar"
     write_cifar_recordio(data, make_cifar_arrays())
-    argv, run_dir = _run_cmd(vc, tmp_path, "train.epochs=1", "train.batch_size=8", "log.every_steps=5",
+    argv, run_dir = cluster_command(vc, tmp_path, "train.epochs=1", "train.batch_size=8", "log.every_steps=5",
                              "cluster.stall_timeout=90", "cluster.server_timeout=30", f"data.root={data}",
                              f"checkpoint.dir={tmp_path / 'ck'}",
                              config=os.path.join(ROOT, "configs", "cifar10_resnet20_ssd_topk.yaml"))
@@ -214,7 +209,7 @@ def test_launch_py_ssh_job_on_four_hosts(vc, tmp_path):
 
 def _fault_during_training(vc, tmp_path, fault, *sets):
     """Start a long job, call fault(proc) once it trains; (exit code, output, seconds to exit)."""
-    argv, run_dir = _run_cmd(vc, tmp_path, "train.epochs=300", "log.every_steps=2", *sets)
+    argv, run_dir = cluster_command(vc, tmp_path, "train.epochs=300", "log.every_steps=2", *sets)
     proc, out = _start(argv, tmp_path)
     try:
         _wait_for(lambda: os.path.exists(os.path.join(run_dir, "metrics.jsonl")), 60, "training to start")
@@ -413,7 +408,7 @@ def test_two_servers_on_two_hosts_match_one_server(vc, tmp_path, config, sets):
     common = ["train.epochs=1", "train.max_steps=12", "log.every_steps=4", *sets]
     models = {}
     for servers in (1, 2):
-        argv, run_dir = _run_cmd(vc, tmp_path, *common, f"cluster.servers={servers}", config=os.path.join(
+        argv, run_dir = cluster_command(vc, tmp_path, *common, f"cluster.servers={servers}", config=os.path.join(
             ROOT, "configs", config), hostfile=str(hostfile), name=f"s{servers}")
         rc, out = _finish(*_start(argv, tmp_path), timeout=60)
         assert rc == 0, out
@@ -451,7 +446,7 @@ def test_a_short_outage_is_said_as_it_happens_and_in_launcher_log(vc, tmp_path):
     no worker has made a step for a few seconds, and one when they go on, on the terminal and in
     launcher.log; the job finishes (exit 0)."""
     ns = vc.namespaces[HOSTS["server 0"]]
-    argv, run_dir = _run_cmd(vc, tmp_path, "train.epochs=20", "log.every_steps=2")
+    argv, run_dir = cluster_command(vc, tmp_path, "train.epochs=20", "log.every_steps=2")
     proc, out = _start(argv, tmp_path)
     try:
         _wait_for(lambda: os.path.exists(os.path.join(run_dir, "metrics.jsonl")), 60, "training to start")
@@ -489,7 +484,7 @@ SPARE_RUN = [f"train.epochs={SPARE_EPOCHS}", "log.every_steps=11", *STRICT, "che
 def uninterrupted_on_hosts(cluster, tmp_path_factory):
     """SPARE_RUN on h1 h2 h3 without a fault: the weights a run that lost a host must end with."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
-    argv, run_dir = _run_cmd(cluster, tmp, *SPARE_RUN, f"checkpoint.dir={tmp / 'ck'}", config=SSD_TOPK, name="C")
+    argv, run_dir = cluster_command(cluster, tmp, *SPARE_RUN, f"checkpoint.dir={tmp / 'ck'}", config=SSD_TOPK, name="C")
     t0 = time.monotonic()
     rc, out = _finish(*_start(argv, tmp), timeout=240)
     assert rc == 0, out[-3000:]
@@ -516,7 +511,7 @@ def test_a_host_lost_for_good_gives_its_roles_to_the_spare_and_the_run_ends_on_t
     hostfile = tmp_path / "hosts"
     hostfile.write_text("h1\nh2\nh3\nh4 spare   # takes a lost host's roles\n")
     ck = tmp_path / "ck"
-    argv, run_dir = _run_cmd(vc, tmp_path, *SPARE_RUN, f"checkpoint.dir={ck}", "cluster.max_restarts=2",
+    argv, run_dir = cluster_command(vc, tmp_path, *SPARE_RUN, f"checkpoint.dir={ck}", "cluster.max_restarts=2",
                              config=SSD_TOPK, hostfile=str(hostfile), name="spare")
     proc, out = _start(argv, tmp_path)
     try:
@@ -579,7 +574,7 @@ def test_without_a_spare_the_restart_waits_for_the_lost_host_up_to_host_wait(vc,
     host_wait = 90 if back else 8
     ns = vc.namespaces[HOSTS["worker 0"]]
     ck = tmp_path / "ck"
-    argv, run_dir = _run_cmd(vc, tmp_path, *SPARE_RUN, f"checkpoint.dir={ck}", "cluster.max_restarts=2",
+    argv, run_dir = cluster_command(vc, tmp_path, *SPARE_RUN, f"checkpoint.dir={ck}", "cluster.max_restarts=2",
                              f"cluster.host_wait={host_wait}", config=SSD_TOPK, name="wait")
     waiting = (f"run: no spare left for h2: waiting up to {host_wait} s for it (cluster.host_wait), probing "
                f"every 5 s")
@@ -627,7 +622,7 @@ def test_a_host_down_at_the_start_gives_its_roles_to_the_spare(vc, tmp_path):
     ns = vc.namespaces[HOSTS["worker 0"]]
     hostfile = tmp_path / "hosts"
     hostfile.write_text("h1\nh2\nh3\nh4 spare\n")
-    argv, run_dir = _run_cmd(vc, tmp_path, "train.epochs=1", "log.every_steps=11", "cluster.server_timeout=8",
+    argv, run_dir = cluster_command(vc, tmp_path, "train.epochs=1", "log.every_steps=11", "cluster.server_timeout=8",
                              "cluster.stall_timeout=60", hostfile=str(hostfile), name="start")
     subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "down"], check=True)
     try:

@@ -1,16 +1,33 @@
 """Helpers for tests that run real multi-process jobs (scheduler + servers + workers) on loopback."""
+import contextlib
 import os
 import signal
 import subprocess
 import time
 from dataclasses import dataclass
 
+import pytest
+from testbed import vcluster
 from testbed.procs import processes_with, role_of  # noqa: F401  (the tests import them from here)
 from scripts.results_io import job_command, run_folder
 
 from ssdsgd.metrics import metrics_file, read_metrics, read_summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@contextlib.contextmanager
+def virtual_cluster(hosts):
+    """A testbed.vcluster.VCluster of `hosts` hosts, deleted afterwards; the test is skipped, with the reason,
+    where none can be made (not root, no iproute2 or openssh)."""
+    try:
+        vc = vcluster.VCluster(hosts=hosts).create()
+    except vcluster.ClusterError as e:
+        pytest.skip(f"no virtual cluster here: {e}")
+    try:
+        yield vc
+    finally:
+        vc.delete()
 
 
 def end_group(proc):

@@ -104,7 +104,7 @@ def _type(field):
         if field.length is not None:
             text += f" ({field.length} values)"
     else:
-        text = " or ".join(t.__name__ for t in field.types)
+        text = " or ".join([t.__name__ for t in field.types] + [f"`{k}`" for k in field.keywords])
     return text + (" or null" if field.nullable else "")
 
 

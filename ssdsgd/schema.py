@@ -298,10 +298,11 @@ SCHEMA = {
         "type": Field(str, "none", choices=compression_types),
         "density": Field(float, 0.01, gt=0, max=1, keywords=("auto",),
                          doc="fraction of each tensor's values a worker sends per step; auto: the highest of "
-                             "AUTO_DENSITIES whose predicted step, from the link rates, step time and encoding "
-                             "time the workers measure at the start of the synchronous warm-up, stays within "
-                             "auto_slack of the compute bound (round-based runs; the choice is printed, written "
-                             "into the run folder's config.yaml and kept by every checkpoint)"),
+                             f"{', '.join(f'{d:g}' for d in AUTO_DENSITIES)} (those at most a given warm-up's "
+                             "last density) whose predicted step, from the step, encoding and link rates the "
+                             "workers measure at the start of the synchronous warm-up, stays within auto_slack of "
+                             "the compute bound (the choice is printed, written into the run folder's config.yaml "
+                             "and kept by every checkpoint and resume)"),
         "auto_slack": Field(float, 0.05, gt=0, max=1,
                             doc="density: auto: how far above the compute bound (forward and backward alone) "
                                 "the predicted step may be"),

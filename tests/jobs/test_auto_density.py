@@ -95,11 +95,11 @@ def _on_hosts(vc, tmp_path, name):
 
 @pytest.mark.timeout(500)
 def test_two_link_rates_on_the_virtual_cluster_give_two_densities(cluster, tmp_path):
-    """ResNet-20 on per-host links: at 1 Mbit/s (each worker's share of the server's link about half of it)
+    """ResNet-20 on per-host links: at 2 Mbit/s (each worker's share of the server's link about half of it)
     auto takes a low density, unshaped the highest."""
-    cluster.shape(1)
+    cluster.shape(2)
     slow = _on_hosts(cluster, tmp_path, "slow")
     cluster.shape(None)
     fast = _on_hosts(cluster, tmp_path, "fast")
     assert slow["density"] <= 0.01 < fast["density"], (slow, fast)
-    assert slow["up_mbit"] < 1.0 < fast["up_mbit"], (slow, fast)
+    assert slow["up_mbit"] < 2.0 < fast["up_mbit"], (slow, fast)

@@ -1,4 +1,5 @@
 """Unit-level tests of the launcher's parts (ssdsgd/launch/): each runs in about a second, without a job."""
+import contextlib
 import os
 import re
 import signal
@@ -103,7 +104,8 @@ def test_a_role_that_cannot_start_on_its_host_is_named_so(tmp_path, command, hos
         assert any(output.format(hostname=socket.gethostname()) in line for line in child.tail), list(child.tail)
         assert not any('Traceback' in line for line in child.tail), list(child.tail)
     finally:
-        child.popen.stdin.close()
+        with contextlib.suppress(BrokenPipeError):      # ssh may have ended before it read the script
+            child.popen.stdin.close()
         end_group(child.popen)
 
 
@@ -134,7 +136,8 @@ def test_ssh_that_never_reached_its_host_is_named_with_what_ssh_said(host, cause
         # ... and the cleanup does not add that it may still be running there.
         assert child.never_reached() == cause
     finally:
-        child.popen.stdin.close()
+        with contextlib.suppress(BrokenPipeError):      # ssh may have ended before it read the script
+            child.popen.stdin.close()
         end_group(child.popen)
 
 

@@ -5,6 +5,8 @@ moment, pushes and pulls (probe.measure_link); every worker then makes the same 
 numbers (density_choice.choose). Under compression.buffers: cost_model, whose plan needs the link's costs
 probed later, every candidate is estimated on the plan of one buffer per server: the same values and
 indices in fewer messages."""
+import math
+
 from ssdsgd.algorithms.density_choice import Measured, choose, traffic
 from ssdsgd.algorithms.probe import measure_link
 from ssdsgd.compression.encoders import make_encoders, time_encoding
@@ -24,7 +26,7 @@ def choose_density(cfg, kv, shapes, time_step):
         buffers, encoders = make_encoders(shapes, servers, comp, kv.rank, momentum=cfg.train.momentum,
                                           seed=cfg.seed, counts=tensor_counts(shapes, comp, d))
         encode.append(time_encoding(buffers, encoders, shapes))
-    size = sum(tensor_counts(shapes, comp, densities[0]).sizes)
+    size = sum(math.prod(s) for s in shapes)
     rows = measure_link(kv, size, [compute, *encode])
     measured = [Measured(r[4], r[0], r[1], r[2], r[3], tuple(r[5:])) for r in rows]
     traffics = [traffic(shapes, comp, d, kv.num_workers, servers, cfg.algorithm) for d in densities]

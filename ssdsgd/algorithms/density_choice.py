@@ -18,7 +18,9 @@ and stock SSGD's: compute + the dense model up and down. The compute bound is `c
 from dataclasses import dataclass
 
 from ssdsgd.algorithms.downlink import ring_choice, ring_slots
+from ssdsgd.algorithms.policy import StepPolicy
 from ssdsgd.compression.fusion import plan_for_config, tensor_counts
+from ssdsgd.schema import RING_DOWNLINKS
 
 MBIT = 1e6 / 8          # bytes per second in a Mbit/s
 
@@ -42,7 +44,7 @@ class Traffic:
     pull_messages: int
     pull_bytes: int
     pull_every: int = 1               # steps between pulls (k)
-    waits: bool = True                # a pull waits for the round it asks for (S = k, or synchronous)
+    waits: bool = True                # a pull waits for the round it asks for (StepPolicy.pulls_wait)
     synchronous: bool = False         # every step waits for its round (warm-up, SSGD + top-k)
 
 
@@ -84,12 +86,13 @@ def traffic(shapes, comp, density, workers, servers, algorithm, cost=None):
     pull = 0
     for b in buffers:
         kind, layout = ring_choice(comp, slots, b.size, b.topk_count, workers) \
-            if comp.downlink in ("sparse", "compressed") else ("dense", None)
+            if comp.downlink in RING_DOWNLINKS else ("dense", None)
         pull += 4 * (b.size + 1) if kind == "dense" else 4 * layout.length
-    synchronous = algorithm.type != "ssd"
-    return Traffic(len(buffers), sum(b.wire.bytes for b in buffers), len(buffers), pull,
-                   1 if synchronous else algorithm.delay,
-                   synchronous or algorithm.strict or algorithm.max_staleness <= algorithm.delay, synchronous)
+    if algorithm.type != "ssd":
+        return Traffic(len(buffers), sum(b.wire.bytes for b in buffers), len(buffers), pull, synchronous=True)
+    policy = StepPolicy(0, algorithm.delay, algorithm.max_staleness, algorithm.strict)
+    return Traffic(len(buffers), sum(b.wire.bytes for b in buffers), len(buffers), pull, algorithm.delay,
+                   policy.pulls_wait)
 
 
 def predicted_step(m, t, encode):

@@ -45,6 +45,11 @@ class StepPolicy:
             raise ValueError(f"step policy: warm-up {self.warmup}, delay {self.delay}, max_staleness "
                              f"{self.max_staleness} (needs delay >= 1, max_staleness >= delay, warm-up >= 0)")
 
+    @property
+    def pulls_wait(self):
+        """Whether a delay-stage pull is issued only once the round it asks for is applied (see the module)."""
+        return self.strict or self.max_staleness <= self.delay
+
     def plan(self, step, versions, pull_in_flight=False, pull_landed=False):
         """The plan of step `step` given the versions of the local weights (per buffer) and whether a
         pull is in flight and, if so, whether it has already arrived."""
@@ -53,7 +58,7 @@ class StepPolicy:
         pull = (step - self.warmup + 1) % self.delay == 0
         oldest = step + 1 - self.max_staleness
         land = pull_in_flight and (self.strict or min(versions) < oldest or pull or pull_landed)
-        return StepPlan(False, land, oldest, pull, pull and (self.strict or self.max_staleness <= self.delay))
+        return StepPlan(False, land, oldest, pull, pull and self.pulls_wait)
 
     @staticmethod
     def stale(versions, oldest_version):

@@ -28,13 +28,7 @@ def probe_costs(kv, measure_backward, num_params, repeats=3):
     a, b = mx.nd.zeros(1), mx.nd.zeros(n)
 
     def timed(key, out):
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            kv.pull(key, out=out)
-            out.wait_to_read()
-            times.append(time.perf_counter() - t0)
-        return sorted(times)[repeats // 2]
+        return median_seconds(lambda: (kv.pull(key, out=out), out.wait_to_read()), repeats)
 
     t_small, t_big = timed(small, a), timed(big, b)
     backward = measure_backward() if measure_backward else 0.0
@@ -48,6 +42,18 @@ def probe_costs(kv, measure_backward, num_params, repeats=3):
         if name in cost:                                # (up_rate, down_rate: measure_link's)
             cost[name] *= factor
     return quantise_costs(cost)
+
+
+def median_seconds(run, repeats, before=None):
+    """The median wall time of `repeats` calls of run(), each after an untimed call of before() if given."""
+    times = []
+    for _ in range(repeats):
+        if before is not None:
+            before()
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[repeats // 2]
 
 
 def quantise_costs(cost, steps_per_octave=2):
@@ -75,14 +81,8 @@ def measure_link(kv, num_params, mine, repeats=3):
     a, b = mx.nd.zeros(1), mx.nd.zeros(n)
 
     def timed(move):
-        times = []
-        for _ in range(repeats):
-            kv._barrier()
-            t0 = time.perf_counter()
-            move()
-            mx.nd.waitall()              # a push is done when its server has answered
-            times.append(time.perf_counter() - t0)
-        return sorted(times)[repeats // 2]
+        # every worker at once; a push is done when its server has answered
+        return median_seconds(lambda: (move(), mx.nd.waitall()), repeats, before=kv._barrier)
 
     measured = []
     for move in (kv.push, lambda key, arr: kv.pull(key, out=arr)):
